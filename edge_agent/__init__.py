@@ -1,0 +1,1 @@
+"""The edge agent: describes its host, accepts placements, runs tasks, ships outputs."""

@@ -1,0 +1,213 @@
+"""The agent's state machine: admission, inputs, readiness, slots. Pure and synchronous.
+
+The asyncio shell (`edge_agent.service`) feeds it offers, commits, data and completions and does
+whatever I/O the returned values ask for; tests drive it directly.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from schemas.agent import DeviceSpec, TaskKind
+from schemas.limits import MAX_INLINE_DATA
+from schemas.pipeline import OnnxRun, SyntheticRun
+from schemas.placement import (
+    CancelCommand,
+    CommitCommand,
+    DataAck,
+    DataTransfer,
+    OfferReply,
+    RejectCode,
+    TaskOffer,
+)
+
+Key = tuple[str, str]  # (pipeline_id, task_id)
+JobState = Literal["accepted", "running", "succeeded", "failed", "cancelled"]
+MAX_JOBS = 10_000
+REMEMBERED = 4_096
+
+
+@dataclass
+class Job:
+    offer: TaskOffer
+    committed: bool = False
+    state: JobState = "accepted"
+    inputs: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def key(self) -> Key:
+        return (self.offer.pipeline_id, self.offer.task.id)
+
+    def ready(self) -> bool:
+        return (
+            self.committed
+            and self.state == "accepted"
+            and all(i.task_id in self.inputs for i in self.offer.inputs)
+        )
+
+
+class AgentCore:
+    def __init__(
+        self,
+        agent_id: str,
+        incarnation: str,
+        devices: list[DeviceSpec],
+        allowed_kinds: list[TaskKind],
+        model_problem: Callable[[OnnxRun], str | None] = lambda _run: None,
+    ) -> None:
+        self.agent_id = agent_id
+        self.incarnation = incarnation
+        self.devices = {d.device_id: d for d in devices}
+        self.allowed_kinds = set(allowed_kinds)
+        self.model_problem = model_problem
+        self.jobs: dict[Key, Job] = {}
+        self.running: dict[str, int] = {d: 0 for d in self.devices}
+        self.draining = False
+        self.healthy = True
+        # finished keys with their token, so a duplicate offer is recognised after the fact
+        self._done: OrderedDict[Key, int] = OrderedDict()
+
+    # -- admission -----------------------------------------------------------------------------
+    def _reject(self, offer: TaskOffer, code: RejectCode, reason: str) -> OfferReply:
+        return OfferReply(
+            pipeline_id=offer.pipeline_id,
+            task_id=offer.task.id,
+            agent_id=self.agent_id,
+            accepted=False,
+            code=code,
+            reason=reason,
+        )
+
+    def admit(self, offer: TaskOffer) -> OfferReply:
+        key = (offer.pipeline_id, offer.task.id)
+        if offer.agent_id != self.agent_id:
+            return self._reject(offer, "bad_spec", f"offer for agent {offer.agent_id}")
+        if offer.incarnation != self.incarnation:
+            return self._reject(
+                offer, "stale_incarnation", f"planned for incarnation {offer.incarnation}"
+            )
+        if key in self._done:
+            return self._reject(offer, "duplicate", "task already finished here")
+        existing = self.jobs.get(key)
+        if existing is not None:
+            if offer.token == existing.offer.token:
+                return self._accept(offer)  # a retried offer: same answer
+            if offer.token < existing.offer.token:
+                return self._reject(offer, "stale_token", "a newer placement holds this task")
+            if existing.state == "running":
+                return self._reject(offer, "duplicate", "task is already running here")
+        if self.draining:
+            return self._reject(offer, "draining", "agent is draining")
+        if not self.healthy:
+            return self._reject(offer, "unhealthy", "agent reports itself unhealthy")
+        device = self.devices.get(offer.device_id)
+        if device is None:
+            return self._reject(offer, "unknown_device", f"no device {offer.device_id}")
+        if offer.slot >= device.slots:
+            return self._reject(offer, "bad_spec", f"slot {offer.slot} >= {device.slots} slots")
+        run = offer.task.run
+        if run.kind not in self.allowed_kinds:
+            return self._reject(offer, "kind_not_allowed", f"task kind {run.kind} not allowed")
+        need = offer.task.requires.min_memory_mb
+        if need > device.memory_mb:
+            return self._reject(
+                offer, "no_memory", f"needs {need:.0f} MB, device has {device.memory_mb:.0f}"
+            )
+        if isinstance(run, SyntheticRun) and run.output_bytes > MAX_INLINE_DATA:
+            return self._reject(
+                offer, "bad_spec", f"output of {run.output_bytes} B exceeds the inline limit"
+            )
+        if isinstance(run, OnnxRun):
+            problem = self.model_problem(run)
+            if problem:
+                return self._reject(offer, "missing_model", problem)
+        if existing is None and len(self.jobs) >= MAX_JOBS:
+            return self._reject(offer, "no_capacity", f"{MAX_JOBS} jobs queued")
+        self.jobs[key] = Job(offer)
+        return self._accept(offer)
+
+    def _accept(self, offer: TaskOffer) -> OfferReply:
+        return OfferReply(
+            pipeline_id=offer.pipeline_id,
+            task_id=offer.task.id,
+            agent_id=self.agent_id,
+            accepted=True,
+        )
+
+    # -- progress ------------------------------------------------------------------------------
+    def commit(self, cmd: CommitCommand) -> int:
+        n = 0
+        for tid in cmd.task_ids:
+            job = self.jobs.get((cmd.pipeline_id, tid))
+            if job is not None and not job.committed:
+                job.committed = True
+                n += 1
+        return n
+
+    def deliver(self, msg: DataTransfer) -> DataAck:
+        job = self.jobs.get((msg.pipeline_id, msg.consumer))
+        if job is None or job.state != "accepted":
+            return DataAck(
+                pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=False, reason="no such job"
+            )
+        if all(i.task_id != msg.producer for i in job.offer.inputs):
+            return DataAck(
+                pipeline_id=msg.pipeline_id,
+                consumer=msg.consumer,
+                ok=False,
+                reason=f"{msg.producer} is not an input of {msg.consumer}",
+            )
+        job.inputs[msg.producer] = msg.data  # a duplicate delivery overwrites with equal bytes
+        return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+
+    def take_ready(self) -> list[Job]:
+        """Jobs that may start now, in plan order per device, bounded by free slots."""
+        ready = sorted(
+            (j for j in self.jobs.values() if j.ready()),
+            key=lambda j: (j.offer.order, j.offer.pipeline_id, j.offer.task.id),
+        )
+        started: list[Job] = []
+        for job in ready:
+            dev = job.offer.device_id
+            if self.running[dev] < self.devices[dev].slots:
+                self.running[dev] += 1
+                job.state = "running"
+                started.append(job)
+        return started
+
+    def finish(self, key: Key, ok: bool) -> Job | None:
+        job = self.jobs.pop(key, None)
+        if job is None:
+            return None
+        if job.state == "running":
+            self.running[job.offer.device_id] -= 1
+        job.state = "succeeded" if ok else "failed"
+        job.inputs.clear()
+        self._remember(key, job.offer.token)
+        return job
+
+    def cancel(self, cmd: CancelCommand) -> list[Job]:
+        """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""
+        out: list[Job] = []
+        for key in [k for k in self.jobs if k[0] == cmd.pipeline_id]:
+            job = self.jobs[key]
+            if job.state == "running":
+                out.append(job)
+                continue  # its slot is freed when the shell reports it finished
+            del self.jobs[key]
+            job.state = "cancelled"
+            self._remember(key, job.offer.token)
+            out.append(job)
+        return out
+
+    def _remember(self, key: Key, token: int) -> None:
+        self._done[key] = token
+        while len(self._done) > REMEMBERED:
+            self._done.popitem(last=False)
+
+    @property
+    def running_total(self) -> int:
+        return sum(self.running.values())

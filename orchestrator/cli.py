@@ -1,0 +1,254 @@
+"""`mars`: run agents and orchestrators, submit pipelines, and try it all with `mars demo`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = os.environ.get("MARS_NATS_URL", "nats://127.0.0.1:4222")
+
+
+def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    asyncio.run(runner())
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from edge_agent.config import AgentConfig, load_config
+    from edge_agent.service import run_agent
+
+    config = load_config(args.config) if args.config else AgentConfig()
+    updates: dict[str, Any] = {}
+    if args.site:
+        updates["site"] = args.site
+    if args.tier:
+        updates["tier"] = args.tier
+    if updates:
+        config = AgentConfig.model_validate({**config.model_dump(), **updates})
+    return _run_until_signal(lambda stop: run_agent(args.nats, config, agent_id=args.id, stop=stop))
+
+
+def cmd_orchestrator(args: argparse.Namespace) -> int:
+    from orchestrator.service import run_orchestrator
+
+    return _run_until_signal(lambda stop: run_orchestrator(args.nats, stop=stop))
+
+
+async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
+    from orchestrator.client import Client
+
+    client = await Client.connect(url)
+    try:
+        return await fn(client)
+    finally:
+        await client.close()
+
+
+def _fail(exc: Exception) -> int:
+    from schemas.codec import DecodeError, RemoteError
+
+    if isinstance(exc, RemoteError):
+        env = exc.envelope
+        print(f"error {env.code}: {env.message}", file=sys.stderr)
+        for k, v in list(env.details.items())[:20]:
+            print(f"  {k}: {v}", file=sys.stderr)
+        return 2
+    if isinstance(exc, DecodeError):
+        print(f"error {exc.code}: {exc.message}", file=sys.stderr)
+        for k, v in list(exc.details.items())[:20]:
+            print(f"  {k}: {v}", file=sys.stderr)
+        return 2
+    print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 2
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrator.pipeline_files import load_pipeline
+    from orchestrator.report import plan_table, timeline_table
+
+    async def go(client: Any) -> int:
+        spec = load_pipeline(args.file)
+        reply = await client.submit(spec, pipeline_id=args.id)
+        if args.json and not args.wait:
+            print(reply.model_dump_json(indent=2))
+            return 0
+        print(
+            f"pipeline {reply.pipeline_id}: {reply.state} ({reply.algorithm}, "
+            f"predicted makespan {reply.makespan_s:.3f} s)"
+        )
+        print(plan_table(reply))
+        if not args.wait:
+            return 0
+        st = await client.wait(reply.pipeline_id, args.timeout)
+        if args.json:
+            print(st.model_dump_json(indent=2))
+        else:
+            print(timeline_table(st))
+            print(f"{st.state}{': ' + st.reason if st.reason else ''}")
+        return 0 if st.state == "succeeded" else 1
+
+    try:
+        return asyncio.run(_with_client(args.nats, go))
+    except Exception as exc:
+        return _fail(exc)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator.report import timeline_table
+
+    async def go(client: Any) -> int:
+        st = await client.status(args.pipeline_id)
+        print(
+            st.model_dump_json(indent=2)
+            if args.json
+            else f"{st.pipeline_id} {st.name}: {st.state} {st.reason}\n{timeline_table(st)}"
+        )
+        return 0
+
+    try:
+        return asyncio.run(_with_client(args.nats, go))
+    except Exception as exc:
+        return _fail(exc)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> int:
+        for p in (await client.list()).pipelines:
+            print(f"{p.pipeline_id}  {p.name:<24} {p.state:<14} {p.tasks} tasks")
+        return 0
+
+    try:
+        return asyncio.run(_with_client(args.nats, go))
+    except Exception as exc:
+        return _fail(exc)
+
+
+def cmd_agents(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> int:
+        for a in (await client.agents()).agents:
+            print(
+                f"{a.agent_id:<16} {'alive' if a.alive else 'silent':<7} site={a.site} "
+                f"tier={a.tier} running={a.running} devices={','.join(a.devices)}"
+            )
+        return 0
+
+    try:
+        return asyncio.run(_with_client(args.nats, go))
+    except Exception as exc:
+        return _fail(exc)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def go(client: Any) -> int:
+        rep = await client.cancel(args.pipeline_id, args.reason)
+        print(f"{rep.pipeline_id}: {rep.state}")
+        return 0
+
+    try:
+        return asyncio.run(_with_client(args.nats, go))
+    except Exception as exc:
+        return _fail(exc)
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from schemas import PUBLIC_MODELS
+
+    schemas = {m.__name__: m.model_json_schema() for m in PUBLIC_MODELS}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, sch in schemas.items():
+            (out / f"{name}.schema.json").write_text(json.dumps(sch, indent=2) + "\n")
+        print(f"wrote {len(schemas)} schemas to {out}")
+    else:
+        print(json.dumps(schemas, indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from orchestrator.demo import run_demo
+
+    return run_demo(Path(args.pipeline) if args.pipeline else None, args.timeout, args.verbose)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mars", description=__doc__)
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--nats", default=DEFAULT_URL, help="NATS URL (env MARS_NATS_URL)")
+        return sp
+
+    a = with_nats(sub.add_parser("agent", help="run an edge agent on this host"))
+    a.add_argument("--config", help="agent config YAML")
+    a.add_argument("--id", help="stable agent id (default: config or hostname)")
+    a.add_argument("--site")
+    a.add_argument("--tier", choices=["device", "edge", "fog", "cloud"])
+    a.set_defaults(fn=cmd_agent)
+
+    o = with_nats(sub.add_parser("orchestrator", help="run an orchestrator replica"))
+    o.set_defaults(fn=cmd_orchestrator)
+
+    s = with_nats(sub.add_parser("submit", help="submit a pipeline file (YAML or JSON)"))
+    s.add_argument("file")
+    s.add_argument("--id", help="pipeline id (makes a retried submit idempotent)")
+    s.add_argument("--wait", action="store_true", help="wait for the outcome; exit 0 on success")
+    s.add_argument("--timeout", type=float, default=300.0)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_submit)
+
+    st = with_nats(sub.add_parser("status", help="show a pipeline"))
+    st.add_argument("pipeline_id")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+
+    ls = with_nats(sub.add_parser("list", help="list pipelines"))
+    ls.set_defaults(fn=cmd_list)
+
+    ag = with_nats(sub.add_parser("agents", help="list agents the orchestrator sees"))
+    ag.set_defaults(fn=cmd_agents)
+
+    c = with_nats(sub.add_parser("cancel", help="cancel a pipeline"))
+    c.add_argument("pipeline_id")
+    c.add_argument("--reason", default="")
+    c.set_defaults(fn=cmd_cancel)
+
+    sc = sub.add_parser("schema", help="write the JSON Schema of the wire models")
+    sc.add_argument("--out", help="directory (default: print to stdout)")
+    sc.set_defaults(fn=cmd_schema)
+
+    d = sub.add_parser("demo", help="embedded nats-server + orchestrator + 3 agents + a pipeline")
+    d.add_argument("--pipeline", help="pipeline file (default: the video-analytics example)")
+    d.add_argument("--timeout", type=float, default=25.0)
+    d.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from orchestrator import logs
+
+    args = build_parser().parse_args(argv)
+    logs.setup(args.verbose)
+    rc: int = args.fn(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""A small async client for the API, used by the CLI, the demo and tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from schemas import subjects
+from schemas.api import (
+    TERMINAL_STATES,
+    AgentsReply,
+    AgentsRequest,
+    CancelReply,
+    CancelRequest,
+    ListReply,
+    ListRequest,
+    StatusReply,
+    StatusRequest,
+    SubmitReply,
+    SubmitRequest,
+)
+from schemas.pipeline import PipelineSpec
+from schemas.rpc import request
+
+
+class Client:
+    def __init__(self, nc: NATS, timeout: float = 10.0) -> None:
+        self.nc = nc
+        self.timeout = timeout
+
+    @classmethod
+    async def connect(cls, url: str, timeout: float = 10.0) -> Client:
+        nc = await nats.connect(
+            url, name="mars-client", connect_timeout=5, max_reconnect_attempts=3
+        )
+        return cls(nc, timeout)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    async def submit(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:
+        req = SubmitRequest(pipeline=spec, pipeline_id=pipeline_id)
+        return await request(self.nc, subjects.SUBMIT, req, SubmitReply, timeout=self.timeout)
+
+    async def status(self, pipeline_id: str) -> StatusReply:
+        return await request(
+            self.nc,
+            subjects.STATUS,
+            StatusRequest(pipeline_id=pipeline_id),
+            StatusReply,
+            timeout=self.timeout,
+        )
+
+    async def list(self, **kw: Any) -> ListReply:
+        return await request(
+            self.nc, subjects.LIST, ListRequest(**kw), ListReply, timeout=self.timeout
+        )
+
+    async def cancel(self, pipeline_id: str, reason: str = "") -> CancelReply:
+        return await request(
+            self.nc,
+            subjects.CANCEL,
+            CancelRequest(pipeline_id=pipeline_id, reason=reason),
+            CancelReply,
+            timeout=self.timeout,
+        )
+
+    async def agents(self, alive_only: bool = False) -> AgentsReply:
+        return await request(
+            self.nc,
+            subjects.AGENTS,
+            AgentsRequest(alive_only=alive_only),
+            AgentsReply,
+            timeout=self.timeout,
+        )
+
+    async def wait_for_agents(self, n: int, timeout: float) -> int:
+        """Poll the cluster view until `n` agents are alive (bounded by `timeout`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        alive = 0
+        while loop.time() < deadline:
+            with contextlib.suppress(Exception):
+                alive = len((await self.agents(alive_only=True)).agents)
+                if alive >= n:
+                    return alive
+            await asyncio.sleep(0.1)  # polling the API with a deadline
+        return alive
+
+    async def wait(self, pipeline_id: str, timeout: float) -> StatusReply:
+        """Wait for a terminal state: woken by pipeline events, with a status poll as backstop."""
+        changed = asyncio.Event()
+
+        async def on_event(_msg: Msg) -> None:
+            changed.set()
+
+        sub = await self.nc.subscribe(subjects.pipeline_event(pipeline_id), cb=on_event)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    st = await self.status(pipeline_id)
+                    if st.state in TERMINAL_STATES:
+                        return st
+                    changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), 1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()

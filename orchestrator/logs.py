@@ -1,0 +1,31 @@
+"""Structured, quiet-by-default logging: one key=value line per record."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        msg = record.getMessage().replace('"', "'")
+        line = (
+            f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} "
+            f'logger={record.name} msg="{msg}"'
+        )
+        if record.exc_info:
+            line += f' exc="{self.formatException(record.exc_info)!r}"'
+        return line
+
+
+def setup(verbosity: int = 0) -> None:
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # nats-py logs reconnect chatter at INFO/ERROR; keep it behind -vv
+    logging.getLogger("nats").setLevel(logging.DEBUG if verbosity >= 2 else logging.CRITICAL)

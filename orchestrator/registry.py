@@ -1,0 +1,108 @@
+"""The orchestrator's live view of the cluster, built from adverts and heartbeats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import fmean
+
+from orchestrator.scheduling import Cluster, Device, Link
+from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat
+
+DEFAULT_MISSES = 3
+
+
+def device_key(agent_id: str, device_id: str) -> str:
+    """Cluster-wide device id used inside the scheduler."""
+    return f"{agent_id}:{device_id}"
+
+
+@dataclass
+class AgentEntry:
+    advert: AgentAdvert
+    last_seen: float
+    running: int = 0
+    draining: bool = False
+
+
+class ClusterView:
+    """Agents by id; an advert from a new incarnation replaces the old one entirely."""
+
+    def __init__(self, misses: int = DEFAULT_MISSES) -> None:
+        self.misses = misses
+        self.agents: dict[str, AgentEntry] = {}
+        self.stale_dropped = 0
+
+    def on_advert(self, adv: AgentAdvert, now: float) -> bool:
+        """Apply an advert; returns True when it introduced a new agent or incarnation."""
+        cur = self.agents.get(adv.agent_id)
+        if cur is not None and cur.advert.incarnation == adv.incarnation:
+            if adv.seq < cur.advert.seq:
+                self.stale_dropped += 1
+                return False
+            cur.advert = adv
+            cur.last_seen = now
+            return False
+        self.agents[adv.agent_id] = AgentEntry(adv, now)
+        return True
+
+    def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
+        cur = self.agents.get(hb.agent_id)
+        if cur is None or cur.advert.incarnation != hb.incarnation:
+            # unknown or from a previous life: wait for the advert of the current incarnation
+            self.stale_dropped += 1
+            return
+        cur.last_seen = max(cur.last_seen, now)
+        cur.running = hb.running
+        cur.draining = hb.draining
+
+    def alive(self, now: float) -> list[AgentEntry]:
+        out = []
+        for entry in self.agents.values():
+            limit = entry.advert.heartbeat_interval_s * self.misses
+            if now - entry.last_seen <= limit and not entry.draining:
+                out.append(entry)
+        return sorted(out, key=lambda e: e.advert.agent_id)
+
+    def device_spec(self, key: str) -> tuple[AgentAdvert, DeviceSpec]:
+        agent_id, dev_id = key.split(":", 1)
+        adv = self.agents[agent_id].advert
+        for d in adv.devices:
+            if d.device_id == dev_id:
+                return adv, d
+        raise KeyError(key)
+
+    def snapshot(self, now: float) -> tuple[Cluster, dict[tuple[str, str], Link]]:
+        """A scheduler Cluster of live devices and the site-to-site link table."""
+        devices: list[Device] = []
+        reports: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+        for entry in self.alive(now):
+            adv = entry.advert
+            for d in adv.devices:
+                devices.append(
+                    Device(
+                        id=device_key(adv.agent_id, d.device_id),
+                        agent_id=adv.agent_id,
+                        site=adv.site,
+                        tier=adv.tier,
+                        kind=d.kind,
+                        slots=d.slots,
+                        memory_mb=d.memory_mb,
+                        speed=d.gflops,
+                        labels={**adv.labels, **d.labels},
+                        cost_per_hour=d.cost_per_hour,
+                    )
+                )
+            for link in adv.links:
+                pair = (adv.site, link.to_site)
+                reports.setdefault(pair, []).append(
+                    (link.latency_ms / 1e3, link.bandwidth_mbps * 1e6 / 8, link.cost_per_gb)
+                )
+        links = {
+            pair: Link(
+                latency_s=fmean(r[0] for r in rs),
+                bandwidth_Bps=fmean(r[1] for r in rs),
+                cost_per_gb=fmean(r[2] for r in rs),
+            )
+            for pair, rs in reports.items()
+        }
+        return Cluster(devices), links

@@ -1,0 +1,154 @@
+"""How long things take: the narrow cost-model protocol and the two models the core ships.
+
+Any object with `compute_time` and `transfer_time` is a CostModel (the predictor, the
+simulator and tests each bring their own). A model may also implement `compute_matrix` and
+`transfer_table` (BatchCostModel) so schedulers can work on whole vectors; `cost_arrays`
+falls back to per-pair calls for models that do not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orchestrator.scheduling.model import Cluster, Device, Link, Task
+from orchestrator.scheduling.transfer import (
+    GenericTransferTable,
+    LinkTransferTable,
+    MatrixTransferTable,
+    TransferTable,
+)
+
+DEFAULT_LAN = Link(latency_s=1e-3, bandwidth_Bps=125e6)
+DEFAULT_WAN = Link(latency_s=0.1, bandwidth_Bps=25e6 / 8)
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    def compute_time(self, task: Task, device: Device) -> float: ...
+
+    def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float: ...
+
+
+@runtime_checkable
+class BatchCostModel(CostModel, Protocol):
+    """A cost model that can also answer for a whole cluster at once (must agree per pair)."""
+
+    def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
+        """tasks x devices compute times; inf where the task cannot run."""
+        ...
+
+    def transfer_table(self, cluster: Cluster) -> TransferTable: ...
+
+
+class LinkCostModel:
+    """Compute = work / speed; transfer over the link between the two devices' locations.
+
+    Same device: 0. Same agent: a local copy at `local_Bps`. Same site: the site's LAN
+    (`links[(site, site)]` or `lan`). Different sites: `links[(a, b)]`, else `links[(b, a)]`,
+    else `wan`. Transfer time is `latency + bytes / bandwidth`.
+    """
+
+    __slots__ = ("lan", "links", "local_Bps", "wan")
+
+    def __init__(
+        self,
+        links: Mapping[tuple[str, str], Link] | None = None,
+        *,
+        lan: Link = DEFAULT_LAN,
+        wan: Link = DEFAULT_WAN,
+        local_Bps: float = 10e9,
+    ) -> None:
+        if not local_Bps > 0:
+            raise ValueError("local_Bps must be > 0")
+        self.links: dict[tuple[str, str], Link] = dict(links or {})
+        self.lan = lan
+        self.wan = wan
+        self.local_Bps = local_Bps
+
+    def link(self, src_site: str, dst_site: str) -> Link:
+        if src_site == dst_site:
+            return self.links.get((src_site, src_site), self.lan)
+        found = self.links.get((src_site, dst_site))
+        if found is None:
+            found = self.links.get((dst_site, src_site), self.wan)
+        return found
+
+    def compute_time(self, task: Task, device: Device) -> float:
+        return task.work / device.speed
+
+    def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
+        if src.id == dst.id:
+            return 0.0
+        if src.agent_id == dst.agent_id:
+            return nbytes / self.local_Bps
+        link = self.link(src.site, dst.site)
+        return link.latency_s + nbytes / link.bandwidth_Bps
+
+    def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
+        work = np.fromiter((t.work for t in tasks), np.float64, len(tasks))
+        out: NDArray[np.float64] = work[:, None] / cluster.speed[None, :]
+        return out
+
+    def transfer_table(self, cluster: Cluster) -> TransferTable:
+        return LinkTransferTable(cluster, self.links, self.lan, self.wan, self.local_Bps)
+
+
+class MatrixCostModel:
+    """Unrelated machines, as in the published examples: `compute[task_id][device_id]` is the
+    execution time (missing = cannot run there, inf); an edge's weight is its transfer time
+    between different devices (0 on the same device)."""
+
+    __slots__ = ("compute",)
+
+    def __init__(self, compute: Mapping[str, Mapping[str, float]]) -> None:
+        self.compute: dict[str, dict[str, float]] = {
+            t: {d: float(v) for d, v in row.items()} for t, row in compute.items()
+        }
+
+    def compute_time(self, task: Task, device: Device) -> float:
+        return self.compute.get(task.id, {}).get(device.id, math.inf)
+
+    def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
+        return 0.0 if src.id == dst.id else nbytes
+
+    def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
+        out = np.full((len(tasks), len(cluster)), math.inf, dtype=np.float64)
+        for i, task in enumerate(tasks):
+            row = self.compute.get(task.id)
+            if not row:
+                continue
+            for dev_id, t in row.items():
+                j = cluster.index.get(dev_id)
+                if j is not None:
+                    out[i, j] = t
+        return out
+
+    def transfer_table(self, cluster: Cluster) -> TransferTable:
+        return MatrixTransferTable(len(cluster))
+
+
+def cost_arrays(
+    cost: CostModel, tasks: Sequence[Task], cluster: Cluster, eligible: NDArray[np.bool_]
+) -> tuple[NDArray[np.float64], TransferTable]:
+    """The compute-time matrix (inf where ineligible or not finite) and a transfer table."""
+    if isinstance(cost, BatchCostModel):
+        w = np.asarray(cost.compute_matrix(tasks, cluster), dtype=np.float64)
+        if w.shape != (len(tasks), len(cluster)):
+            raise ValueError(f"compute_matrix returned shape {w.shape}")
+        table = cost.transfer_table(cluster)
+    else:
+        w = np.full((len(tasks), len(cluster)), math.inf, dtype=np.float64)
+        devices = cluster.devices
+        for i, task in enumerate(tasks):
+            for j in np.flatnonzero(eligible[i]).tolist():
+                w[i, j] = cost.compute_time(task, devices[j])
+        table = GenericTransferTable(cost.transfer_time, devices)
+    if np.any(w < 0):
+        raise ValueError("cost model returned a negative compute time")
+    w = np.where(eligible & np.isfinite(w), w, math.inf)
+    return w, table

@@ -1,0 +1,231 @@
+"""What the scheduler reasons about: tasks, devices, links, the task graph and the cluster.
+
+Everything here is an immutable snapshot; the graph and the cluster precompute index-based
+arrays once so the algorithms can work on integers and numpy vectors instead of ids.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One unit of work; `work` is its duration in seconds on a device of speed 1.0."""
+
+    id: str
+    work: float = 1.0
+    kinds: frozenset[str] = frozenset()
+    tiers: frozenset[str] = frozenset()
+    min_memory_mb: float = 0.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pinned: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.work) and self.work >= 0):
+            raise ValueError(f"task {self.id!r}: work must be finite and >= 0, got {self.work}")
+        if not isinstance(self.kinds, frozenset):
+            object.__setattr__(self, "kinds", frozenset(self.kinds))
+        if not isinstance(self.tiers, frozenset):
+            object.__setattr__(self, "tiers", frozenset(self.tiers))
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A place tasks run; each of its `slots` is an independent timeline."""
+
+    id: str
+    agent_id: str
+    site: str
+    tier: str = "edge"
+    kind: str = "cpu"
+    slots: int = 1
+    memory_mb: float = 1e9
+    speed: float = 1.0
+    labels: Mapping[str, str] = field(default_factory=dict)
+    cost_per_hour: float = 0.0
+    busy: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.slots < 1:
+            raise ValueError(f"device {self.id!r}: slots must be >= 1, got {self.slots}")
+        if not (math.isfinite(self.speed) and self.speed > 0):
+            raise ValueError(f"device {self.id!r}: speed must be finite and > 0")
+        busy = tuple((float(s), float(e)) for s, e in self.busy)
+        for s, e in busy:
+            if not (math.isfinite(s) and math.isfinite(e) and s <= e):
+                raise ValueError(f"device {self.id!r}: bad busy window ({s}, {e})")
+        object.__setattr__(self, "busy", busy)
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A network path: transfer time is `latency_s + bytes / bandwidth_Bps`."""
+
+    latency_s: float
+    bandwidth_Bps: float
+    cost_per_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.latency_s >= 0 and self.bandwidth_Bps > 0):
+            raise ValueError("link needs latency_s >= 0 and bandwidth_Bps > 0")
+
+
+class TaskGraph:
+    """A validated DAG of tasks; edges map (src, dst) to the bytes src sends to dst.
+
+    Tasks are addressed by their position in `tasks` (the index); `preds[i]`/`succs[i]` hold
+    (index, bytes) pairs and `topo` is a topological order that prefers lower indices.
+    """
+
+    __slots__ = ("edges", "ids", "index", "preds", "succs", "tasks", "topo")
+
+    def __init__(self, tasks: Sequence[Task], edges: Mapping[tuple[str, str], float]) -> None:
+        self.tasks: tuple[Task, ...] = tuple(tasks)
+        self.ids: tuple[str, ...] = tuple(t.id for t in self.tasks)
+        self.index: dict[str, int] = {}
+        for i, tid in enumerate(self.ids):
+            if tid in self.index:
+                raise ValueError(f"duplicate task id {tid!r}")
+            self.index[tid] = i
+        n = len(self.tasks)
+        preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        self.edges: dict[tuple[str, str], float] = {}
+        for (src, dst), nbytes in edges.items():
+            for end in (src, dst):
+                if end not in self.index:
+                    raise ValueError(f"edge ({src!r}, {dst!r}) references unknown task {end!r}")
+            if src == dst:
+                raise ValueError(f"self-loop on task {src!r}")
+            b = float(nbytes)
+            if not (math.isfinite(b) and b >= 0):
+                raise ValueError(f"edge ({src!r}, {dst!r}): bytes must be finite and >= 0")
+            self.edges[(src, dst)] = b
+            i, j = self.index[src], self.index[dst]
+            succs[i].append((j, b))
+            preds[j].append((i, b))
+        self.preds: tuple[tuple[tuple[int, float], ...], ...] = tuple(
+            tuple(sorted(p)) for p in preds
+        )
+        self.succs: tuple[tuple[tuple[int, float], ...], ...] = tuple(
+            tuple(sorted(s)) for s in succs
+        )
+        self.topo: tuple[int, ...] = self._toposort()
+
+    def _toposort(self) -> tuple[int, ...]:
+        indeg = [len(p) for p in self.preds]
+        heap = [i for i, d in enumerate(indeg) if d == 0]
+        heapq.heapify(heap)
+        order: list[int] = []
+        while heap:
+            i = heapq.heappop(heap)
+            order.append(i)
+            for j, _ in self.succs[i]:
+                indeg[j] -= 1
+                if indeg[j] == 0:
+                    heapq.heappush(heap, j)
+        if len(order) != len(self.tasks):
+            stuck = sorted(self.ids[i] for i, d in enumerate(indeg) if d > 0)
+            shown = ", ".join(repr(s) for s in stuck[:10])
+            raise ValueError(f"task graph has a cycle through some of: {shown}")
+        return tuple(order)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.index
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def task(self, task_id: str) -> Task:
+        return self.tasks[self.index[task_id]]
+
+    def predecessors(self, task_id: str) -> list[str]:
+        return [self.ids[j] for j, _ in self.preds[self.index[task_id]]]
+
+    def successors(self, task_id: str) -> list[str]:
+        return [self.ids[j] for j, _ in self.succs[self.index[task_id]]]
+
+    def topological_order(self) -> list[str]:
+        return [self.ids[i] for i in self.topo]
+
+
+def _codes(values: Sequence[str]) -> tuple[dict[str, int], NDArray[np.int64]]:
+    table: dict[str, int] = {}
+    codes = np.fromiter((table.setdefault(v, len(table)) for v in values), np.int64, len(values))
+    return table, codes
+
+
+class Cluster:
+    """A snapshot of the devices, with per-attribute arrays (codes) for vectorised filters."""
+
+    __slots__ = (
+        "agent_codes",
+        "agent_members",
+        "agents",
+        "devices",
+        "ids",
+        "index",
+        "kind_codes",
+        "kinds",
+        "label_codes",
+        "memory",
+        "site_codes",
+        "sites",
+        "slots",
+        "speed",
+        "tier_codes",
+        "tiers",
+    )
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        self.devices: tuple[Device, ...] = tuple(devices)
+        self.ids: tuple[str, ...] = tuple(d.id for d in self.devices)
+        self.index: dict[str, int] = {}
+        for i, did in enumerate(self.ids):
+            if did in self.index:
+                raise ValueError(f"duplicate device id {did!r}")
+            self.index[did] = i
+        n = len(self.devices)
+        self.speed = np.fromiter((d.speed for d in self.devices), np.float64, n)
+        self.memory = np.fromiter((d.memory_mb for d in self.devices), np.float64, n)
+        self.slots: tuple[int, ...] = tuple(d.slots for d in self.devices)
+        self.kinds, self.kind_codes = _codes([d.kind for d in self.devices])
+        self.tiers, self.tier_codes = _codes([d.tier for d in self.devices])
+        self.sites, self.site_codes = _codes([d.site for d in self.devices])
+        self.agents, self.agent_codes = _codes([d.agent_id for d in self.devices])
+        members: dict[str, list[int]] = {}
+        for i, d in enumerate(self.devices):
+            members.setdefault(d.agent_id, []).append(i)
+        self.agent_members: dict[str, NDArray[np.int64]] = {
+            a: np.asarray(m, dtype=np.int64) for a, m in members.items()
+        }
+        # label key -> (value -> code, per-device code; -1 where the device lacks the key)
+        self.label_codes: dict[str, tuple[dict[str, int], NDArray[np.int64]]] = {}
+        for i, d in enumerate(self.devices):
+            for key, value in d.labels.items():
+                if key not in self.label_codes:
+                    self.label_codes[key] = ({}, np.full(n, -1, dtype=np.int64))
+                table, codes = self.label_codes[key]
+                codes[i] = table.setdefault(value, len(table))
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def __contains__(self, device_id: object) -> bool:
+        return device_id in self.index
+
+    def __iter__(self) -> Iterator[Device]:
+        return iter(self.devices)
+
+    def device(self, device_id: str) -> Device:
+        return self.devices[self.index[device_id]]

@@ -1,0 +1,117 @@
+"""Requests and replies of the orchestrator's API service."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from schemas.base import WireModel
+from schemas.limits import MAX_TASKS, Bytes, Ident, NonNegFloat, ShortText, Text
+from schemas.pipeline import PipelineSpec
+
+PipelineState = Literal[
+    "pending", "placing", "running", "succeeded", "failed", "cancelled", "unschedulable"
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
+TaskState = Literal["pending", "offered", "accepted", "started", "succeeded", "failed", "cancelled"]
+
+
+class SubmitRequest(WireModel):
+    pipeline: PipelineSpec
+    #: Chosen by the client to make a retried submit idempotent.
+    pipeline_id: Ident | None = None
+
+
+class PlannedTask(WireModel):
+    task_id: Ident
+    agent_id: Ident
+    device_id: Ident
+    slot: Annotated[int, Field(ge=0, le=1024)]
+    start_s: NonNegFloat
+    finish_s: NonNegFloat
+
+
+class SubmitReply(WireModel):
+    pipeline_id: Ident
+    state: PipelineState
+    algorithm: ShortText
+    makespan_s: NonNegFloat
+    plan: Annotated[list[PlannedTask], Field(max_length=MAX_TASKS)]
+
+
+class StatusRequest(WireModel):
+    pipeline_id: Ident
+
+
+class TaskStatus(WireModel):
+    task_id: Ident
+    state: TaskState
+    agent_id: Ident | None = None
+    device_id: Ident | None = None
+    #: Orchestrator-clock seconds since the pipeline was committed (never an agent's clock).
+    started_s: NonNegFloat | None = None
+    finished_s: NonNegFloat | None = None
+    #: Measured by the agent on its own monotonic clock.
+    duration_s: NonNegFloat | None = None
+    predicted_s: NonNegFloat | None = None
+    output_bytes: Bytes = 0
+    result: ShortText = ""
+    error: Text = ""
+
+
+class StatusReply(WireModel):
+    pipeline_id: Ident
+    name: Ident
+    state: PipelineState
+    reason: Text = ""
+    algorithm: ShortText = ""
+    planned_makespan_s: NonNegFloat = 0.0
+    elapsed_s: NonNegFloat = 0.0
+    plan: Annotated[list[PlannedTask], Field(max_length=MAX_TASKS)] = Field(default_factory=list)
+    tasks: Annotated[list[TaskStatus], Field(max_length=MAX_TASKS)] = Field(default_factory=list)
+
+
+class ListRequest(WireModel):
+    state: PipelineState | None = None
+    limit: Annotated[int, Field(ge=1, le=1000)] = 100
+
+
+class PipelineSummary(WireModel):
+    pipeline_id: Ident
+    name: Ident
+    state: PipelineState
+    tasks: Annotated[int, Field(ge=0, le=MAX_TASKS)]
+
+
+class ListReply(WireModel):
+    pipelines: Annotated[list[PipelineSummary], Field(max_length=1000)]
+
+
+class CancelRequest(WireModel):
+    pipeline_id: Ident
+    reason: ShortText = ""
+
+
+class CancelReply(WireModel):
+    pipeline_id: Ident
+    state: PipelineState
+
+
+class AgentsRequest(WireModel):
+    alive_only: bool = False
+
+
+class AgentSummary(WireModel):
+    agent_id: Ident
+    incarnation: Ident
+    site: Ident
+    tier: ShortText
+    alive: bool
+    devices: Annotated[list[ShortText], Field(max_length=64)]
+    running: Annotated[int, Field(ge=0, le=1 << 20)] = 0
+    last_seen_s: NonNegFloat = 0.0
+
+
+class AgentsReply(WireModel):
+    agents: Annotated[list[AgentSummary], Field(max_length=100_000)]

@@ -1,0 +1,167 @@
+"""The one place bytes become models and models become bytes.
+
+msgpack is the default encoding; a message whose ``Content-Type`` header names JSON is read as
+JSON, and its reply is written in JSON too (so ``nats req`` from a shell works). Size, depth and
+length limits are enforced before pydantic sees anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+import msgpack
+from pydantic import ValidationError
+
+from schemas.base import WireModel
+from schemas.errors import ErrorCode, ErrorEnvelope
+from schemas.limits import MAX_CONTAINER_LEN, MAX_DEPTH, MAX_PAYLOAD_BYTES, MAX_STR_LEN
+
+Encoding = Literal["msgpack", "json"]
+M = TypeVar("M", bound=WireModel)
+
+CONTENT_TYPE = "Content-Type"
+JSON_TYPE = "application/json"
+MSGPACK_TYPE = "application/msgpack"
+#: Set on error replies, following the nats.micro convention.
+ERROR_HEADER = "Nats-Service-Error-Code"
+
+
+class DecodeError(Exception):
+    """A payload that cannot become the expected model; carries the wire error code."""
+
+    def __init__(self, code: ErrorCode, message: str, details: dict[str, str] | None = None):
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+        self.details = details or {}
+
+    def envelope(self) -> ErrorEnvelope:
+        return ErrorEnvelope(code=self.code, message=self.message[:2048], details=self.details)
+
+
+def encoding_of(headers: Mapping[str, str] | None) -> Encoding:
+    if headers:
+        ctype = headers.get(CONTENT_TYPE) or headers.get(CONTENT_TYPE.lower()) or ""
+        if "json" in ctype.lower():
+            return "json"
+    return "msgpack"
+
+
+def headers_for(encoding: Encoding) -> dict[str, str]:
+    return {CONTENT_TYPE: JSON_TYPE if encoding == "json" else MSGPACK_TYPE}
+
+
+def encode(model: WireModel, encoding: Encoding = "msgpack") -> bytes:
+    if encoding == "json":
+        return model.model_dump_json().encode()
+    return msgpack.packb(model.model_dump(mode="python"), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _check_depth(obj: Any) -> None:
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise DecodeError("too_deep", f"payload nests deeper than {MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise DecodeError("bad_request", "map keys must be strings")
+                stack.append((v, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+
+
+def _unpack(data: bytes, encoding: Encoding) -> Any:
+    if encoding == "json":
+        try:
+            return json.loads(data)
+        except RecursionError as exc:
+            raise DecodeError("too_deep", "JSON nests too deeply") from exc
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DecodeError("bad_request", f"not valid JSON: {exc}") from exc
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_STR_LEN,
+            max_bin_len=MAX_PAYLOAD_BYTES,
+            max_array_len=MAX_CONTAINER_LEN,
+            max_map_len=MAX_CONTAINER_LEN,
+            max_ext_len=0,
+        )
+    except RecursionError as exc:
+        raise DecodeError("too_deep", "msgpack nests too deeply") from exc
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+    ) as exc:
+        raise DecodeError("bad_request", f"not valid msgpack: {type(exc).__name__}") from exc
+
+
+def decode(data: bytes, model: type[M], encoding: Encoding = "msgpack") -> M:
+    """Bytes -> validated model, or DecodeError with a code; never anything else."""
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise DecodeError(
+            "payload_too_large", f"payload of {len(data)} bytes exceeds {MAX_PAYLOAD_BYTES}"
+        )
+    if not data:
+        raise DecodeError("bad_request", "empty payload")
+    obj = _unpack(data, encoding)
+    _check_depth(obj)
+    if not isinstance(obj, dict):
+        raise DecodeError("bad_request", f"expected a map/object, got {type(obj).__name__}")
+    try:
+        if encoding == "json":
+            # JSON carries bytes as base64 strings; let pydantic's JSON mode handle that.
+            return model.model_validate_json(data)
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        details: dict[str, str] = {}
+        for err in exc.errors()[:50]:
+            loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+            details[loc[:256]] = str(err["msg"])[:2048]
+        raise DecodeError(
+            "invalid", f"{model.__name__} failed validation ({exc.error_count()} errors)", details
+        ) from exc
+    except RecursionError as exc:
+        raise DecodeError("too_deep", "payload nests too deeply") from exc
+
+
+def error_reply(
+    code: ErrorCode,
+    message: str,
+    details: dict[str, str] | None = None,
+    encoding: Encoding = "msgpack",
+) -> tuple[bytes, dict[str, str]]:
+    """Bytes and headers of an error reply."""
+    env = ErrorEnvelope(code=code, message=message[:2048], details=details or {})
+    headers = headers_for(encoding)
+    headers[ERROR_HEADER] = code
+    return encode(env, encoding), headers
+
+
+class RemoteError(Exception):
+    """An error envelope received in reply to a request."""
+
+    def __init__(self, envelope: ErrorEnvelope):
+        super().__init__(f"{envelope.code}: {envelope.message}")
+        self.envelope = envelope
+
+    @property
+    def code(self) -> ErrorCode:
+        return self.envelope.code
+
+
+def decode_reply(data: bytes, headers: Mapping[str, str] | None, model: type[M]) -> M:
+    """Decode a reply that is either `model` or an error envelope (raised as RemoteError)."""
+    enc = encoding_of(headers)
+    if headers and headers.get(ERROR_HEADER):
+        raise RemoteError(decode(data, ErrorEnvelope, enc))
+    return decode(data, model, enc)

@@ -1,0 +1,30 @@
+"""The error envelope every failed request gets back."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from schemas.base import WireModel
+from schemas.limits import Text
+
+ErrorCode = Literal[
+    "bad_request",
+    "payload_too_large",
+    "too_deep",
+    "invalid",
+    "not_found",
+    "unschedulable",
+    "conflict",
+    "unavailable",
+    "internal",
+]
+
+DetailKey = Annotated[str, StringConstraints(max_length=256)]
+
+
+class ErrorEnvelope(WireModel):
+    code: ErrorCode
+    message: Text
+    details: Annotated[dict[DetailKey, Text], Field(max_length=500)] = Field(default_factory=dict)

@@ -1,0 +1,36 @@
+"""Events: what happened to tasks and pipelines (kept in a stream for replay)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.base import WireModel
+from schemas.limits import Bytes, Count, Ident, NonNegFloat, ShortText, Text
+
+TaskEventState = Literal["accepted", "started", "succeeded", "failed", "cancelled"]
+
+
+class TaskEvent(WireModel):
+    #: Idempotency key: the same event delivered twice is applied once.
+    event_id: Ident
+    pipeline_id: Ident
+    task_id: Ident
+    agent_id: Ident
+    incarnation: Ident
+    device_id: Ident
+    token: Count
+    state: TaskEventState
+    duration_s: NonNegFloat | None = None
+    output_bytes: Bytes = 0
+    result: ShortText = ""
+    error: Text = ""
+
+
+class PipelineEvent(WireModel):
+    pipeline_id: Ident
+    state: Literal[
+        "pending", "placing", "running", "succeeded", "failed", "cancelled", "unschedulable"
+    ]
+    reason: Text = ""
+    #: Orchestrator-clock seconds since submission.
+    at_s: NonNegFloat = 0.0

@@ -1,0 +1,37 @@
+"""Bounds shared by every model: the wire must never carry something unbounded."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, StringConstraints
+
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 32
+MAX_CONTAINER_LEN = 10_000
+MAX_STR_LEN = 64 * 1024
+MAX_TASKS = 5_000
+MAX_DEPS = 1_000
+MAX_DEVICES = 64
+MAX_LINKS = 512
+MAX_LABELS = 32
+MAX_INLINE_DATA = 1024 * 1024
+MAX_SECONDS = 7 * 24 * 3600.0
+
+#: Identifier safe inside a NATS subject token (no dots, spaces or wildcards).
+Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-]+$")]
+#: Free human text (reasons, messages).
+Text = Annotated[str, StringConstraints(max_length=2048)]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+Path = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+LabelKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_./-]+$")
+]
+LabelValue = Annotated[str, StringConstraints(max_length=128)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=MAX_LABELS)]
+
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0.0, le=1e18, allow_inf_nan=False)]
+PosFloat = Annotated[float, Field(gt=0.0, le=1e18, allow_inf_nan=False)]
+Bytes = Annotated[int, Field(ge=0, le=1 << 50)]
+Count = Annotated[int, Field(ge=0, le=1 << 53)]

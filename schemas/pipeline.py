@@ -1,0 +1,133 @@
+"""Pipelines: DAGs of tasks with what each needs and what each is expected to cost."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, StringConstraints, model_validator
+
+from schemas.agent import DeviceKind, Tier
+from schemas.base import WireModel
+from schemas.limits import (
+    MAX_DEPS,
+    MAX_TASKS,
+    Bytes,
+    Ident,
+    Labels,
+    NonNegFloat,
+    Path,
+    PosFloat,
+    Seconds,
+    ShortText,
+)
+
+Arg = Annotated[str, StringConstraints(max_length=4096)]
+ScalarArg = Annotated[str, StringConstraints(max_length=4096)] | int | float | bool
+
+
+class SyntheticRun(WireModel):
+    """Sleep or spin; `seconds` is the time on a device of `ref_gflops` (fixed if None)."""
+
+    kind: Literal["synthetic"] = "synthetic"
+    mode: Literal["sleep", "busy"] = "sleep"
+    seconds: Seconds = 0.1
+    ref_gflops: PosFloat | None = None
+    output_bytes: Annotated[int, Field(ge=0, le=1 << 30)] = 0
+
+
+class OnnxRun(WireModel):
+    """Run an ONNX model; `model` is a built-in model name or a file path on the agent."""
+
+    kind: Literal["onnx"] = "onnx"
+    model: Path
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
+    batch: Annotated[int, Field(ge=1, le=4096)] = 1
+    iterations: Annotated[int, Field(ge=1, le=10_000)] = 1
+    seed: Annotated[int, Field(ge=0, le=2**31)] = 0
+
+
+class ExecRun(WireModel):
+    kind: Literal["exec"] = "exec"
+    argv: Annotated[list[Arg], Field(min_length=1, max_length=64)]
+    timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
+
+
+class PythonRun(WireModel):
+    kind: Literal["python"] = "python"
+    entry: Annotated[
+        str, StringConstraints(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=256)
+    ]
+    kwargs: Annotated[dict[Ident, ScalarArg], Field(max_length=64)] = Field(default_factory=dict)
+
+
+RunSpec = Annotated[SyntheticRun | OnnxRun | ExecRun | PythonRun, Field(discriminator="kind")]
+
+
+class Requirements(WireModel):
+    kinds: Annotated[list[DeviceKind], Field(max_length=3)] = Field(default_factory=list)
+    tiers: Annotated[list[Tier], Field(max_length=4)] = Field(default_factory=list)
+    min_memory_mb: NonNegFloat = 0.0
+    labels: Labels = Field(default_factory=dict)
+    pinned_agent: Ident | None = None
+
+
+class Profile(WireModel):
+    """Features for the execution-time predictor; all optional."""
+
+    flops: NonNegFloat = 0.0
+    bytes_in: Bytes = 0
+    params: Bytes = 0
+    batch: Annotated[int, Field(ge=1, le=1 << 20)] = 1
+    est_seconds: Seconds | None = None
+
+
+class TaskSpec(WireModel):
+    id: Ident
+    run: RunSpec
+    requires: Requirements = Field(default_factory=Requirements)
+    profile: Profile = Field(default_factory=Profile)
+    #: Declared size of this task's output, sent to each consumer.
+    output_bytes: Bytes = 0
+    deps: Annotated[list[Ident], Field(max_length=MAX_DEPS)] = Field(default_factory=list)
+
+
+class PipelineSpec(WireModel):
+    name: Ident
+    tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=MAX_TASKS)]
+    priority: Annotated[int, Field(ge=0, le=1000)] = 100
+    preemptible: bool = False
+    deadline_s: Seconds | None = None
+    description: ShortText = ""
+
+    @model_validator(mode="after")
+    def _check_dag(self) -> Self:
+        ids = [t.id for t in self.tasks]
+        known = set(ids)
+        if len(known) != len(ids):
+            dup = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(f"duplicate task ids: {', '.join(dup[:10])}")
+        indeg: dict[str, int] = {}
+        children: dict[str, list[str]] = {i: [] for i in ids}
+        for t in self.tasks:
+            if len(set(t.deps)) != len(t.deps):
+                raise ValueError(f"task {t.id} lists a dependency twice")
+            for d in t.deps:
+                if d not in known:
+                    raise ValueError(f"task {t.id} depends on unknown task {d}")
+                if d == t.id:
+                    raise ValueError(f"task {t.id} depends on itself")
+                children[d].append(t.id)
+            indeg[t.id] = len(t.deps)
+        ready = [i for i in ids if indeg[i] == 0]
+        seen = 0
+        while ready:
+            n = ready.pop()
+            seen += 1
+            for c in children[n]:
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    ready.append(c)
+        if seen != len(ids):
+            cyc = sorted(i for i in ids if indeg[i] > 0)
+            raise ValueError(f"dependency cycle among: {', '.join(cyc[:10])}")
+        return self

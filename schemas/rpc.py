@@ -1,0 +1,91 @@
+"""Request/reply glue shared by every service: decode -> handle -> encode, errors as envelopes.
+
+Handlers receive models, never bytes; whatever they raise becomes an error reply with a code,
+so a hostile request can neither go unanswered nor take the service down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from schemas.base import WireModel
+from schemas.codec import (
+    DecodeError,
+    Encoding,
+    RemoteError,
+    decode,
+    decode_reply,
+    encode,
+    encoding_of,
+    error_reply,
+    headers_for,
+)
+from schemas.errors import ErrorCode
+
+log = logging.getLogger("mars.rpc")
+
+__all__ = ["RemoteError", "ServiceError", "handle", "request", "respond"]
+
+Req = TypeVar("Req", bound=WireModel)
+Rep = TypeVar("Rep", bound=WireModel)
+
+
+class ServiceError(Exception):
+    """Raised by a handler to answer with a specific error code."""
+
+    def __init__(self, code: ErrorCode, message: str, details: dict[str, str] | None = None):
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+        self.details = details or {}
+
+
+async def handle(
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    model: type[Req],
+    fn: Callable[[Req], Awaitable[WireModel]],
+) -> tuple[bytes, dict[str, str]]:
+    """Turn request bytes into reply bytes (+ headers), whatever happens."""
+    enc: Encoding = encoding_of(headers)
+    try:
+        req = decode(data, model, enc)
+        rep = await fn(req)
+        return encode(rep, enc), headers_for(enc)
+    except DecodeError as exc:
+        return error_reply(exc.code, exc.message, exc.details, enc)
+    except ServiceError as exc:
+        return error_reply(exc.code, exc.message, exc.details, enc)
+    except Exception as exc:  # the service must stay up
+        log.exception("handler for %s failed", model.__name__)
+        return error_reply("internal", f"{type(exc).__name__}: {exc}"[:500], None, enc)
+
+
+async def respond(
+    nc: Any,
+    msg: Any,
+    model: type[Req],
+    fn: Callable[[Req], Awaitable[WireModel]],
+) -> None:
+    """Serve one core-NATS request message (not nats.micro) through `handle`."""
+    body, headers = await handle(msg.data, msg.headers, model, fn)
+    if msg.reply:
+        await nc.publish(msg.reply, body, headers=headers)
+
+
+async def request(
+    nc: Any,
+    subject: str,
+    req: WireModel,
+    reply_model: type[Rep],
+    *,
+    timeout: float = 2.0,
+    encoding: Encoding = "msgpack",
+) -> Rep:
+    """Send a request model and decode the reply model (RemoteError on an error envelope)."""
+    msg = await nc.request(
+        subject, encode(req, encoding), timeout=timeout, headers=headers_for(encoding)
+    )
+    return decode_reply(msg.data, msg.headers, reply_model)

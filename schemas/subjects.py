@@ -1,0 +1,61 @@
+"""Every NATS subject MARS uses, under one versioned prefix."""
+
+from __future__ import annotations
+
+PREFIX = "mars.v1"
+
+API_SERVICE = "mars-api"
+API_QUEUE = "mars-orchestrators"
+API = f"{PREFIX}.api"
+SUBMIT = f"{API}.submit"
+STATUS = f"{API}.status"
+LIST = f"{API}.list"
+CANCEL = f"{API}.cancel"
+AGENTS = f"{API}.agents"
+API_SUBJECTS = (SUBMIT, STATUS, LIST, CANCEL, AGENTS)
+
+ALL_ADVERTS = f"{PREFIX}.agents.*.advert"
+ALL_HEARTBEATS = f"{PREFIX}.agents.*.hb"
+#: Orchestrators publish here on start so agents advertise at once.
+DISCOVER = f"{PREFIX}.discover"
+
+EVENTS = f"{PREFIX}.events"
+ALL_TASK_EVENTS = f"{EVENTS}.task.>"
+ALL_PIPELINE_EVENTS = f"{EVENTS}.pipeline.>"
+EVENTS_STREAM = "MARS_EVENTS"
+
+
+def advert(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.advert"
+
+
+def heartbeat(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.hb"
+
+
+def offer(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.cmd.offer"
+
+
+def commit(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.cmd.commit"
+
+
+def cancel(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.cmd.cancel"
+
+
+def data(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.data"
+
+
+def agent_commands(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.cmd.*"
+
+
+def task_event(pipeline_id: str, task_id: str) -> str:
+    return f"{EVENTS}.task.{pipeline_id}.{task_id}"
+
+
+def pipeline_event(pipeline_id: str) -> str:
+    return f"{EVENTS}.pipeline.{pipeline_id}"

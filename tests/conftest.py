@@ -1,0 +1,29 @@
+"""Shared fixtures: a real nats-server with JetStream on a free port in a temp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.natsserver import EmbeddedNats
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+DATASETS = SHARED / "datasets"
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(store_dir=str(tmp_path / "nats"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url

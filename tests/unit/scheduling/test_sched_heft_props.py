@@ -1,0 +1,87 @@
+"""HEFT on random problems: plans validate, respect the critical path, keep fixed placements."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sched_problems import Problem, critical_path, problems, usable
+
+from orchestrator.scheduling import Placement, Plan, Unschedulable, heft
+
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _plan_or_unschedulable(pb: Problem, insertion: bool = True) -> Plan | None:
+    try:
+        return heft(pb.graph, pb.cluster, pb.cost, now=pb.now, insertion=insertion)
+    except Unschedulable as exc:
+        for tid, by_dev in exc.reasons.items():
+            task = pb.graph.task(tid)
+            assert not any(usable(task, d, pb.cost) for d in pb.cluster)
+            assert set(by_dev) == set(pb.cluster.ids)
+        return None
+
+
+@SETTINGS
+@given(problems(), st.booleans())
+def test_heft_plan_validates_and_beats_nothing_below_critical_path(
+    pb: Problem, insertion: bool
+) -> None:
+    plan = _plan_or_unschedulable(pb, insertion)
+    if plan is None:
+        return
+    plan.validate(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    lower = pb.now + critical_path(pb.graph, pb.cluster, pb.cost)
+    assert plan.makespan >= lower - 1e-9 * max(1.0, lower)
+
+
+@SETTINGS
+@given(problems())
+def test_heft_is_deterministic(pb: Problem) -> None:
+    first = _plan_or_unschedulable(pb)
+    if first is None:
+        return
+    again = heft(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    assert again.placements == first.placements
+    assert list(again.placements) == list(first.placements)
+
+
+def _closed_subset(pb: Problem, seed: int) -> set[str]:
+    rng = random.Random(seed)
+    picked = {t for t in pb.graph.ids if rng.random() < 0.4}
+    stack = list(picked)
+    while stack:
+        for p in pb.graph.predecessors(stack.pop()):
+            if p not in picked:
+                picked.add(p)
+                stack.append(p)
+    return picked
+
+
+@SETTINGS
+@given(problems(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+def test_replanning_keeps_fixed_placements(pb: Problem, seed: int, frac: float) -> None:
+    first = _plan_or_unschedulable(pb)
+    if first is None:
+        return
+    fixed: dict[str, Placement] = {t: first.placements[t] for t in sorted(_closed_subset(pb, seed))}
+    now = pb.now + frac * (first.makespan - pb.now)
+    again = heft(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=now)
+    for tid, p in fixed.items():
+        assert again.placements[tid] == p
+    again.validate(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=now)
+
+
+def test_fixed_must_be_closed_under_predecessors() -> None:
+    from orchestrator.scheduling import Cluster, Device, LinkCostModel, Task, TaskGraph
+
+    graph = TaskGraph([Task("a"), Task("b")], {("a", "b"): 0.0})
+    cluster = Cluster([Device("d0", "a0", "s0")])
+    fixed = {"b": Placement("b", "d0", 0, 0.0, 1.0)}
+    with pytest.raises(ValueError, match="predecessors that are not fixed"):
+        heft(graph, cluster, LinkCostModel(), fixed=fixed)
+    with pytest.raises(ValueError, match="unknown device"):
+        heft(graph, cluster, LinkCostModel(), fixed={"a": Placement("a", "zz", 0, 0.0, 1.0)})
