@@ -99,7 +99,8 @@ class OnnxExecutor:
             if sess is None:
                 available = ort.get_available_providers()
                 providers = [provider] if provider in available else []
-                providers.append("CPUExecutionProvider")
+                if "CPUExecutionProvider" not in providers:
+                    providers.append("CPUExecutionProvider")
                 opts = ort.SessionOptions()
                 opts.intra_op_num_threads = 1
                 opts.log_severity_level = 3

@@ -68,6 +68,7 @@ class EmbeddedNats:
         return f"nats://{self.host}:{self.port}"
 
     def start(self) -> EmbeddedNats:
+        Path(self.store_dir).mkdir(parents=True, exist_ok=True)
         args = [
             find_binary(),
             "-a", self.host,

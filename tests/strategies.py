@@ -43,8 +43,9 @@ def _string(schema: dict[str, Any]) -> st.SearchStrategy[JSON]:
     return st.text(min_size=lo, max_size=max(lo, hi))
 
 
-def from_json_schema(schema: dict[str, Any], defs: dict[str, Any] | None = None
-                     ) -> st.SearchStrategy[JSON]:
+def from_json_schema(
+    schema: dict[str, Any], defs: dict[str, Any] | None = None
+) -> st.SearchStrategy[JSON]:
     defs = defs if defs is not None else schema.get("$defs", {})
     if "$ref" in schema:
         name = schema["$ref"].rsplit("/", 1)[-1]
@@ -64,7 +65,8 @@ def from_json_schema(schema: dict[str, Any], defs: dict[str, Any] | None = None
         if not props and isinstance(schema.get("additionalProperties"), dict):
             key_schema = schema.get("propertyNames", {"type": "string", "maxLength": 16})
             return st.dictionaries(
-                _string(key_schema), from_json_schema(schema["additionalProperties"], defs),
+                _string(key_schema),
+                from_json_schema(schema["additionalProperties"], defs),
                 max_size=min(schema.get("maxProperties", MAX_ITEMS), MAX_ITEMS),
             )
         required = set(schema.get("required", []))

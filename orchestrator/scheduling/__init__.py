@@ -27,6 +27,7 @@ from orchestrator.scheduling.heft import heft
 from orchestrator.scheduling.model import Cluster, Device, Link, Task, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan, PlanError
 from orchestrator.scheduling.ranks import upward_ranks
+from orchestrator.scheduling.timeline import SlotTimeline
 from orchestrator.scheduling.transfer import TransferTable
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "Placement",
     "Plan",
     "PlanError",
+    "SlotTimeline",
     "Task",
     "TaskGraph",
     "TransferTable",

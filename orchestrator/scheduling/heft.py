@@ -98,6 +98,8 @@ class _Slots:
         self, d: int, ready: float, duration: float, insertion: bool
     ) -> tuple[int, float]:
         """(slot, start) of the earliest finish on device d; ties go to the lower slot."""
+        if duration <= 0:
+            return 0, ready  # occupies no time, so nothing can be in its way
         best_k, best_start = 0, math.inf
         for k, tl in enumerate(self.timelines[d]):
             s = tl.earliest_start(ready, duration) if insertion else max(ready, tl.end)
@@ -176,6 +178,7 @@ def heft(
     heapq.heapify(heap)
 
     base = np.full(len(cluster), now, dtype=np.float64)
+    has_zero = (w == 0).any(axis=1).tolist()
     tail, horizon = slots.tail, slots.horizon
     ids, devices = graph.ids, cluster.ids
     while heap:
@@ -184,6 +187,8 @@ def heft(
         drt = _ready_times(graph.preds[i], finish, where, table, base)
         eft = np.maximum(drt, tail)
         eft += wi
+        if has_zero[i]:
+            np.copyto(eft, drt, where=wi == 0)
         d = int(eft.argmin())
         chosen: tuple[int, float] | None = None
         if insertion:

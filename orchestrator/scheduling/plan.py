@@ -2,6 +2,8 @@
 
 Fixed placements (tasks already finished or running) are facts, not decisions: validate only
 checks they are present and unchanged, and that no other task collides with them.
+Two windows collide when their intersection has positive length, so a zero-length placement
+or busy window never collides with anything.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ class Plan:
             if p.start < now - tol(now):
                 bad.append(f"{tid}: starts at {p.start:g}, before now={now:g}")
             for bs, be in dev.busy:
-                if p.start < be - tol(be, p.start) and bs < p.finish - tol(bs, p.finish):
+                if min(p.finish, be) - max(p.start, bs) > tol(p.finish, be):
                     bad.append(
                         f"{tid}: [{p.start:g}, {p.finish:g}) overlaps busy window "
                         f"[{bs:g}, {be:g}) on {dev.id}"
@@ -120,9 +122,7 @@ class Plan:
             items.sort(key=lambda p: (p.start, p.finish, p.task_id))
             last = items[0]
             for p in items[1:]:
-                clash = p.start < last.finish - tol(p.start, last.finish) and (
-                    last.start < p.finish - tol(last.start, p.finish)
-                )
+                clash = min(p.finish, last.finish) - p.start > tol(p.finish, last.finish)
                 if clash and not (p.task_id in fixed and last.task_id in fixed):
                     bad.append(f"{p.task_id} and {last.task_id} overlap on {dev_id} slot {slot}")
                 if p.finish > last.finish:

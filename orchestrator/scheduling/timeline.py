@@ -1,9 +1,11 @@
 """Occupancy of one device slot, for insertion-based scheduling.
 
 A slot is a sorted list of disjoint busy intervals. The first interval is a sentinel
-(-inf, now] so nothing is ever placed in the past. `horizon` is where the final contiguous
-busy block begins: a task ready at or after it can only go at the end, which lets the
-scheduler skip the gap search for most (device, task) pairs.
+(-inf, now] so nothing is ever placed in the past. Zero-length intervals occupy no time: they
+are never booked and never block anything (the rule `Plan.validate` applies too).
+
+`horizon` is where the final contiguous busy block begins: a task ready at or after it can
+only go at the end, which lets the scheduler skip the gap search for most (device, task) pairs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class SlotTimeline:
         starts = [-math.inf]
         finishes = [now]
         for s, f in sorted(occupied):
-            if f <= finishes[-1]:
+            if f <= s or f <= finishes[-1]:
                 continue
             if s <= finishes[-1]:
                 finishes[-1] = f
@@ -38,6 +40,8 @@ class SlotTimeline:
 
     def earliest_start(self, ready: float, duration: float) -> float:
         """Earliest start >= ready of a free window at least `duration` long (first fit)."""
+        if duration <= 0:
+            return ready
         if ready >= self.horizon:
             return max(ready, self.finishes[-1])
         starts, finishes = self.starts, self.finishes
@@ -53,6 +57,8 @@ class SlotTimeline:
 
     def book(self, start: float, finish: float) -> None:
         """Occupy [start, finish); the window must be free (as found by earliest_start)."""
+        if finish <= start:
+            return
         starts, finishes = self.starts, self.finishes
         k = bisect_right(finishes, start)
         n = len(starts)

@@ -18,14 +18,23 @@ from tests.strategies import from_json_schema
 
 
 def _pipeline_dict(n: int = 3) -> dict[str, object]:
-    tasks = [{"id": f"t{i}", "run": {"kind": "synthetic", "seconds": 0.01},
-              "deps": [f"t{i - 1}"] if i else []} for i in range(n)]
+    tasks = [
+        {
+            "id": f"t{i}",
+            "run": {"kind": "synthetic", "seconds": 0.01},
+            "deps": [f"t{i - 1}"] if i else [],
+        }
+        for i in range(n)
+    ]
     return {"name": "p", "tasks": tasks}
 
 
 @pytest.mark.parametrize("model", PUBLIC_MODELS, ids=lambda m: m.__name__)
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(data=st.data())
 def test_public_models_round_trip(model: type[WireModel], data: st.DataObject) -> None:
     # valid instances come from the model's own published JSON Schema
@@ -62,8 +71,10 @@ def test_limits_are_enforced_before_validation() -> None:
     deep: object = 1
     for _ in range(MAX_DEPTH + 5):
         deep = [deep]
-    for enc, raw in (("msgpack", msgpack.packb({"x": deep})), ("json", json.dumps({"x": deep})
-                                                              .encode())):
+    for enc, raw in (
+        ("msgpack", msgpack.packb({"x": deep})),
+        ("json", json.dumps({"x": deep}).encode()),
+    ):
         with pytest.raises(DecodeError) as err:
             decode(raw, SubmitRequest, enc)  # type: ignore[arg-type]
         assert err.value.code == "too_deep"
@@ -108,5 +119,6 @@ def test_error_reply_is_recognised_by_decode_reply() -> None:
 
     with pytest.raises(RemoteError) as err:
         decode_reply(body, headers, SubmitRequest)
-    assert err.value.envelope == ErrorEnvelope(code="not_found", message="no such pipeline",
-                                               details={"id": "x"})
+    assert err.value.envelope == ErrorEnvelope(
+        code="not_found", message="no such pipeline", details={"id": "x"}
+    )

@@ -1,0 +1,81 @@
+"""Run real MARS services (orchestrator, agents) in-process against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from edge_agent.config import AgentConfig
+from edge_agent.core import Job
+from edge_agent.executors import Output
+from edge_agent.service import Agent
+from orchestrator.service import Orchestrator
+
+T = TypeVar("T")
+
+
+class RecordingAgent(Agent):
+    """A real agent that also notes when each task ran (one host, one clock: comparable)."""
+
+    log: list[tuple[str, str, str, float, float]]  # (pipeline, task, device, start, end)
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.log = []
+
+    async def _run(self, job: Job) -> Output:
+        t0 = time.monotonic()
+        out = await super()._run(job)
+        self.log.append(
+            (job.offer.pipeline_id, job.offer.task.id, job.offer.device_id, t0, time.monotonic())
+        )
+        return out
+
+
+def agent_config(site: str, tier: str, **kw: Any) -> AgentConfig:
+    return AgentConfig.model_validate(
+        {"site": site, "tier": tier, "heartbeat_interval_s": 0.2, **kw}
+    )
+
+
+async def start_cluster(
+    url: str, configs: dict[str, AgentConfig]
+) -> tuple[Orchestrator, list[RecordingAgent]]:
+    orch = Orchestrator(url)
+    await orch.start()
+    agents = [
+        RecordingAgent(url, cfg, agent_id=aid, calibrate=False) for aid, cfg in configs.items()
+    ]
+    for a in agents:
+        await a.start()
+    n = await orch.wait_for_agents(len(agents), timeout=10.0)
+    assert n == len(agents), f"only {n} agents joined"
+    return orch, agents
+
+
+async def stop_cluster(orch: Orchestrator, agents: list[RecordingAgent]) -> None:
+    for a in agents:
+        await a.stop()
+    await orch.stop()
+
+
+class LoopThread:
+    """An asyncio loop in a thread, so sync (hypothesis) tests can drive async services."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return fut.result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()

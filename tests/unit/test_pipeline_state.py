@@ -1,0 +1,61 @@
+"""The orchestrator's pipeline state machine: events apply once, under the current token."""
+
+from __future__ import annotations
+
+from orchestrator.pipelines import PipelineRun
+from schemas import PipelineSpec, TaskEvent
+
+
+def run() -> PipelineRun:
+    spec = PipelineSpec.model_validate(
+        {
+            "name": "p",
+            "tasks": [
+                {"id": "a", "run": {"kind": "synthetic"}},
+                {"id": "b", "run": {"kind": "synthetic"}, "deps": ["a"]},
+            ],
+        }
+    )
+    r = PipelineRun("p1", spec, submitted_at=0.0)
+    for tid, tok in (("a", 10), ("b", 11)):
+        t = r.tasks[tid]
+        t.agent_id, t.device_id, t.token, t.state = "ag", "cpu0", tok, "accepted"
+    r.state, r.committed_at = "running", 1.0
+    return r
+
+
+def ev(eid: str, task: str, state: str, token: int, agent: str = "ag") -> TaskEvent:
+    return TaskEvent.model_validate(
+        dict(
+            event_id=eid,
+            pipeline_id="p1",
+            task_id=task,
+            agent_id=agent,
+            incarnation="i",
+            device_id="cpu0",
+            token=token,
+            state=state,
+            duration_s=0.5,
+        )
+    )
+
+
+def test_success_after_all_tasks_and_duplicates_ignored() -> None:
+    r = run()
+    assert r.apply(ev("e1", "a", "started", 10), 1.5) is None
+    assert r.apply(ev("e2", "a", "succeeded", 10), 2.0) is None
+    assert r.apply(ev("e2", "a", "succeeded", 10), 2.0) is None
+    assert r.duplicate_events == 1
+    assert r.apply(ev("e3", "b", "succeeded", 11), 3.0) == "succeeded"
+    st = r.status(4.0)
+    assert st.state == "succeeded" and st.elapsed_s == 2.0
+    assert [t.started_s for t in st.tasks] == [0.5, 2.0]
+
+
+def test_stale_token_or_wrong_agent_is_ignored() -> None:
+    r = run()
+    assert r.apply(ev("e1", "a", "failed", 9), 2.0) is None
+    assert r.apply(ev("e2", "a", "failed", 10, agent="other"), 2.0) is None
+    assert r.stale_events == 2 and r.state == "running"
+    assert r.apply(ev("e3", "a", "failed", 10), 2.0) == "failed"
+    assert "task a failed" in r.reason
