@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.predictor import estimate_seconds
 from orchestrator.registry import ClusterView
@@ -15,6 +18,7 @@ from orchestrator.scheduling import (
     Plan,
     Task,
     TaskGraph,
+    TransferTable,
     heft,
 )
 from schemas.agent import DeviceSpec
@@ -72,6 +76,16 @@ class SpecCostModel:
 
     def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
         return self.links.transfer_time(nbytes, src, dst)
+
+    def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
+        out = np.empty((len(tasks), len(cluster.devices)), dtype=np.float64)
+        for i, t in enumerate(tasks):
+            for j, d in enumerate(cluster.devices):
+                out[i, j] = self.compute_time(t, d)
+        return out
+
+    def transfer_table(self, cluster: Cluster) -> TransferTable:
+        return self.links.transfer_table(cluster)
 
 
 @dataclass(frozen=True)

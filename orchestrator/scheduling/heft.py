@@ -73,7 +73,7 @@ def unschedulable_reasons(
 class _Slots:
     """All slot timelines of a cluster plus per-device summaries as numpy vectors."""
 
-    __slots__ = ("horizon", "tail", "timelines")
+    __slots__ = ("free_at", "horizon", "tail", "timelines")
 
     def __init__(self, cluster: Cluster, now: float, fixed: Mapping[str, Placement]) -> None:
         booked: dict[tuple[int, int], list[tuple[float, float]]] = {}
@@ -86,25 +86,41 @@ class _Slots:
         m = len(cluster)
         self.tail = np.empty(m, dtype=np.float64)
         self.horizon = np.empty(m, dtype=np.float64)
+        self.free_at = np.empty(m, dtype=np.float64)
         for d in range(m):
             self.refresh(d)
 
     def refresh(self, d: int) -> None:
         tls = self.timelines[d]
-        self.tail[d] = min(tl.end for tl in tls)
+        if len(tls) == 1:
+            tl = tls[0]
+            self.tail[d], self.horizon[d], self.free_at[d] = tl.finishes[-1], tl.horizon, tl.head
+            return
+        self.tail[d] = min(tl.finishes[-1] for tl in tls)
         self.horizon[d] = max(tl.horizon for tl in tls)
+        self.free_at[d] = min(tl.head for tl in tls)
 
     def best_slot(
-        self, d: int, ready: float, duration: float, insertion: bool
+        self, d: int, ready: float, duration: float, insertion: bool, limit: float = math.inf
     ) -> tuple[int, float]:
-        """(slot, start) of the earliest finish on device d; ties go to the lower slot."""
+        """(slot, start) of the earliest finish on device d; ties go to the lower slot.
+
+        With a finite `limit` the answer is exact only if its finish is <= limit.
+        """
         if duration <= 0:
             return 0, ready  # occupies no time, so nothing can be in its way
         best_k, best_start = 0, math.inf
         for k, tl in enumerate(self.timelines[d]):
-            s = tl.earliest_start(ready, duration) if insertion else max(ready, tl.end)
+            if not insertion or ready >= tl.horizon:
+                s = tl.finishes[-1]
+                if s < ready:
+                    s = ready
+            else:
+                s = tl.earliest_start(ready, duration, limit)
             if s < best_start:
                 best_k, best_start = k, s
+                if s + duration < limit:
+                    limit = s + duration
         return best_k, best_start
 
 
@@ -114,20 +130,53 @@ def _ready_times(
     where: list[int],
     table: TransferTable,
     base: NDArray[np.float64],
+    now: float,
 ) -> NDArray[np.float64]:
-    """Per device: when all inputs can have arrived there (never before `now`)."""
+    """Per device: when all inputs can have arrived there (never before `now`; `base` is
+    `now` on every device and is returned, not copied, for a task without inputs)."""
     if not preds:
         return base
-    drt: NDArray[np.float64] | None = None
-    for p, nbytes in preds:
+    p, nbytes = preds[0]
+    drt = table.row(nbytes, where[p])
+    drt += finish[p]
+    if finish[p] < now:  # only a fixed predecessor can finish before now
+        np.maximum(drt, base, out=drt)
+    for p, nbytes in preds[1:]:
         arrival = table.row(nbytes, where[p])
         arrival += finish[p]
-        if drt is None:
-            drt = np.maximum(arrival, base, out=arrival)
-        else:
-            np.maximum(drt, arrival, out=drt)
-    assert drt is not None
+        np.maximum(drt, arrival, out=drt)
     return drt
+
+
+def _search_gaps(
+    slots: _Slots,
+    cand: NDArray[np.intp],
+    lower: NDArray[np.float64],
+    drt: NDArray[np.float64],
+    wi: NDArray[np.float64],
+    best_d: int,
+    best: float,
+) -> tuple[int, tuple[int, float] | None]:
+    """Exact insertion search on the devices that might beat the append-only best.
+
+    Candidates go in order of their lower bound (duration + the later of ready time and the
+    device's first free instant), so the search stops as soon as no remaining one can beat or
+    tie the best found; ties keep the lower index.
+    """
+    chosen: tuple[int, float] | None = None
+    lb = lower[cand]
+    order = np.argsort(lb, kind="stable")
+    for c, bound in zip(cand[order].tolist(), lb[order].tolist(), strict=True):
+        if bound > best:
+            break
+        dur = float(wi[c])
+        k, s = slots.best_slot(c, float(drt[c]), dur, True, best)
+        fin = s + dur
+        if fin < best or (fin == best and c < best_d):
+            best, best_d, chosen = fin, c, (k, s)
+        elif c == best_d:
+            chosen = (k, s)
+    return best_d, chosen
 
 
 def heft(
@@ -139,7 +188,12 @@ def heft(
     now: float = 0.0,
     insertion: bool = True,
 ) -> Plan:
-    """Plan every task not in `fixed` to start no earlier than `now`; see the module doc."""
+    """Plan every task not in `fixed` to start no earlier than `now`; see the module doc.
+
+    `fixed` holds finished or running tasks, kept as they are; it must be closed under
+    predecessors (ValueError otherwise). Raises Unschedulable, listing every device and why,
+    when some task not in `fixed` has no eligible device.
+    """
     fixed = dict(fixed or {})
     check_fixed(graph, cluster, fixed)
     n = len(graph)
@@ -179,12 +233,12 @@ def heft(
 
     base = np.full(len(cluster), now, dtype=np.float64)
     has_zero = (w == 0).any(axis=1).tolist()
-    tail, horizon = slots.tail, slots.horizon
+    tail, horizon, free_at = slots.tail, slots.horizon, slots.free_at
     ids, devices = graph.ids, cluster.ids
     while heap:
         _, _, i = heapq.heappop(heap)
         wi = w[i]
-        drt = _ready_times(graph.preds[i], finish, where, table, base)
+        drt = _ready_times(graph.preds[i], finish, where, table, base, now)
         eft = np.maximum(drt, tail)
         eft += wi
         if has_zero[i]:
@@ -192,16 +246,12 @@ def heft(
         d = int(eft.argmin())
         chosen: tuple[int, float] | None = None
         if insertion:
-            lower = drt + wi
-            cand = np.flatnonzero((drt < horizon) & (lower <= eft[d]))
+            lower = np.maximum(drt, free_at)
+            lower += wi
+            best = float(eft[d])
+            cand = np.flatnonzero((drt < horizon) & (lower <= best))
             if cand.size:
-                found: dict[int, tuple[int, float]] = {}
-                for c in cand.tolist():
-                    k, s = slots.best_slot(c, float(drt[c]), float(wi[c]), True)
-                    found[c] = (k, s)
-                    eft[c] = s + wi[c]
-                d = int(eft.argmin())
-                chosen = found.get(d)
+                d, chosen = _search_gaps(slots, cand, lower, drt, wi, d, best)
         dur = float(wi[d])
         if chosen is None:
             chosen = slots.best_slot(d, float(drt[d]), dur, insertion)

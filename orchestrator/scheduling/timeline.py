@@ -6,6 +6,7 @@ are never booked and never block anything (the rule `Plan.validate` applies too)
 
 `horizon` is where the final contiguous busy block begins: a task ready at or after it can
 only go at the end, which lets the scheduler skip the gap search for most (device, task) pairs.
+`head` is where the first busy block (the one holding `now`) ends: nothing can start before it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 
 
 class SlotTimeline:
-    __slots__ = ("finishes", "horizon", "starts")
+    __slots__ = ("finishes", "head", "horizon", "starts")
 
     def __init__(self, now: float, occupied: Iterable[tuple[float, float]] = ()) -> None:
         starts = [-math.inf]
@@ -32,14 +33,19 @@ class SlotTimeline:
         self.starts = starts
         self.finishes = finishes
         self.horizon = starts[-1]
+        self.head = finishes[0]
 
     @property
     def end(self) -> float:
         """When the slot becomes free for good."""
         return self.finishes[-1]
 
-    def earliest_start(self, ready: float, duration: float) -> float:
-        """Earliest start >= ready of a free window at least `duration` long (first fit)."""
+    def earliest_start(self, ready: float, duration: float, limit: float = math.inf) -> float:
+        """Earliest start >= ready of a free window at least `duration` long (first fit).
+
+        With a finite `limit`, the search may give up early and return some start whose finish
+        exceeds `limit`; any start returned with finish <= limit is exact.
+        """
         if duration <= 0:
             return ready
         if ready >= self.horizon:
@@ -51,7 +57,9 @@ class SlotTimeline:
         while k < n:
             if s + duration <= starts[k]:
                 return s
-            s = max(s, finishes[k])
+            s = finishes[k]
+            if s + duration > limit:
+                return s
             k += 1
         return s
 
@@ -64,6 +72,12 @@ class SlotTimeline:
         n = len(starts)
         starts.insert(k, start)
         finishes.insert(k, finish)
+        if start <= self.head:
+            j, head = k, finish
+            while j + 1 <= n and starts[j + 1] <= head:
+                j += 1
+                head = max(head, finishes[j])
+            self.head = head
         if k == n:
             if start > finishes[k - 1]:
                 self.horizon = start

@@ -158,7 +158,7 @@ def usable(task: Task, device: Device, cost: CostModel) -> bool:
 
 def critical_path(graph: TaskGraph, cluster: Cluster, cost: CostModel) -> float:
     """Longest path with each task at its fastest usable compute time and free transfers."""
-    best = {}
+    best: dict[str, float] = {}
     for tid in graph.topological_order():
         task = graph.task(tid)
         fastest = min(cost.compute_time(task, d) for d in cluster if usable(task, d, cost))

@@ -7,11 +7,12 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_problems import Problem, critical_path, problems, usable
 
 from orchestrator.scheduling import Placement, Plan, Unschedulable, heft
 
-SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+from .sched_problems import Problem, critical_path, problems, usable
+
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _plan_or_unschedulable(pb: Problem, insertion: bool = True) -> Plan | None:

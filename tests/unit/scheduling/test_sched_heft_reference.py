@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sched_problems import Problem, problems, random_problem, usable
 
 from orchestrator.scheduling import (
     Placement,
@@ -25,6 +24,8 @@ from orchestrator.scheduling import (
     upward_ranks,
 )
 from orchestrator.scheduling.ranks import priority_keys
+
+from .sched_problems import Problem, problems, random_problem, usable
 
 
 def _first_fit(busy: list[tuple[float, float]], ready: float, dur: float) -> float:
@@ -79,7 +80,7 @@ def reference_heft(pb: Problem, insertion: bool = True) -> Plan:
     return Plan(placed, "reference")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(problems(max_tasks=16, max_devices=7), st.booleans())
 def test_fast_heft_matches_reference(pb: Problem, insertion: bool) -> None:
     try:
@@ -123,6 +124,11 @@ def test_slot_timeline_first_fit_matches_brute_force(seed: int) -> None:
         busy.append((got, got + dur))
         free_after = max(f for b, f in busy if f > b)
         assert tl.end == free_after
+        # nothing is free before `head`, and the instant `head` itself is free
+        head = now
+        while any(b <= head < f for b, f in busy if f > b):
+            head = next(f for b, f in busy if f > b and b <= head < f)
+        assert tl.head == head
         # at or after the horizon, the only room left is after the end
         r = max(tl.horizon, now)
         assert _first_fit(busy, r, rng.uniform(1e-6, 1.0)) == max(r, free_after)
