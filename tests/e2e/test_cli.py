@@ -1,0 +1,70 @@
+"""The CLI against a real cluster: submit --wait's exit code, bad files, schema output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.e2e
+
+
+async def _mars(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrator.cli", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_submit_wait_exit_codes(nats_url: str, tmp_path: Path) -> None:
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=2)})
+    try:
+        ok = tmp_path / "ok.json"
+        ok.write_text(
+            json.dumps(
+                {
+                    "name": "ok",
+                    "tasks": [
+                        {"id": "x", "run": {"kind": "synthetic", "seconds": 0.01}},
+                        {"id": "y", "run": {"kind": "synthetic", "seconds": 0.01}, "deps": ["x"]},
+                    ],
+                }
+            )
+        )
+        rc, out, err = await _mars("submit", str(ok), "--wait", "--nats", nats_url)
+        assert rc == 0, out + err
+        assert "succeeded" in out
+        failing = tmp_path / "fails.yaml"
+        failing.write_text("name: bad\ntasks:\n  - id: m\n    run: {kind: onnx, model: nope}\n")
+        rc, out, err = await _mars("submit", str(failing), "--wait", "--nats", nats_url)
+        assert rc == 2 and "error conflict" in err and "missing_model" in err
+        broken = tmp_path / "broken.yaml"
+        broken.write_text("name: bad\ntasks:\n  - id: a\n    deps: [zz]\n")
+        rc, out, err = await _mars("submit", str(broken), "--nats", nats_url)
+        assert rc == 2 and "error invalid" in err and "run" in err
+    finally:
+        await stop_cluster(orch, agents)
+
+
+def test_schema_writes_every_public_model(tmp_path: Path) -> None:
+    from schemas import PUBLIC_MODELS
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "schema", "--out", str(tmp_path)],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0
+    files = sorted(p.name for p in tmp_path.glob("*.schema.json"))
+    assert files == sorted(f"{m.__name__}.schema.json" for m in PUBLIC_MODELS)
+    sub = json.loads((tmp_path / "PipelineSpec.schema.json").read_text())
+    assert sub["additionalProperties"] is False and "tasks" in sub["required"]
