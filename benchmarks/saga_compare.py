@@ -1,0 +1,181 @@
+"""Our schedulers against anrg-saga's reference schedulers, same instances, same cost model.
+
+    python -m benchmarks.saga_compare [--quick] [--json out.json]
+
+Instances: every WfInstance in ../shared/datasets/wfinstances mapped onto an edge/fog/cloud
+cluster of 8-32 devices, and random Topcuoglu-style DAGs across CCR 0.1-10. The cost model is
+saga's related-machines model (time = cost / speed, transfer = bytes / link speed, no latency);
+saga's schedules are re-checked with our Plan.validate under the same model. Per instance it
+prints makespans, the ratio of our portfolio to the best saga scheduler, and planning-time
+ratios (saga HEFT time / our time). saga 2.0.2 (the newest release) ships HEFT and CPoP but no
+PEFT, so the reference is the best of saga's HEFT and CPoP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import median, pct, progress, table, timed
+from benchmarks.saga_model import Instance, related_instance, saga_plan, to_saga
+from orchestrator.scheduling import (
+    Cluster,
+    LinkCostModel,
+    Plan,
+    PlanError,
+    cpop,
+    heft,
+    peft,
+    portfolio,
+)
+from sim.workloads import load_wfinstance, random_dag, random_cluster, tiered_cluster, wfinstance_paths
+
+CCRS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+
+
+@dataclass
+class Row:
+    instance: str
+    tasks: int
+    devices: int
+    heft: float
+    cpop: float
+    peft: float
+    portfolio: float
+    portfolio_algo: str
+    saga_heft: float
+    saga_cpop: float
+    ratio: float  # portfolio / best saga
+    t_heft_ms: float
+    t_portfolio_ms: float
+    t_saga_heft_ms: float
+    t_saga_cpop_ms: float
+    speedup_heft: float  # saga heft time / our heft time
+    speedup_portfolio: float  # saga heft time / our portfolio time
+    saga_valid: bool
+
+
+def tiered_instance(name: str, graph: Any, n_devices: int, seed: int) -> Instance:
+    cluster, links = tiered_cluster(n_devices, seed=seed)
+    model = LinkCostModel(links)
+    by_id = {d.id: d for d in cluster.devices}
+
+    def bw(a: str, b: str) -> float:
+        return model.link(by_id[a].site, by_id[b].site).bandwidth_Bps
+
+    return related_instance(name, graph, {d.id: d.speed for d in cluster.devices}, bw)
+
+
+def random_instance(v: int, ccr: float, alpha: float, n_devices: int, seed: int) -> Instance:
+    graph = random_dag(v, ccr=ccr, alpha=alpha, seed=seed)
+    cluster: Cluster = random_cluster(n_devices, beta=1.0, seed=seed)
+    # unit bandwidth between every pair, as in Topcuoglu's generator (CCR is set by the DAG)
+    return related_instance(
+        f"rand-v{v}-ccr{ccr}-a{alpha}-s{seed}", graph, {d.id: d.speed for d in cluster.devices},
+        lambda a, b: 1.0,
+    )
+
+
+def instances(quick: bool) -> list[Instance]:
+    out: list[Instance] = []
+    sizes = (8, 16, 32)
+    for i, path in enumerate(sorted(wfinstance_paths())):
+        wf = load_wfinstance(path)
+        if quick and len(wf.graph) > 500:
+            continue
+        out.append(tiered_instance(path.stem, wf.graph, sizes[i % 3], seed=i))
+    seeds = (1,) if quick else (1, 2, 3)
+    for ccr in CCRS:
+        for v in (50, 100, 200):
+            for alpha in (0.5, 1.0):
+                for seed in seeds:
+                    out.append(random_instance(v, ccr, alpha, (4, 8, 16)[seed % 3], seed))
+    return out
+
+
+def _ours(fn: Callable[..., Plan], inst: Instance, **kw: Any) -> tuple[Plan, float]:
+    plan, t = timed(lambda: fn(inst.graph, inst.cluster, inst.cost, **kw), repeat=3)
+    plan.validate(inst.graph, inst.cluster, inst.cost)
+    return plan, t
+
+
+def run_instance(inst: Instance) -> Row:
+    from saga.schedulers import CpopScheduler, HeftScheduler
+
+    h, th = _ours(heft, inst)
+    c, _ = _ours(cpop, inst)
+    p, _ = _ours(peft, inst)
+    port, tp = _ours(portfolio, inst)
+    network, task_graph = to_saga(inst)
+    saga: dict[str, tuple[float, float]] = {}
+    valid = True
+    for name, cls in (("heft", HeftScheduler), ("cpop", CpopScheduler)):
+        sched, ts = timed(lambda cls=cls: cls().schedule(network, task_graph))
+        plan = saga_plan(sched, inst, f"saga-{name}")
+        try:
+            plan.validate(inst.graph, inst.cluster, inst.cost)
+        except PlanError:
+            valid = False
+        saga[name] = (plan.makespan, ts)
+    best = min(saga["heft"][0], saga["cpop"][0])
+    return Row(
+        instance=inst.name, tasks=len(inst.graph), devices=len(inst.cluster.devices),
+        heft=h.makespan, cpop=c.makespan, peft=p.makespan, portfolio=port.makespan,
+        portfolio_algo=port.algorithm, saga_heft=saga["heft"][0], saga_cpop=saga["cpop"][0],
+        ratio=port.makespan / best if best > 0 else 1.0,
+        t_heft_ms=th * 1e3, t_portfolio_ms=tp * 1e3,
+        t_saga_heft_ms=saga["heft"][1] * 1e3, t_saga_cpop_ms=saga["cpop"][1] * 1e3,
+        speedup_heft=saga["heft"][1] / th, speedup_portfolio=saga["heft"][1] / tp,
+        saga_valid=valid,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer and smaller instances")
+    ap.add_argument("--json", type=Path, help="write per-instance rows as JSON")
+    args = ap.parse_args(argv)
+    insts = instances(args.quick)
+    rows: list[Row] = []
+    for i, inst in enumerate(insts, 1):
+        progress(f"[{i}/{len(insts)}] {inst.name} ({len(inst.graph)} tasks, "
+                 f"{len(inst.cluster.devices)} devices)")
+        rows.append(run_instance(inst))
+    header = ["instance", "tasks", "dev", "heft", "cpop", "peft", "portfolio", "winner",
+              "saga_heft", "saga_cpop", "ratio", "ms_ours_heft", "ms_portfolio", "ms_saga_heft",
+              "x_heft", "x_portf", "saga_ok"]
+    print(table([[r.instance, r.tasks, r.devices, r.heft, r.cpop, r.peft, r.portfolio,
+                  r.portfolio_algo, r.saga_heft, r.saga_cpop, r.ratio, r.t_heft_ms,
+                  r.t_portfolio_ms, r.t_saga_heft_ms, r.speedup_heft, r.speedup_portfolio,
+                  r.saga_valid] for r in rows], header))
+    ratios = [r.ratio for r in rows]
+    within = sum(1 for x in ratios if x <= 1.0 + 1e-9)
+    print()
+    print(f"instances: {len(rows)}  (WfInstances: {sum(1 for r in rows if not r.instance.startswith('rand'))}, "
+          f"random DAGs: {sum(1 for r in rows if r.instance.startswith('rand'))})")
+    print(f"portfolio <= best of saga HEFT/CPoP: {within}/{len(rows)} = {100 * within / len(rows):.1f}%"
+          f"   worst ratio {max(ratios):.4f}   median ratio {median(ratios):.4f}")
+    sh = [r.speedup_heft for r in rows]
+    sp = [r.speedup_portfolio for r in rows]
+    print(f"planning speed-up vs saga HEFT, our HEFT: min {min(sh):.1f}x  median {median(sh):.1f}x"
+          f"  p10 {pct(sh, 10):.1f}x")
+    print(f"planning speed-up vs saga HEFT, our portfolio: min {min(sp):.1f}x  median "
+          f"{median(sp):.1f}x  p10 {pct(sp, 10):.1f}x")
+    big = [r for r in rows if r.tasks >= 1000]
+    for r in big:
+        print(f"{r.instance}: {r.tasks} tasks: our HEFT {r.t_heft_ms:.1f} ms, portfolio "
+              f"{r.t_portfolio_ms:.1f} ms, saga HEFT {r.t_saga_heft_ms:.0f} ms "
+              f"({r.speedup_heft:.0f}x / {r.speedup_portfolio:.0f}x)")
+    print(f"saga schedules valid under our model: {sum(r.saga_valid for r in rows)}/{len(rows)}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0 if all(math.isfinite(x) for x in ratios) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
