@@ -40,13 +40,18 @@ def main(argv: list[str] | None = None) -> int:
         cluster, links = tiered_cluster(args.devices, seed=seed)
         cost = LinkCostModel(links)
         work: list[tuple[str, TaskGraph, bool]] = [
-            (f"random v=100 CCR {ccr}", random_dag(100, ccr=ccr, seed=seed, bandwidth_Bps=WAN_BPS),
-             ccr >= 1.0)
+            (
+                f"random v=100 CCR {ccr}",
+                random_dag(100, ccr=ccr, seed=seed, bandwidth_Bps=WAN_BPS),
+                ccr >= 1.0,
+            )
             for ccr in (0.1, 1.0, 2.0, 5.0, 10.0)
         ]
-        work += [("video analytics x4", video_analytics(streams=4), True),
-                 ("AR offload", ar_offload(), True),
-                 ("sensor fusion x8", sensor_fusion(sensors=8), True)]
+        work += [
+            ("video analytics x4", video_analytics(streams=4), True),
+            ("AR offload", ar_offload(), True),
+            ("sensor fusion x8", sensor_fusion(sensors=8), True),
+        ]
         for name, graph, heavy in work:
             plans: dict[str, Plan] = {
                 "portfolio": portfolio(graph, cluster, cost),
@@ -62,14 +67,37 @@ def main(argv: list[str] | None = None) -> int:
             gain = 1.0 - ours / ll if ll > 0 else 0.0
             if heavy:
                 gains.append(gain)
-            rows.append([f"seed {seed}", name, "yes" if heavy else "no",
-                         *(plans[k].makespan for k in plans), f"{100 * gain:.1f}%"])
-    print(table(rows, ["cluster", "pipeline", "data-heavy", "portfolio", "heft", "least_loaded",
-                       "round_robin", "weighted_random", "earliest_start",
-                       "shorter than least_loaded"]))
-    print(f"\ndata-heavy pipelines: portfolio makespan shorter than least-loaded by median "
-          f"{100 * median(gains):.1f}%, min {100 * min(gains):.1f}% over {len(gains)} cases "
-          "(goal: >= 30%)")
+            rows.append(
+                [
+                    f"seed {seed}",
+                    name,
+                    "yes" if heavy else "no",
+                    *(plans[k].makespan for k in plans),
+                    f"{100 * gain:.1f}%",
+                ]
+            )
+    print(
+        table(
+            rows,
+            [
+                "cluster",
+                "pipeline",
+                "data-heavy",
+                "portfolio",
+                "heft",
+                "least_loaded",
+                "round_robin",
+                "weighted_random",
+                "earliest_start",
+                "shorter than least_loaded",
+            ],
+        )
+    )
+    print(
+        f"\ndata-heavy pipelines: portfolio makespan shorter than least-loaded by median "
+        f"{100 * median(gains):.1f}%, min {100 * min(gains):.1f}% over {len(gains)} cases "
+        "(goal: >= 30%)"
+    )
     return 0
 
 

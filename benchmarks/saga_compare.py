@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,13 @@ from orchestrator.scheduling import (
     peft,
     portfolio,
 )
-from sim.workloads import load_wfinstance, random_dag, random_cluster, tiered_cluster, wfinstance_paths
+from sim.workloads import (
+    load_wfinstance,
+    random_cluster,
+    random_dag,
+    tiered_cluster,
+    wfinstance_paths,
+)
 
 CCRS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -76,7 +83,9 @@ def random_instance(v: int, ccr: float, alpha: float, n_devices: int, seed: int)
     cluster: Cluster = random_cluster(n_devices, beta=1.0, seed=seed)
     # unit bandwidth between every pair, as in Topcuoglu's generator (CCR is set by the DAG)
     return related_instance(
-        f"rand-v{v}-ccr{ccr}-a{alpha}-s{seed}", graph, {d.id: d.speed for d in cluster.devices},
+        f"rand-v{v}-ccr{ccr}-a{alpha}-s{seed}",
+        graph,
+        {d.id: d.speed for d in cluster.devices},
         lambda a, b: 1.0,
     )
 
@@ -115,7 +124,7 @@ def run_instance(inst: Instance) -> Row:
     saga: dict[str, tuple[float, float]] = {}
     valid = True
     for name, cls in (("heft", HeftScheduler), ("cpop", CpopScheduler)):
-        sched, ts = timed(lambda cls=cls: cls().schedule(network, task_graph))
+        sched, ts = timed(partial(cls().schedule, network, task_graph))
         plan = saga_plan(sched, inst, f"saga-{name}")
         try:
             plan.validate(inst.graph, inst.cluster, inst.cost)
@@ -143,34 +152,84 @@ def main(argv: list[str] | None = None) -> int:
     insts = instances(args.quick)
     rows: list[Row] = []
     for i, inst in enumerate(insts, 1):
-        progress(f"[{i}/{len(insts)}] {inst.name} ({len(inst.graph)} tasks, "
-                 f"{len(inst.cluster.devices)} devices)")
+        progress(
+            f"[{i}/{len(insts)}] {inst.name} ({len(inst.graph)} tasks, "
+            f"{len(inst.cluster.devices)} devices)"
+        )
         rows.append(run_instance(inst))
-    header = ["instance", "tasks", "dev", "heft", "cpop", "peft", "portfolio", "winner",
-              "saga_heft", "saga_cpop", "ratio", "ms_ours_heft", "ms_portfolio", "ms_saga_heft",
-              "x_heft", "x_portf", "saga_ok"]
-    print(table([[r.instance, r.tasks, r.devices, r.heft, r.cpop, r.peft, r.portfolio,
-                  r.portfolio_algo, r.saga_heft, r.saga_cpop, r.ratio, r.t_heft_ms,
-                  r.t_portfolio_ms, r.t_saga_heft_ms, r.speedup_heft, r.speedup_portfolio,
-                  r.saga_valid] for r in rows], header))
+    header = [
+        "instance",
+        "tasks",
+        "dev",
+        "heft",
+        "cpop",
+        "peft",
+        "portfolio",
+        "winner",
+        "saga_heft",
+        "saga_cpop",
+        "ratio",
+        "ms_ours_heft",
+        "ms_portfolio",
+        "ms_saga_heft",
+        "x_heft",
+        "x_portf",
+        "saga_ok",
+    ]
+    print(
+        table(
+            [
+                [
+                    r.instance,
+                    r.tasks,
+                    r.devices,
+                    r.heft,
+                    r.cpop,
+                    r.peft,
+                    r.portfolio,
+                    r.portfolio_algo,
+                    r.saga_heft,
+                    r.saga_cpop,
+                    r.ratio,
+                    r.t_heft_ms,
+                    r.t_portfolio_ms,
+                    r.t_saga_heft_ms,
+                    r.speedup_heft,
+                    r.speedup_portfolio,
+                    r.saga_valid,
+                ]
+                for r in rows
+            ],
+            header,
+        )
+    )
     ratios = [r.ratio for r in rows]
     within = sum(1 for x in ratios if x <= 1.0 + 1e-9)
     print()
-    print(f"instances: {len(rows)}  (WfInstances: {sum(1 for r in rows if not r.instance.startswith('rand'))}, "
-          f"random DAGs: {sum(1 for r in rows if r.instance.startswith('rand'))})")
-    print(f"portfolio <= best of saga HEFT/CPoP: {within}/{len(rows)} = {100 * within / len(rows):.1f}%"
-          f"   worst ratio {max(ratios):.4f}   median ratio {median(ratios):.4f}")
+    n_rand = sum(1 for r in rows if r.instance.startswith("rand"))
+    print(f"instances: {len(rows)}  (WfInstances: {len(rows) - n_rand}, random DAGs: {n_rand})")
+    print(
+        f"portfolio <= best of saga HEFT/CPoP: {within}/{len(rows)} = "
+        f"{100 * within / len(rows):.1f}%   worst ratio {max(ratios):.4f}   "
+        f"median ratio {median(ratios):.4f}"
+    )
     sh = [r.speedup_heft for r in rows]
     sp = [r.speedup_portfolio for r in rows]
-    print(f"planning speed-up vs saga HEFT, our HEFT: min {min(sh):.1f}x  median {median(sh):.1f}x"
-          f"  p10 {pct(sh, 10):.1f}x")
-    print(f"planning speed-up vs saga HEFT, our portfolio: min {min(sp):.1f}x  median "
-          f"{median(sp):.1f}x  p10 {pct(sp, 10):.1f}x")
+    print(
+        f"planning speed-up vs saga HEFT, our HEFT: min {min(sh):.1f}x  median {median(sh):.1f}x"
+        f"  p10 {pct(sh, 10):.1f}x"
+    )
+    print(
+        f"planning speed-up vs saga HEFT, our portfolio: min {min(sp):.1f}x  median "
+        f"{median(sp):.1f}x  p10 {pct(sp, 10):.1f}x"
+    )
     big = [r for r in rows if r.tasks >= 1000]
     for r in big:
-        print(f"{r.instance}: {r.tasks} tasks: our HEFT {r.t_heft_ms:.1f} ms, portfolio "
-              f"{r.t_portfolio_ms:.1f} ms, saga HEFT {r.t_saga_heft_ms:.0f} ms "
-              f"({r.speedup_heft:.0f}x / {r.speedup_portfolio:.0f}x)")
+        print(
+            f"{r.instance}: {r.tasks} tasks: our HEFT {r.t_heft_ms:.1f} ms, portfolio "
+            f"{r.t_portfolio_ms:.1f} ms, saga HEFT {r.t_saga_heft_ms:.0f} ms "
+            f"({r.speedup_heft:.0f}x / {r.speedup_portfolio:.0f}x)"
+        )
     print(f"saga schedules valid under our model: {sum(r.saga_valid for r in rows)}/{len(rows)}")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 from benchmarks.common import median, progress, samples, table
 from orchestrator.scheduling import LinkCostModel, heft, portfolio
@@ -29,14 +30,35 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for ccr in (0.1, 1.0, 5.0):
         graph = random_dag(1000, ccr=ccr, seed=7, bandwidth_Bps=12.5e6)
-        h, th = samples(lambda g=graph: heft(g, cluster, cost), args.repeat)
-        p, tp = samples(lambda g=graph: portfolio(g, cluster, cost), args.repeat)
+        h, th = samples(partial(heft, graph, cluster, cost), args.repeat)
+        p, tp = samples(partial(portfolio, graph, cluster, cost), args.repeat)
         h.validate(graph, cluster, cost)
         p.validate(graph, cluster, cost)
-        rows.append([f"1000 tasks x 1000 devices, CCR {ccr}", median(th) * 1e3, min(th) * 1e3,
-                     median(tp) * 1e3, h.makespan, p.makespan, p.algorithm])
-    print(table(rows, ["instance", "heft ms (median)", "heft ms (best)", "portfolio ms",
-                       "heft makespan", "portfolio makespan", "winner"]))
+        rows.append(
+            [
+                f"1000 tasks x 1000 devices, CCR {ccr}",
+                median(th) * 1e3,
+                min(th) * 1e3,
+                median(tp) * 1e3,
+                h.makespan,
+                p.makespan,
+                p.algorithm,
+            ]
+        )
+    print(
+        table(
+            rows,
+            [
+                "instance",
+                "heft ms (median)",
+                "heft ms (best)",
+                "portfolio ms",
+                "heft makespan",
+                "portfolio makespan",
+                "winner",
+            ],
+        )
+    )
     print("goal: HEFT <= 250 ms for 1,000 tasks on 1,000 devices\n")
 
     progress("building 10,000 devices")
@@ -47,15 +69,35 @@ def main(argv: list[str] | None = None) -> int:
         ("random DAG v=100 CCR 1", random_dag(100, ccr=1.0, seed=3, bandwidth_Bps=12.5e6)),
         ("video analytics 24 streams", video_analytics(streams=24)),
     ):
-        f, tf = samples(lambda g=graph: portfolio(g, big, big_cost, prefilter=args.prefilter),
-                       args.repeat)
-        u, tu = samples(lambda g=graph: portfolio(g, big, big_cost), max(1, args.repeat // 2))
+        f, tf = samples(
+            partial(portfolio, graph, big, big_cost, prefilter=args.prefilter), args.repeat
+        )
+        u, tu = samples(partial(portfolio, graph, big, big_cost), max(1, args.repeat // 2))
         f.validate(graph, big, big_cost)
         loss = f.makespan / u.makespan - 1.0
-        rows.append([f"{name} ({len(graph)} tasks) x 10,000 devices", median(tf) * 1e3,
-                     f.makespan, median(tu) * 1e3, u.makespan, f"{100 * loss:+.2f}%"])
-    print(table(rows, ["instance", "prefiltered ms", "prefiltered makespan", "unfiltered ms",
-                       "unfiltered makespan", "makespan change"]))
+        rows.append(
+            [
+                f"{name} ({len(graph)} tasks) x 10,000 devices",
+                median(tf) * 1e3,
+                f.makespan,
+                median(tu) * 1e3,
+                u.makespan,
+                f"{100 * loss:+.2f}%",
+            ]
+        )
+    print(
+        table(
+            rows,
+            [
+                "instance",
+                "prefiltered ms",
+                "prefiltered makespan",
+                "unfiltered ms",
+                "unfiltered makespan",
+                "makespan change",
+            ],
+        )
+    )
     print(f"goal: <= 50 ms with pre-filtering (k={args.prefilter}), <= +2% makespan")
     return 0
 

@@ -73,7 +73,8 @@ def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
     return mask
 
 
-def _signature(task: Task) -> tuple[object, ...]:
+def constraint_signature(task: Task) -> tuple[object, ...]:
+    """Tasks with equal signatures are eligible on exactly the same devices."""
     return (
         task.pinned,
         task.kinds,
@@ -88,7 +89,7 @@ def eligibility_matrix(tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.bo
     out = np.empty((len(tasks), len(cluster)), dtype=np.bool_)
     cache: dict[tuple[object, ...], NDArray[np.bool_]] = {}
     for i, task in enumerate(tasks):
-        sig = _signature(task)
+        sig = constraint_signature(task)
         row = cache.get(sig)
         if row is None:
             row = cache[sig] = eligibility_mask(task, cluster)

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.scheduling.model import Cluster, Device, Link, Task
+from orchestrator.scheduling.sitelinks import SiteLinks, SiteView
 from orchestrator.scheduling.transfer import (
     GenericTransferTable,
     LinkTransferTable,
@@ -53,7 +54,7 @@ class LinkCostModel:
     else `wan`. Transfer time is `latency + bytes / bandwidth`.
     """
 
-    __slots__ = ("lan", "links", "local_Bps", "wan")
+    __slots__ = ("_site_links", "lan", "links", "local_Bps", "wan")
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class LinkCostModel:
         self.lan = lan
         self.wan = wan
         self.local_Bps = local_Bps
+        self._site_links: SiteLinks | None = None
 
     def link(self, src_site: str, dst_site: str) -> Link:
         if src_site == dst_site:
@@ -77,6 +79,14 @@ class LinkCostModel:
         if found is None:
             found = self.links.get((dst_site, src_site), self.wan)
         return found
+
+    def site_view(self, cluster: Cluster) -> SiteView:
+        """The links among `cluster`'s sites as arrays (see `sitelinks`); the link dict is
+        read once per model, so treat `links`, `lan` and `wan` as frozen after first use."""
+        if self._site_links is None:
+            self._site_links = SiteLinks(self.links, self.lan, self.wan)
+        names = sorted(cluster.sites, key=cluster.sites.__getitem__)
+        return self._site_links.view(names, self.link)
 
     def compute_time(self, task: Task, device: Device) -> float:
         return task.work / device.speed
@@ -95,7 +105,7 @@ class LinkCostModel:
         return out
 
     def transfer_table(self, cluster: Cluster) -> TransferTable:
-        return LinkTransferTable(cluster, self.links, self.lan, self.wan, self.local_Bps)
+        return LinkTransferTable(cluster, self.site_view(cluster), self.local_Bps)
 
 
 class MatrixCostModel:

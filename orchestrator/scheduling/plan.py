@@ -42,8 +42,12 @@ class PlanError(ValueError):
 
 @dataclass(slots=True)
 class Plan:
+    """Where and when every task runs. `algorithm` names what made it; `cost` is its price in
+    dollars (`money.plan_cost`) when the maker computed it (the portfolio does), else None."""
+
     placements: dict[str, Placement] = field(default_factory=dict)
     algorithm: str = ""
+    cost: float | None = None
 
     @property
     def makespan(self) -> float:

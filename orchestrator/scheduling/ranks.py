@@ -1,10 +1,17 @@
-"""Task priorities for list scheduling (HEFT's upward rank).
+"""Task priorities for list scheduling (HEFT's upward rank, CPOP's downward rank).
 
 rank_u(i) = mean compute time of i over its eligible devices
             + max over successors j of (mean transfer time of edge i->j + rank_u(j)).
+rank_d(i) = max over predecessors p of (rank_d(p) + mean compute of p + mean transfer p->i).
+
+The "mean compute" may be swapped for the median or the best (fastest) eligible device: on
+very heterogeneous clusters the mean is dominated by slow devices no good plan uses, and a
+portfolio gains by trying the other summaries too.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,11 +32,36 @@ def mean_compute(w: NDArray[np.float64]) -> NDArray[np.float64]:
     return out
 
 
+Summary = Literal["mean", "median", "best"]
+
+
+def summarise_compute(w: NDArray[np.float64], how: Summary = "mean") -> NDArray[np.float64]:
+    """Per task: the mean, median or minimum compute time over its eligible devices."""
+    if how == "mean":
+        return mean_compute(w)
+    if not w.shape[1]:
+        return np.full(len(w), np.inf)
+    if how == "best":
+        out: NDArray[np.float64] = w.min(axis=1)
+        return out
+    s = np.sort(w, axis=1)  # inf (ineligible) sorts last
+    count = np.isfinite(s).sum(axis=1)
+    lo = np.maximum((count - 1) // 2, 0)[:, None]
+    hi = np.minimum(count // 2, w.shape[1] - 1)[:, None]
+    mid = (np.take_along_axis(s, lo, axis=1) + np.take_along_axis(s, hi, axis=1))[:, 0] / 2
+    med: NDArray[np.float64] = np.where(count > 0, mid, np.inf)
+    return med
+
+
 def upward_rank_array(
-    graph: TaskGraph, w: NDArray[np.float64], table: TransferTable
+    graph: TaskGraph,
+    w: NDArray[np.float64],
+    table: TransferTable,
+    wbar_array: NDArray[np.float64] | None = None,
 ) -> NDArray[np.float64]:
-    """Upward ranks indexed like `graph.tasks`, from a compute matrix and transfer table."""
-    wbar = mean_compute(w).tolist()
+    """Upward ranks indexed like `graph.tasks`, from a compute matrix and transfer table
+    (`wbar_array` replaces the mean compute time per task when given)."""
+    wbar = (mean_compute(w) if wbar_array is None else wbar_array).tolist()
     rank = [0.0] * len(graph)
     succs = graph.succs
     mean = table.mean
@@ -40,6 +72,28 @@ def upward_rank_array(
             if r > best:
                 best = r
         rank[i] = wbar[i] + best
+    return np.asarray(rank, dtype=np.float64)
+
+
+def downward_rank_array(
+    graph: TaskGraph, w: NDArray[np.float64], table: TransferTable
+) -> NDArray[np.float64]:
+    """Downward ranks indexed like `graph.tasks` (0 for entry tasks).
+
+    A task no device can run (possible only for a fixed one) counts as taking no time.
+    """
+    wbar_arr = mean_compute(w)
+    wbar = np.where(np.isfinite(wbar_arr), wbar_arr, 0.0).tolist()
+    rank = [0.0] * len(graph)
+    preds = graph.preds
+    mean = table.mean
+    for i in graph.topo:
+        best = 0.0
+        for p, nbytes in preds[i]:
+            r = rank[p] + wbar[p] + mean(nbytes)
+            if r > best:
+                best = r
+        rank[i] = best
     return np.asarray(rank, dtype=np.float64)
 
 

@@ -8,14 +8,14 @@ upward rank) in O(1).
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.scheduling.model import Cluster, Device, Link
+from orchestrator.scheduling.model import Cluster, Device
+from orchestrator.scheduling.sitelinks import SiteView
 
 
 class TransferTable(Protocol):
@@ -51,38 +51,20 @@ class LinkTransferTable:
     """Site-to-site links (LAN on the diagonal), local copies inside an agent, 0 on a device.
 
     Mirrors `LinkCostModel.transfer_time` exactly (same operations in the same order), so the
-    times HEFT plans with are the times `Plan.validate` checks against.
+    times HEFT plans with are the times `Plan.validate` checks against. Site rows are fetched
+    from the `SiteView` on first use and the mean over device pairs on the first `mean` call,
+    so a caller that needs only a few rows of a huge cluster pays only for those.
     """
 
-    __slots__ = ("_agent_members", "_bw", "_cluster", "_lat", "_local_Bps", "_mean", "_rows")
+    __slots__ = ("_agent_names", "_cluster", "_local_Bps", "_mean", "_rows", "_view")
 
-    def __init__(
-        self,
-        cluster: Cluster,
-        links: Mapping[tuple[str, str], Link],
-        lan: Link,
-        wan: Link,
-        local_Bps: float,
-    ) -> None:
+    def __init__(self, cluster: Cluster, view: SiteView, local_Bps: float) -> None:
         self._cluster = cluster
+        self._view = view
         self._local_Bps = local_Bps
-        sites = cluster.sites
-        s = len(sites)
-        lat = np.full((s, s), wan.latency_s, dtype=np.float64)
-        bw = np.full((s, s), wan.bandwidth_Bps, dtype=np.float64)
-        np.fill_diagonal(lat, lan.latency_s)
-        np.fill_diagonal(bw, lan.bandwidth_Bps)
-        for (a, b), link in links.items():
-            if a not in sites or b not in sites:
-                continue
-            ia, ib = sites[a], sites[b]
-            lat[ia, ib], bw[ia, ib] = link.latency_s, link.bandwidth_Bps
-            if (b, a) not in links:
-                lat[ib, ia], bw[ib, ia] = link.latency_s, link.bandwidth_Bps
-        self._lat, self._bw = lat, bw
         self._rows: dict[int, tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
-        self._agent_members = [cluster.agent_members[a] for a in cluster.agents]  # by agent code
-        self._mean = self._pair_sums()
+        self._agent_names = list(cluster.agents)  # by agent code
+        self._mean: tuple[float, float] | None = None
 
     def _pair_sums(self) -> tuple[float, float]:
         """(mean latency, mean 1/bandwidth) over ordered pairs of distinct devices."""
@@ -90,21 +72,32 @@ class LinkTransferTable:
         n = len(c)
         if n < 2:
             return 0.0, 0.0
+        view = self._view
         counts = np.bincount(c.site_codes, minlength=len(c.sites)).astype(np.float64)
-        pairs = np.outer(counts, counts) - np.diag(counts)
-        sum_lat = float((pairs * self._lat).sum())
-        sum_inv = float((pairs / self._bw).sum())
-        local_pairs = 0.0
-        for members in self._agent_members:
-            if len(members) < 2:
-                continue
-            per_site = Counter(c.site_codes[members].tolist())
-            for s, cs in per_site.items():
-                for t, ct in per_site.items():
-                    p = float(cs * ct if s != t else cs * (cs - 1))
-                    sum_lat -= p * float(self._lat[s, t])
-                    sum_inv -= p / float(self._bw[s, t])
-                    local_pairs += p
+        sum_lat, sum_inv = view.weighted_sums(counts)
+        lat_d, bw_d = view.diagonal()
+        sum_lat -= float((counts * lat_d).sum())  # a device and itself is not a pair
+        sum_inv -= float((counts / bw_d).sum())
+        # Pairs inside one agent copy locally instead of over the site link.
+        n_sites = len(c.sites)
+        key = c.agent_codes * n_sites + c.site_codes
+        groups, sizes = np.unique(key, return_counts=True)
+        agent, site = groups // n_sites, groups % n_sites
+        one_site = np.bincount(agent, minlength=len(c.agents))[agent] == 1
+        p = (sizes * (sizes - 1)).astype(np.float64)[one_site]
+        s1 = site[one_site]
+        sum_lat -= float((p * lat_d[s1]).sum())
+        sum_inv -= float((p / bw_d[s1]).sum())
+        local_pairs = float(p.sum())
+        for a in np.unique(agent[~one_site]).tolist():
+            mine = agent == a
+            for s, cs in zip(site[mine].tolist(), sizes[mine].tolist(), strict=True):
+                lat_row, bw_row, _ = view.row(s)
+                for t, ct in zip(site[mine].tolist(), sizes[mine].tolist(), strict=True):
+                    q = float(cs * ct if s != t else cs * (cs - 1))
+                    sum_lat -= q * float(lat_row[t])
+                    sum_inv -= q / float(bw_row[t])
+                    local_pairs += q
         sum_inv += local_pairs / self._local_Bps
         total = float(n * (n - 1))
         return sum_lat / total, sum_inv / total
@@ -113,7 +106,8 @@ class LinkTransferTable:
         rows = self._rows.get(site)
         if rows is None:
             codes = self._cluster.site_codes
-            rows = self._rows[site] = (self._lat[site][codes], self._bw[site][codes])
+            lat, bw, _ = self._view.row(site)
+            rows = self._rows[site] = (lat[codes], bw[codes])
         return rows
 
     def row(self, nbytes: float, src: int) -> NDArray[np.float64]:
@@ -121,13 +115,15 @@ class LinkTransferTable:
         lat, bw = self._site_rows(int(c.site_codes[src]))
         out = nbytes / bw
         out += lat
-        members = self._agent_members[int(c.agent_codes[src])]
+        members = c.agent_members[self._agent_names[int(c.agent_codes[src])]]
         if len(members) > 1:
             out[members] = nbytes / self._local_Bps
         out[src] = 0.0
         return out
 
     def mean(self, nbytes: float) -> float:
+        if self._mean is None:
+            self._mean = self._pair_sums()
         lat, inv = self._mean
         return lat + nbytes * inv
 

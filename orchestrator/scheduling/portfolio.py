@@ -1,0 +1,166 @@
+"""A portfolio of list schedulers: run several, keep the best plan by the user's objective.
+
+No single heuristic wins everywhere (HEFT, CPOP and PEFT each win on some graph shapes and
+communication ratios), and running a few more costs milliseconds. HEFT always runs first, so
+the result is never worse than HEFT by the objective (on the same, possibly pre-filtered,
+cluster); the others follow in a fixed order and a later plan replaces the best only when
+strictly better, so ties go to the earlier candidate.
+
+Determinism: which candidates run depends only on the problem size, never on the clock. Each
+candidate has a cost estimate, (a x tasks + b x edges + c x (tasks + edges) x devices) times a
+per-candidate factor, with constants measured for this engine on one x86 core; a candidate
+runs when the estimates of everything run so far plus its own fit in `budget_s`, otherwise it
+is skipped (a later, cheaper one may still fit). HEFT runs even when it alone is over budget.
+
+Safety net: if the wall clock ever passes `GUARD_FACTOR` x budget_s + `GUARD_SLACK_S` (the
+estimates wildly wrong, a machine many times slower than the calibration), the remaining
+candidates are skipped. On typical sizes and hardware it never triggers, so in practice the
+same input gives the same plan; it exists so a portfolio call cannot run away.
+
+The returned plan's `algorithm` is "portfolio:<winner>" and its `cost` holds its dollars
+(`plan_cost`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from orchestrator.scheduling.constraints import Unschedulable
+from orchestrator.scheduling.cost import CostModel
+from orchestrator.scheduling.cpop import cpop_prepared
+from orchestrator.scheduling.engine import Prepared
+from orchestrator.scheduling.heft import heft_prepared
+from orchestrator.scheduling.lookahead import lookahead_prepared
+from orchestrator.scheduling.model import Cluster, TaskGraph
+from orchestrator.scheduling.money import Objective, cost_aware_prepared, plan_cost
+from orchestrator.scheduling.peft import peft_prepared
+from orchestrator.scheduling.plan import Placement, Plan
+from orchestrator.scheduling.prefilter import prefilter_cluster
+
+# Cost estimate of one HEFT run, seconds: per task, per edge, per (task or edge) x device.
+T_TASK = 50e-6
+T_EDGE = 12e-6
+T_CELL = 8e-9
+# Pre-filtering: per device and per (task x device) of the full cluster.
+T_PREFILTER_DEVICE = 4e-7
+T_PREFILTER_CELL = 1e-8
+GUARD_FACTOR = 10.0
+GUARD_SLACK_S = 0.5
+# Seconds per dollar used when time has no weight at all (money decides, time breaks ties).
+MONEY_ONLY_WEIGHT = 1e9
+
+Runner = Callable[[Prepared], Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One algorithm the portfolio may run; `weight` is its cost relative to one HEFT run."""
+
+    name: str
+    run: Runner
+    weight: float
+
+
+def heft_estimate(prep: Prepared) -> float:
+    """Estimated seconds for one HEFT run on `prep` (used only to decide what fits)."""
+    n, e, m = len(prep.todo), len(prep.graph.edges), len(prep.cluster)
+    return T_TASK * n + T_EDGE * e + T_CELL * (n + e) * m
+
+
+TIME_CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("peft", peft_prepared, 1.5),
+    Candidate("cpop", cpop_prepared, 1.2),
+    Candidate("heft-rank-best", lambda p: heft_prepared(p, rank="best"), 1.1),
+    Candidate("heft-rank-median", lambda p: heft_prepared(p, rank="median"), 1.15),
+    Candidate("heft-lookahead", lookahead_prepared, 6.0),
+    Candidate("heft-noins", lambda p: heft_prepared(p, insertion=False), 0.8),
+)
+
+
+def _money(name: str, weight: float) -> Candidate:
+    return Candidate(name, lambda p: cost_aware_prepared(p, weight, name), 1.4)
+
+
+def money_candidates(objective: Objective, makespan: float, dollars: float) -> list[Candidate]:
+    """Cost-aware HEFT at a few exchange rates, from HEFT's own (makespan, dollars)."""
+    if not objective.uses_money or dollars <= 0:
+        return []
+    if objective.budget is None:
+        tw = objective.time_weight
+        rate = objective.money_weight / tw if tw > 0 else MONEY_ONLY_WEIGHT
+        rates = [rate, rate * 8, rate / 8]
+    else:  # sweep from "a dollar is worth HEFT's seconds per dollar" towards money only
+        base = makespan / dollars if makespan > 0 else 1.0
+        rates = [base * f for f in (1.0, 4.0, 16.0, 64.0, 1024.0, 1e6)]
+    return [_money(f"heft-money@{r:.3g}", r) for r in rates]
+
+
+def _prepare(
+    graph: TaskGraph,
+    cluster: Cluster,
+    cost: CostModel,
+    fixed: Mapping[str, Placement] | None,
+    now: float,
+    prefilter: int | None,
+) -> tuple[Prepared, float]:
+    """The shared request (on the pre-filtered cluster when asked) and its estimated cost."""
+    if prefilter is None or prefilter >= len(cluster):
+        return Prepared(graph, cluster, cost, fixed, now), 0.0
+    spent = (T_PREFILTER_DEVICE + T_PREFILTER_CELL * len(graph)) * len(cluster)
+    small = prefilter_cluster(graph, cluster, cost, prefilter, fixed=fixed, now=now)
+    try:
+        return Prepared(graph, small, cost, fixed, now), spent
+    except Unschedulable:  # reasons must name every device: ask the full cluster
+        return Prepared(graph, cluster, cost, fixed, now), spent
+
+
+def portfolio(
+    graph: TaskGraph,
+    cluster: Cluster,
+    cost: CostModel,
+    *,
+    fixed: Mapping[str, Placement] | None = None,
+    now: float = 0.0,
+    objective: Objective | None = None,
+    budget_s: float = 0.05,
+    prefilter: int | None = None,
+) -> Plan:
+    """The best plan by `objective` (default: makespan) among the candidates that fit in
+    `budget_s` seconds by estimate; with `prefilter`, plan on about that many devices
+    (`prefilter_cluster`). Constraints, fixed placements and errors as `heft`."""
+    if not budget_s >= 0:
+        raise ValueError(f"budget_s must be >= 0, got {budget_s}")
+    objective = objective or Objective()
+    started = time.perf_counter()
+    deadline = started + GUARD_FACTOR * budget_s + GUARD_SLACK_S
+    prep, spent = _prepare(graph, cluster, cost, fixed, now, prefilter)
+    unit = heft_estimate(prep)
+    spent += unit
+
+    def dollars(plan: Plan) -> float:
+        return plan_cost(plan, prep.graph, prep.cluster, prep.cost)
+
+    best = heft_prepared(prep)
+    best_cost = dollars(best) if objective.uses_money else 0.0
+    best_key = objective.key(best.makespan, best_cost)
+    queue = [
+        *money_candidates(objective, best.makespan, best_cost),
+        *TIME_CANDIDATES,
+    ]
+    for cand in queue:
+        est = unit * cand.weight
+        if spent + est > budget_s:
+            continue
+        if time.perf_counter() > deadline:
+            break
+        spent += est
+        plan = cand.run(prep)
+        plan_dollars = dollars(plan) if objective.uses_money else 0.0
+        key = objective.key(plan.makespan, plan_dollars)
+        if key < best_key:
+            best, best_cost, best_key = plan, plan_dollars, key
+    if not objective.uses_money:
+        best_cost = dollars(best)
+    return replace(best, algorithm=f"portfolio:{best.algorithm}", cost=best_cost)

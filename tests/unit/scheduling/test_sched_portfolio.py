@@ -1,0 +1,154 @@
+"""The portfolio: never worse than HEFT, honours money objectives and budgets, deterministic
+candidate choice, pre-filtering."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.scheduling import (
+    Cluster,
+    Device,
+    LinkCostModel,
+    Objective,
+    Plan,
+    Task,
+    TaskGraph,
+    Unschedulable,
+    heft,
+    load_canonical_example,
+    plan_cost,
+    portfolio,
+)
+from orchestrator.scheduling.engine import Prepared
+from orchestrator.scheduling.portfolio import TIME_CANDIDATES, Candidate, heft_estimate
+
+from .sched_problems import Problem, problems
+from .test_sched_money import priced
+
+# The package re-exports the function `portfolio`, which hides the module of the same name.
+portfolio_module = importlib.import_module("orchestrator.scheduling.portfolio")
+
+SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+ARABNEJAD = Path(__file__).parents[3].parent / "shared/datasets/canonical/arabnejad2014.json"
+
+
+def _heft(pb: Problem) -> tuple[float, float] | None:
+    """HEFT's (makespan, dollars), or None when the problem is unschedulable."""
+    try:
+        plan = heft(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    except Unschedulable:
+        return None
+    return plan.makespan, plan_cost(plan, pb.graph, pb.cluster, pb.cost)
+
+
+@SETTINGS
+@given(problems(), st.integers(0, 2**32 - 1))
+def test_portfolio_is_never_slower_than_heft(pb: Problem, seed: int) -> None:
+    pb = priced(pb, seed)
+    base = _heft(pb)
+    if base is None:
+        return
+    plan = portfolio(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    plan.validate(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    assert plan.makespan <= base[0]
+    assert plan.algorithm.startswith("portfolio:")
+    assert plan.cost == pytest.approx(plan_cost(plan, pb.graph, pb.cluster, pb.cost))
+
+
+@SETTINGS
+@given(problems(), st.integers(0, 2**32 - 1))
+def test_money_weighted_portfolio_is_no_dearer_than_heft(pb: Problem, seed: int) -> None:
+    pb = priced(pb, seed)
+    base = _heft(pb)
+    if base is None:
+        return
+    weight = 1e7  # seconds per dollar: money dominates
+    objective = Objective(time_weight=1.0, money_weight=weight)
+    plan = portfolio(pb.graph, pb.cluster, pb.cost, now=pb.now, objective=objective)
+    plan.validate(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    assert plan.cost is not None
+    # its score is no worse than HEFT's, so it can only be dearer by what it saves in time
+    slack = max(0.0, base[0] - plan.makespan) / weight
+    assert plan.cost <= base[1] + slack + 1e-12
+
+
+@SETTINGS
+@given(problems(), st.integers(0, 2**32 - 1), st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+def test_budget_is_met_when_any_candidate_meets_it(pb: Problem, seed: int, factor: float) -> None:
+    pb = priced(pb, seed)
+    base = _heft(pb)
+    if base is None:
+        return
+    budget = base[1] * factor
+    plan = portfolio(pb.graph, pb.cluster, pb.cost, now=pb.now, objective=Objective(budget=budget))
+    plan.validate(pb.graph, pb.cluster, pb.cost, now=pb.now)
+    assert plan.cost is not None
+    if base[1] <= budget:  # HEFT meets it: the winner does, and is no slower
+        assert plan.cost <= budget
+        assert plan.makespan <= base[0]
+    else:  # within budget, or else the cheapest plan found (HEFT's at worst)
+        assert plan.cost <= budget or plan.cost <= base[1]
+
+
+def test_portfolio_finds_peft_on_the_arabnejad_example() -> None:
+    if not ARABNEJAD.exists():
+        pytest.skip(f"{ARABNEJAD} not found")
+    ex = load_canonical_example(ARABNEJAD)
+    plan = portfolio(ex.graph, ex.cluster, ex.cost)
+    assert (plan.algorithm, plan.makespan, plan.cost) == ("portfolio:peft", 122.0, 0.0)
+
+
+def _wide() -> tuple[TaskGraph, Cluster, LinkCostModel]:
+    tasks = [Task(f"t{i}", work=1.0 + i % 3) for i in range(12)]
+    edges = {(f"t{i}", f"t{i + 4}"): 1e6 for i in range(8)}
+    devices = [Device(f"d{i}", f"h{i}", f"s{i % 2}", speed=1.0 + i) for i in range(4)]
+    return TaskGraph(tasks, edges), Cluster(devices), LinkCostModel()
+
+
+def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, cluster, cost = _wide()
+    ran: list[str] = []
+    real = TIME_CANDIDATES
+
+    def spy(c: Candidate) -> Candidate:
+        def run(p: Prepared) -> Plan:
+            ran.append(c.name)
+            return c.run(p)
+
+        return Candidate(c.name, run, c.weight)
+
+    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in real))
+    portfolio(graph, cluster, cost)
+    assert ran == [c.name for c in real]  # a small problem: everything fits
+    ran.clear()
+    plan = portfolio(graph, cluster, cost, budget_s=0.0)
+    assert ran == []  # nothing but HEFT fits in no time
+    assert plan.algorithm == "portfolio:heft"
+    assert plan.placements == heft(graph, cluster, cost).placements
+    ran.clear()
+    unit = heft_estimate(Prepared(graph, cluster, cost, None, 0.0))
+    portfolio(graph, cluster, cost, budget_s=unit * 2.05)
+    assert ran == ["heft-noins"]  # after HEFT's unit, only it fits in the remaining 1.05
+    with pytest.raises(ValueError, match="budget_s"):
+        portfolio(graph, cluster, cost, budget_s=-1.0)
+
+
+def test_prefiltered_portfolio_plans_on_the_full_cluster() -> None:
+    graph, cluster, cost = _wide()
+    plan = portfolio(graph, cluster, cost, prefilter=2)
+    plan.validate(graph, cluster, cost)
+    assert {p.device_id for p in plan.placements.values()} <= {"d2", "d3"}  # the fastest two
+
+
+def test_prefiltered_portfolio_reports_every_device_when_unschedulable() -> None:
+    graph, cluster, cost = _wide()
+    graph = TaskGraph([*graph.tasks, Task("x", kinds=frozenset({"tpu"}))], graph.edges)
+    with pytest.raises(Unschedulable) as got:
+        portfolio(graph, cluster, cost, prefilter=2)
+    assert set(got.value.reasons) == {"x"}
+    assert set(got.value.reasons["x"]) == set(cluster.ids)
