@@ -38,6 +38,7 @@ from orchestrator.scheduling.cost import (
 )
 from orchestrator.scheduling.cpop import cpop
 from orchestrator.scheduling.heft import heft
+from orchestrator.scheduling.iterative import iterative_heft
 from orchestrator.scheduling.lookahead import heft_lookahead
 from orchestrator.scheduling.model import Cluster, Device, Link, Task, TaskGraph
 from orchestrator.scheduling.money import Objective, cost_aware_heft, plan_cost
@@ -77,6 +78,7 @@ __all__ = [
     "heft",
     "heft_lookahead",
     "ineligibility",
+    "iterative_heft",
     "least_loaded",
     "load_canonical",
     "load_canonical_example",

@@ -138,6 +138,27 @@ def ready_times(
     `now` on every device and is returned, not copied, for a task without inputs)."""
     if not preds:
         return base
+    dense = table.dense()
+    if dense is not None:
+        lat, inv = dense
+        if len(preds) == 1:
+            p, nbytes = preds[0]
+            s, fin = where[p], finish[p]
+            drt: NDArray[np.float64] = inv[s] * nbytes
+            drt += lat[s]
+            drt += fin
+        else:
+            src = [where[p] for p, _ in preds]
+            fins = [finish[p] for p, _ in preds]
+            m = inv[src]
+            m *= np.array([b for _, b in preds], dtype=np.float64)[:, None]
+            m += lat[src]
+            m += np.array(fins, dtype=np.float64)[:, None]
+            drt = m.max(axis=0)
+            fin = min(fins)
+        if fin < now:  # only a fixed predecessor can finish before now
+            np.maximum(drt, base, out=drt)
+        return drt
     p, nbytes = preds[0]
     drt = table.row(nbytes, where[p])
     drt += finish[p]
@@ -245,7 +266,7 @@ class ListScheduler:
             if bias is not None:
                 lower += bias
             best = float(score[d])
-            cand = np.flatnonzero((drt < slots.horizon) & (lower <= best))
+            cand = ((drt < slots.horizon) & (lower <= best)).nonzero()[0]
             if cand.size:
                 d, chosen = _search_gaps(slots, cand, lower, drt, wi, d, best, bias)
         if chosen is None:

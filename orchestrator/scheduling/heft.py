@@ -29,20 +29,26 @@ from orchestrator.scheduling.ranks import (
 __all__ = ["check_fixed", "heft", "heft_prepared", "unschedulable_reasons"]
 
 
-def heft_prepared(prep: Prepared, *, insertion: bool = True, rank: Summary = "mean") -> Plan:
+def heft_prepared(
+    prep: Prepared, *, insertion: bool = True, rank: Summary = "mean", comm: float = 1.0
+) -> Plan:
     """HEFT on an already checked request (the portfolio shares one `Prepared`).
 
     `rank` picks the per-task compute time the upward rank sums: the paper's mean over
-    eligible devices, or the median or best (named in `Plan.algorithm` when not the mean).
+    eligible devices, or the median or best (named in `Plan.algorithm` when not the mean);
+    `comm` scales the transfer part of the rank (named when not 1).
     """
-    if rank == "mean":
+    if rank == "mean" and comm == 1.0:
         ranks = prep.upward()
     else:
-        ranks = upward_rank_array(prep.graph, prep.w, prep.table, summarise_compute(prep.w, rank))
+        wbar = None if rank == "mean" else summarise_compute(prep.w, rank)
+        ranks = upward_rank_array(prep.graph, prep.w, prep.table, wbar, comm)
     keys = priority_keys(ranks)
     name = "heft" if insertion else "heft-noins"
     if rank != "mean":
         name += f"-rank-{rank}"
+    if comm != 1.0:
+        name += f"-comm{comm:g}"
     return ListScheduler(prep, insertion).run(keys, None, name)
 
 

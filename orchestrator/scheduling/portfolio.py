@@ -32,6 +32,7 @@ from orchestrator.scheduling.cost import CostModel
 from orchestrator.scheduling.cpop import cpop_prepared
 from orchestrator.scheduling.engine import Prepared
 from orchestrator.scheduling.heft import heft_prepared
+from orchestrator.scheduling.iterative import iterative_heft_prepared
 from orchestrator.scheduling.lookahead import lookahead_prepared
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.money import Objective, cost_aware_prepared, plan_cost
@@ -74,8 +75,15 @@ TIME_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("cpop", cpop_prepared, 1.2),
     Candidate("heft-rank-best", lambda p: heft_prepared(p, rank="best"), 1.1),
     Candidate("heft-rank-median", lambda p: heft_prepared(p, rank="median"), 1.15),
-    Candidate("heft-lookahead", lookahead_prepared, 6.0),
+    Candidate("heft-comm0.5", lambda p: heft_prepared(p, comm=0.5), 1.1),
+    Candidate("heft-comm2", lambda p: heft_prepared(p, comm=2.0), 1.1),
+    Candidate("heft-comm0", lambda p: heft_prepared(p, comm=0.0), 1.1),
+    Candidate("heft-comm0.75", lambda p: heft_prepared(p, comm=0.75), 1.1),
+    Candidate("heft-comm1.5", lambda p: heft_prepared(p, comm=1.5), 1.1),
+    Candidate("heft-comm0.25", lambda p: heft_prepared(p, comm=0.25), 1.1),
+    Candidate("heft-iter", iterative_heft_prepared, 3.0),
     Candidate("heft-noins", lambda p: heft_prepared(p, insertion=False), 0.8),
+    Candidate("heft-lookahead", lookahead_prepared, 6.0),
 )
 
 

@@ -58,9 +58,11 @@ def upward_rank_array(
     w: NDArray[np.float64],
     table: TransferTable,
     wbar_array: NDArray[np.float64] | None = None,
+    comm: float = 1.0,
 ) -> NDArray[np.float64]:
     """Upward ranks indexed like `graph.tasks`, from a compute matrix and transfer table
-    (`wbar_array` replaces the mean compute time per task when given)."""
+    (`wbar_array` replaces the mean compute time per task when given; `comm` scales the mean
+    transfer times, e.g. to discount edges a good plan keeps on one device)."""
     wbar = (mean_compute(w) if wbar_array is None else wbar_array).tolist()
     rank = [0.0] * len(graph)
     succs = graph.succs
@@ -68,7 +70,7 @@ def upward_rank_array(
     for i in reversed(graph.topo):
         best = 0.0
         for j, nbytes in succs[i]:
-            r = mean(nbytes) + rank[j]
+            r = comm * mean(nbytes) + rank[j]
             if r > best:
                 best = r
         rank[i] = wbar[i] + best

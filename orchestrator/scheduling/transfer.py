@@ -29,14 +29,25 @@ class TransferTable(Protocol):
         """Mean transfer time of `nbytes` over ordered pairs of distinct devices."""
         ...
 
+    def dense(self) -> Dense | None:
+        """(latency, 1/bandwidth) device x device matrices when small enough to hold, else
+        None; transfer(src, dst, b) == lat[src, dst] + b * inv[src, dst]."""
+        ...
+
+
+Dense = tuple[NDArray[np.float64], NDArray[np.float64]]
+#: Largest cluster for which dense device x device matrices are built (2 x 8 MB at 1,024).
+DENSE_MAX = 1024
+
 
 class MatrixTransferTable:
     """Edge weights are times: `nbytes` between different devices, 0 on the same device."""
 
-    __slots__ = ("_n",)
+    __slots__ = ("_dense", "_n")
 
     def __init__(self, n_devices: int) -> None:
         self._n = n_devices
+        self._dense: Dense | None = None
 
     def row(self, nbytes: float, src: int) -> NDArray[np.float64]:
         out = np.full(self._n, nbytes, dtype=np.float64)
@@ -45,6 +56,13 @@ class MatrixTransferTable:
 
     def mean(self, nbytes: float) -> float:
         return nbytes if self._n >= 2 else 0.0
+
+    def dense(self) -> Dense | None:
+        if self._dense is None and self._n <= DENSE_MAX:
+            inv = np.ones((self._n, self._n), dtype=np.float64)
+            np.fill_diagonal(inv, 0.0)
+            self._dense = (np.zeros((self._n, self._n), dtype=np.float64), inv)
+        return self._dense
 
 
 class LinkTransferTable:
@@ -56,7 +74,7 @@ class LinkTransferTable:
     so a caller that needs only a few rows of a huge cluster pays only for those.
     """
 
-    __slots__ = ("_agent_names", "_cluster", "_local_Bps", "_mean", "_rows", "_view")
+    __slots__ = ("_agent_names", "_cluster", "_dense", "_local_Bps", "_mean", "_rows", "_view")
 
     def __init__(self, cluster: Cluster, view: SiteView, local_Bps: float) -> None:
         self._cluster = cluster
@@ -65,6 +83,22 @@ class LinkTransferTable:
         self._rows: dict[int, tuple[NDArray[np.float64], NDArray[np.float64]]] = {}
         self._agent_names = list(cluster.agents)  # by agent code
         self._mean: tuple[float, float] | None = None
+        self._dense: Dense | None = None
+
+    def dense(self) -> Dense | None:
+        c = self._cluster
+        if self._dense is None and len(c) <= DENSE_MAX:
+            lat_s, bw_s, _ = self._view.full()
+            codes = c.site_codes
+            lat = lat_s.take(codes, axis=0).take(codes, axis=1)
+            inv = 1.0 / bw_s.take(codes, axis=0).take(codes, axis=1)
+            same_agent = c.agent_codes[:, None] == c.agent_codes[None, :]
+            lat[same_agent] = 0.0
+            inv[same_agent] = 1.0 / self._local_Bps
+            np.fill_diagonal(lat, 0.0)
+            np.fill_diagonal(inv, 0.0)
+            self._dense = (lat, inv)
+        return self._dense
 
     def _pair_sums(self) -> tuple[float, float]:
         """(mean latency, mean 1/bandwidth) over ordered pairs of distinct devices."""
@@ -147,6 +181,9 @@ class GenericTransferTable:
         self._devices = tuple(devices)
         self._sample = sample
         self._mean: tuple[float, float] | None = None
+
+    def dense(self) -> Dense | None:
+        return None
 
     def row(self, nbytes: float, src: int) -> NDArray[np.float64]:
         fn, s = self._fn, self._devices[src]

@@ -23,6 +23,7 @@ from orchestrator.scheduling import (
     cpop,
     heft,
     heft_lookahead,
+    iterative_heft,
     peft,
     portfolio,
 )
@@ -57,6 +58,7 @@ ALGORITHMS = [
     Algorithm("cpop", cpop),
     Algorithm("peft", peft),
     Algorithm("heft_lookahead", heft_lookahead),
+    Algorithm("iterative_heft", iterative_heft),
     Algorithm("cost_aware_heft", cost_aware_heft, money_weight=500.0),
     Algorithm("portfolio", portfolio),
     Algorithm("portfolio_money", portfolio, objective=Objective(money_weight=100.0)),

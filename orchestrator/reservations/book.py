@@ -1,0 +1,102 @@
+"""Booking rules for one device's windows. Pure: the KV store applies them under CAS.
+
+A window occupies one slot of one device from `start` to `end`. Two windows on the same slot
+may not overlap. Expired windows (a dead orchestrator stopped renewing them) are dropped by
+whoever writes the key next. A new window may evict an overlapping one only if the caller's
+`may_evict` says so (priority and preemption policy live with the caller).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from schemas.bookings import BookingWindow, DeviceBookings
+
+EPS = 1e-6
+
+
+def overlaps(a: BookingWindow, b: BookingWindow) -> bool:
+    return a.slot == b.slot and a.start < b.end - EPS and b.start < a.end - EPS
+
+
+def live(windows: Iterable[BookingWindow], now: float) -> list[BookingWindow]:
+    return [w for w in windows if w.expires > now]
+
+
+@dataclass
+class AddResult:
+    ok: bool
+    book: DeviceBookings
+    conflicts: list[BookingWindow] = field(default_factory=list)
+    evicted: list[BookingWindow] = field(default_factory=list)
+    expired: int = 0
+
+
+def add(
+    book: DeviceBookings,
+    new: Sequence[BookingWindow],
+    now: float,
+    may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
+) -> AddResult:
+    """Book `new` on top of `book`; replaces earlier windows of the same (pipeline, task)."""
+    keys = {(w.pipeline_id, w.task_id) for w in new}
+    current = live(book.windows, now)
+    expired = len(book.windows) - len(current)
+    kept = [w for w in current if (w.pipeline_id, w.task_id) not in keys]
+    conflicts: list[BookingWindow] = []
+    evicted: list[BookingWindow] = []
+    for w in kept:
+        if any(overlaps(w, n) for n in new):
+            (evicted if may_evict(w) else conflicts).append(w)
+    for i, a in enumerate(new):
+        for b in new[i + 1 :]:
+            if overlaps(a, b):
+                raise ValueError(f"windows of {a.task_id} and {b.task_id} overlap on slot {a.slot}")
+    if conflicts:
+        return AddResult(False, book, conflicts=conflicts, expired=expired)
+    gone = {(w.pipeline_id, w.task_id) for w in evicted}
+    windows = [w for w in kept if (w.pipeline_id, w.task_id) not in gone] + list(new)
+    windows.sort(key=lambda w: (w.slot, w.start, w.pipeline_id, w.task_id))
+    return AddResult(
+        True, DeviceBookings(device=book.device, windows=windows), evicted=evicted, expired=expired
+    )
+
+
+def release(
+    book: DeviceBookings, pipeline_id: str, now: float, task_ids: Iterable[str] | None = None
+) -> DeviceBookings:
+    drop = None if task_ids is None else set(task_ids)
+    windows = [
+        w for w in live(book.windows, now)
+        if not (w.pipeline_id == pipeline_id and (drop is None or w.task_id in drop))
+    ]  # fmt: skip
+    return DeviceBookings(device=book.device, windows=windows)
+
+
+def renew(book: DeviceBookings, pipeline_id: str, expires: float, now: float) -> DeviceBookings:
+    windows = [
+        w.model_copy(update={"expires": max(w.expires, expires)})
+        if w.pipeline_id == pipeline_id else w
+        for w in live(book.windows, now)
+    ]  # fmt: skip
+    return DeviceBookings(device=book.device, windows=windows)
+
+
+def double_booked(windows: Sequence[BookingWindow], now: float | None = None) -> list[str]:
+    """Pairs of live windows overlapping on one slot (the invariant every revision must keep)."""
+    ws = list(windows) if now is None else live(windows, now)
+    out = []
+    by_slot: dict[int, list[BookingWindow]] = {}
+    for w in ws:
+        by_slot.setdefault(w.slot, []).append(w)
+    for slot, lst in by_slot.items():
+        lst.sort(key=lambda w: w.start)
+        for a, b in itertools.pairwise(lst):
+            if b.start < a.end - EPS:
+                out.append(
+                    f"slot {slot}: {a.pipeline_id}/{a.task_id} [{a.start:.3f},{a.end:.3f}]"
+                    f" overlaps {b.pipeline_id}/{b.task_id} [{b.start:.3f},{b.end:.3f}]"
+                )
+    return out
