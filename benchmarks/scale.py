@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, graph in (
         ("random DAG v=100 CCR 1", random_dag(100, ccr=1.0, seed=3, bandwidth_Bps=12.5e6)),
-        ("video analytics 24 streams", video_analytics(streams=24)),
+        ("video analytics 33 streams", video_analytics(streams=33)),
     ):
         f, tf = samples(
             partial(portfolio, graph, big, big_cost, prefilter=args.prefilter), args.repeat

@@ -140,18 +140,17 @@ def ready_times(
         return base
     dense = table.dense()
     if dense is not None:
-        lat, inv = dense
+        lat, bw = dense
         if len(preds) == 1:
             p, nbytes = preds[0]
             s, fin = where[p], finish[p]
-            drt: NDArray[np.float64] = inv[s] * nbytes
+            drt: NDArray[np.float64] = nbytes / bw[s]
             drt += lat[s]
             drt += fin
         else:
             src = [where[p] for p, _ in preds]
             fins = [finish[p] for p, _ in preds]
-            m = inv[src]
-            m *= np.array([b for _, b in preds], dtype=np.float64)[:, None]
+            m = np.array([b for _, b in preds], dtype=np.float64)[:, None] / bw[src]
             m += lat[src]
             m += np.array(fins, dtype=np.float64)[:, None]
             drt = m.max(axis=0)

@@ -32,7 +32,7 @@ def _realised_ranks(prep: Prepared, plan: Plan) -> list[float]:
         for j, nbytes in graph.succs[i]:
             dj = where[j]
             if dense is not None:
-                t = float(dense[0][di, dj] + nbytes * dense[1][di, dj])
+                t = float(nbytes / dense[1][di, dj] + dense[0][di, dj])
             else:
                 t = float(prep.table.row(nbytes, di)[dj])
             r = t + rank[j]

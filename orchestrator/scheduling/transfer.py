@@ -30,14 +30,16 @@ class TransferTable(Protocol):
         ...
 
     def dense(self) -> Dense | None:
-        """(latency, 1/bandwidth) device x device matrices when small enough to hold, else
-        None; transfer(src, dst, b) == lat[src, dst] + b * inv[src, dst]."""
+        """(latency, bandwidth) device x device matrices when small enough to hold, else None;
+        transfer(src, dst, b) == b / bw[src, dst] + lat[src, dst], computed in that order so
+        it is bit-identical to `row` (bandwidth is inf on the same device)."""
         ...
 
 
 Dense = tuple[NDArray[np.float64], NDArray[np.float64]]
-#: Largest cluster for which dense device x device matrices are built (2 x 8 MB at 1,024).
-DENSE_MAX = 1024
+#: Largest cluster for which dense device x device matrices are built (2 x 0.5 MB at 256);
+#: larger clusters use per-site rows.
+DENSE_MAX = 256
 
 
 class MatrixTransferTable:
@@ -59,9 +61,9 @@ class MatrixTransferTable:
 
     def dense(self) -> Dense | None:
         if self._dense is None and self._n <= DENSE_MAX:
-            inv = np.ones((self._n, self._n), dtype=np.float64)
-            np.fill_diagonal(inv, 0.0)
-            self._dense = (np.zeros((self._n, self._n), dtype=np.float64), inv)
+            bw = np.ones((self._n, self._n), dtype=np.float64)
+            np.fill_diagonal(bw, np.inf)
+            self._dense = (np.zeros((self._n, self._n), dtype=np.float64), bw)
         return self._dense
 
 
@@ -91,13 +93,13 @@ class LinkTransferTable:
             lat_s, bw_s, _ = self._view.full()
             codes = c.site_codes
             lat = lat_s.take(codes, axis=0).take(codes, axis=1)
-            inv = 1.0 / bw_s.take(codes, axis=0).take(codes, axis=1)
+            bw = bw_s.take(codes, axis=0).take(codes, axis=1)
             same_agent = c.agent_codes[:, None] == c.agent_codes[None, :]
             lat[same_agent] = 0.0
-            inv[same_agent] = 1.0 / self._local_Bps
+            bw[same_agent] = self._local_Bps
             np.fill_diagonal(lat, 0.0)
-            np.fill_diagonal(inv, 0.0)
-            self._dense = (lat, inv)
+            np.fill_diagonal(bw, np.inf)
+            self._dense = (lat, bw)
         return self._dense
 
     def _pair_sums(self) -> tuple[float, float]:
