@@ -21,11 +21,15 @@ from orchestrator.scheduling import (
     Unschedulable,
     cost_aware_heft,
     cpop,
+    earliest_start,
     heft,
     heft_lookahead,
     iterative_heft,
+    least_loaded,
     peft,
     portfolio,
+    round_robin,
+    weighted_random,
 )
 
 from .sched_problems import Problem, critical_path, problems
@@ -64,6 +68,10 @@ ALGORITHMS = [
     Algorithm("portfolio_money", portfolio, objective=Objective(money_weight=100.0)),
     Algorithm("portfolio_budget", portfolio, objective=Objective(budget=0.01)),
     Algorithm("portfolio_prefilter", portfolio, prefilter=3),
+    Algorithm("round_robin", round_robin),
+    Algorithm("least_loaded", least_loaded),
+    Algorithm("weighted_random", weighted_random, seed=3),
+    Algorithm("earliest_start", earliest_start),
 ]
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
