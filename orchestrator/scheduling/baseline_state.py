@@ -78,7 +78,10 @@ class ListState:
             self.finish[i], self.where[i] = p.finish, d
             booked.setdefault((d, p.slot), []).append((p.start, p.finish))
         self.timelines: list[list[SlotTimeline]] = [
-            [SlotTimeline(now, [*dev.busy, *booked.get((d, k), ())]) for k in range(dev.slots)]
+            [
+                SlotTimeline(now, [*dev.windows(k), *booked.get((d, k), ())])
+                for k in range(dev.slots)
+            ]
             for d, dev in enumerate(cluster.devices)
         ]
         self.queue_tail: list[list[float]] = [[now] * dev.slots for dev in cluster.devices]

@@ -51,6 +51,12 @@ class Device:
     labels: Mapping[str, str] = field(default_factory=dict)
     cost_per_hour: float = 0.0
     busy: tuple[tuple[float, float], ...] = ()
+    #: Windows booked on one slot only: (slot, start, end); e.g. other pipelines' reservations.
+    slot_busy: tuple[tuple[int, float, float], ...] = ()
+
+    def windows(self, slot: int) -> list[tuple[float, float]]:
+        """Everything that blocks `slot`: device-wide busy windows and that slot's own."""
+        return [*self.busy, *((s, e) for k, s, e in self.slot_busy if k == slot)]
 
     def __post_init__(self) -> None:
         if self.slots < 1:
@@ -62,6 +68,11 @@ class Device:
             if not (math.isfinite(s) and math.isfinite(e) and s <= e):
                 raise ValueError(f"device {self.id!r}: bad busy window ({s}, {e})")
         object.__setattr__(self, "busy", busy)
+        per_slot = tuple((int(k), float(s), float(e)) for k, s, e in self.slot_busy)
+        for k, s, e in per_slot:
+            if not (0 <= k < self.slots and math.isfinite(s) and math.isfinite(e) and s <= e):
+                raise ValueError(f"device {self.id!r}: bad slot window ({k}, {s}, {e})")
+        object.__setattr__(self, "slot_busy", per_slot)
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ class Plan:
                 bad.append(f"{tid}: duration {p.finish - p.start:g} != compute time {want:g}")
             if p.start < now - tol(now):
                 bad.append(f"{tid}: starts at {p.start:g}, before now={now:g}")
-            for bs, be in dev.busy:
+            for bs, be in dev.windows(p.slot):
                 if min(p.finish, be) - max(p.start, bs) > tol(p.finish, be):
                     bad.append(
                         f"{tid}: [{p.start:g}, {p.finish:g}) overlaps busy window "

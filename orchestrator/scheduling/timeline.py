@@ -127,9 +127,9 @@ class ClusterSlots:
         self.horizon = np.full(m, -math.inf, dtype=np.float64)
         self.free_at = np.full(m, now, dtype=np.float64)
         for d, dev in enumerate(cluster.devices):
-            if dev.busy or d in touched:
+            if dev.busy or dev.slot_busy or d in touched:
                 self._lines[d] = [
-                    SlotTimeline(now, [*dev.busy, *booked.get((d, k), ())])
+                    SlotTimeline(now, [*dev.windows(k), *booked.get((d, k), ())])
                     for k in range(dev.slots)
                 ]
                 self.refresh(d)
