@@ -44,7 +44,7 @@ from sim.workloads import (
 
 CCRS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 #: The portfolio's planning budget here (saga's HEFT takes ~0.4-1 s for 1,000 tasks).
-PORTFOLIO_BUDGET_S = 0.25
+PORTFOLIO_BUDGET_S = 0.5
 
 
 @dataclass

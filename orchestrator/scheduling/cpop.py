@@ -21,7 +21,13 @@ from orchestrator.scheduling.cost import CostModel
 from orchestrator.scheduling.engine import Choice, ListScheduler, Prepared
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
-from orchestrator.scheduling.ranks import downward_rank_array, priority_keys, upward_rank_array
+from orchestrator.scheduling.ranks import (
+    Summary,
+    downward_rank_array,
+    priority_keys,
+    summarise_compute,
+    upward_rank_array,
+)
 
 
 def critical_path(graph: TaskGraph, priority: NDArray[np.float64]) -> list[int]:
@@ -53,21 +59,31 @@ def critical_device(w: NDArray[np.float64], path: list[int]) -> int | None:
     return d if np.isfinite(total[d]) else None
 
 
-def cpop_prepared(prep: Prepared) -> Plan:
-    """CPOP on an already checked request (the portfolio shares one `Prepared`)."""
+def cpop_prepared(
+    prep: Prepared, comm: float = 1.0, rank: Summary = "mean", own: bool = False
+) -> Plan:
+    """CPOP on an already checked request (the portfolio shares one `Prepared`); `comm`
+    scales the transfer part of both ranks (named in `Plan.algorithm` when not 1)."""
     graph, w, table = prep.graph, prep.w, prep.table
-    priority = upward_rank_array(graph, w, table) + downward_rank_array(graph, w, table)
+    wbar = None if rank == "mean" else summarise_compute(w, rank)
+    down_wbar = summarise_compute(w, "harmonic") if own else wbar
+    priority = upward_rank_array(graph, w, table, wbar, comm) + downward_rank_array(
+        graph, w, table, comm, down_wbar, own
+    )
+    name = "cpop" + ("" if rank == "mean" else f"-rank-{rank}")
+    name += "" if comm == 1.0 else f"-comm{comm:g}"
+    name += "-own" if own else ""
     keys = priority_keys(priority)
     path = [i for i in critical_path(graph, priority) if not prep.is_fixed[i]]
     cp_dev = critical_device(w, path)
     if cp_dev is None:
-        return ListScheduler(prep).run(keys, None, "cpop")
+        return ListScheduler(prep).run(keys, None, name)
     on_path = set(path)
 
     def rule(s: ListScheduler, i: int, drt: NDArray[np.float64]) -> Choice:
         return s.on_device(i, drt, cp_dev) if i in on_path else s.earliest(i, drt)
 
-    return ListScheduler(prep).run(keys, rule, "cpop")
+    return ListScheduler(prep).run(keys, rule, name)
 
 
 def cpop(

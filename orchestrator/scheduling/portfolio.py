@@ -70,15 +70,33 @@ def heft_estimate(prep: Prepared) -> float:
     return T_TASK * n + T_EDGE * e + T_CELL * (n + e) * m
 
 
+def self_pairs(prep: Prepared) -> float:
+    """Scale of the mean transfer time when the average also counts each device paired with
+    itself (zero cost) over unordered pairs, as some HEFT implementations compute it."""
+    m = len(prep.cluster)
+    return (m - 1) / (m + 1) if m > 1 else 1.0
+
+
 TIME_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("peft", peft_prepared, 1.5),
     Candidate("cpop", cpop_prepared, 1.2),
+    Candidate("heft-selfpairs", lambda p: heft_prepared(p, comm=self_pairs(p)), 1.1),
+    Candidate(
+        "cpop-selfpairs-harmonic",
+        lambda p: cpop_prepared(p, self_pairs(p), rank="harmonic"),
+        1.2,
+    ),
+    Candidate("cpop-selfpairs-own", lambda p: cpop_prepared(p, self_pairs(p), own=True), 1.2),
     Candidate("heft-rank-best", lambda p: heft_prepared(p, rank="best"), 1.1),
     Candidate("heft-rank-median", lambda p: heft_prepared(p, rank="median"), 1.15),
     Candidate("heft-comm0.5", lambda p: heft_prepared(p, comm=0.5), 1.1),
     Candidate("heft-comm2", lambda p: heft_prepared(p, comm=2.0), 1.1),
     Candidate("heft-comm0", lambda p: heft_prepared(p, comm=0.0), 1.1),
     Candidate("heft-comm0.75", lambda p: heft_prepared(p, comm=0.75), 1.1),
+    Candidate("cpop-comm0.75", lambda p: cpop_prepared(p, 0.75), 1.2),
+    Candidate("heft-rank-harmonic", lambda p: heft_prepared(p, rank="harmonic"), 1.1),
+    Candidate("cpop-rank-harmonic", lambda p: cpop_prepared(p, rank="harmonic"), 1.2),
+    Candidate("cpop-comm0.5", lambda p: cpop_prepared(p, 0.5), 1.2),
     Candidate("heft-comm1.5", lambda p: heft_prepared(p, comm=1.5), 1.1),
     Candidate("heft-comm0.25", lambda p: heft_prepared(p, comm=0.25), 1.1),
     Candidate("heft-iter", iterative_heft_prepared, 3.0),

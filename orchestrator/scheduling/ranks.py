@@ -32,7 +32,7 @@ def mean_compute(w: NDArray[np.float64]) -> NDArray[np.float64]:
     return out
 
 
-Summary = Literal["mean", "median", "best"]
+Summary = Literal["mean", "median", "best", "harmonic"]
 
 
 def summarise_compute(w: NDArray[np.float64], how: Summary = "mean") -> NDArray[np.float64]:
@@ -44,6 +44,15 @@ def summarise_compute(w: NDArray[np.float64], how: Summary = "mean") -> NDArray[
     if how == "best":
         out: NDArray[np.float64] = w.min(axis=1)
         return out
+    if how == "harmonic":  # = work / mean speed on related machines
+        with np.errstate(divide="ignore"):
+            inv = np.where(np.isfinite(w), 1.0 / w, 0.0)
+            count = np.isfinite(w).sum(axis=1)
+            total = inv.sum(axis=1)
+            harm: NDArray[np.float64] = np.where(
+                total > 0, count / np.where(total > 0, total, 1.0), np.where(count > 0, 0.0, np.inf)
+            )
+        return harm
     s = np.sort(w, axis=1)  # inf (ineligible) sorts last
     count = np.isfinite(s).sum(axis=1)
     lo = np.maximum((count - 1) // 2, 0)[:, None]
@@ -78,13 +87,19 @@ def upward_rank_array(
 
 
 def downward_rank_array(
-    graph: TaskGraph, w: NDArray[np.float64], table: TransferTable
+    graph: TaskGraph,
+    w: NDArray[np.float64],
+    table: TransferTable,
+    comm: float = 1.0,
+    wbar_array: NDArray[np.float64] | None = None,
+    own: bool = False,
 ) -> NDArray[np.float64]:
-    """Downward ranks indexed like `graph.tasks` (0 for entry tasks).
+    """Downward ranks indexed like `graph.tasks` (0 for entry tasks); with `own`, each rank
+    also counts the task's own compute time (a variant some CPOP implementations use).
 
     A task no device can run (possible only for a fixed one) counts as taking no time.
     """
-    wbar_arr = mean_compute(w)
+    wbar_arr = mean_compute(w) if wbar_array is None else wbar_array
     wbar = np.where(np.isfinite(wbar_arr), wbar_arr, 0.0).tolist()
     rank = [0.0] * len(graph)
     preds = graph.preds
@@ -92,10 +107,10 @@ def downward_rank_array(
     for i in graph.topo:
         best = 0.0
         for p, nbytes in preds[i]:
-            r = rank[p] + wbar[p] + mean(nbytes)
+            r = rank[p] + comm * mean(nbytes) + (0.0 if own else wbar[p])
             if r > best:
                 best = r
-        rank[i] = best
+        rank[i] = best + (wbar[i] if own else 0.0)
     return np.asarray(rank, dtype=np.float64)
 
 
