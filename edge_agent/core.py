@@ -89,12 +89,14 @@ class AgentCore:
             return self._reject(
                 offer, "stale_incarnation", f"planned for incarnation {offer.incarnation}"
             )
-        if key in self._done:
+        if key in self._done and offer.token <= self._done[key]:
             return self._reject(offer, "duplicate", "task already finished here")
         existing = self.jobs.get(key)
         if existing is not None:
             if offer.token == existing.offer.token:
-                return self._accept(offer)  # a retried offer: same answer
+                if existing.state == "accepted":
+                    existing.offer = offer  # a retried offer, maybe with updated routing
+                return self._accept(offer)
             if offer.token < existing.offer.token:
                 return self._reject(offer, "stale_token", "a newer placement holds this task")
             if existing.state == "running":
@@ -192,7 +194,10 @@ class AgentCore:
     def cancel(self, cmd: CancelCommand) -> list[Job]:
         """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""
         out: list[Job] = []
-        for key in [k for k in self.jobs if k[0] == cmd.pipeline_id]:
+        only = None if cmd.task_ids is None else set(cmd.task_ids)
+        for key in [
+            k for k in self.jobs if k[0] == cmd.pipeline_id and (only is None or k[1] in only)
+        ]:
             job = self.jobs[key]
             if job.state == "running":
                 out.append(job)

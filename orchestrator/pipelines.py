@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.scheduling import Placement
 from schemas.api import (
     TERMINAL_STATES,
     PipelineState,
@@ -70,10 +71,33 @@ class PipelineRun:
     seen_events: set[str] = field(default_factory=set)
     stale_events: int = 0
     duplicate_events: int = 0
+    #: Booking clock (wall) at submission and at the plan's time zero.
+    submitted_wall: float = 0.0
+    t0: float = 0.0
+    owner: str = ""
+    placements: dict[str, Placement] = field(default_factory=dict)
+    placement_log: list[str] = field(default_factory=list)
+    conflicts: int = 0
+    rejections: int = 0
+    cas_retries: int = 0
 
     def __post_init__(self) -> None:
         if not self.tasks:
             self.tasks = {t.id: TaskRun(t.id) for t in self.spec.tasks}
+        self.spec_by_id = {t.id: t for t in self.spec.tasks}
+        self.index = {t.id: i for i, t in enumerate(self.spec.tasks)}
+        self.children: dict[str, list[str]] = {t.id: [] for t in self.spec.tasks}
+        for t in self.spec.tasks:
+            for d in t.deps:
+                self.children[d].append(t.id)
+
+    def note(self, line: str) -> None:
+        if len(self.placement_log) < 500:
+            self.placement_log.append(line[:2048])
+
+    def devices(self) -> set[str]:
+        """Scheduler ids (agent:device) of every device this pipeline holds windows on."""
+        return {p.device_id for p in self.placements.values()}
 
     @property
     def terminal(self) -> bool:
@@ -135,6 +159,8 @@ class PipelineRun:
             elapsed_s=max(0.0, end - start),
             plan=self.plan,
             tasks=[self.tasks[t.id].status() for t in self.spec.tasks],
+            placement_log=list(self.placement_log),
+            owner=self.owner[:256],
         )
 
     def summary(self) -> PipelineSummary:

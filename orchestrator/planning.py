@@ -2,26 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.predictor import estimate_seconds
 from orchestrator.registry import ClusterView
+from orchestrator.reservations.store import Cached, device_key
 from orchestrator.scheduling import (
     Cluster,
     Device,
     Link,
     LinkCostModel,
+    Placement,
     Plan,
     Task,
     TaskGraph,
     TransferTable,
-    heft,
+    portfolio,
 )
 from schemas.agent import DeviceSpec
+from schemas.bookings import BookingWindow
 from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
 
 
@@ -65,9 +69,13 @@ class SpecCostModel:
         self.devices = devices
         self.links = LinkCostModel(links)
         self._cache: dict[tuple[str, str], float] = {}
+        #: (task, device) pairs ruled out by an agent's rejection: infinite time, never chosen.
+        self.excluded: set[tuple[str, str]] = set()
 
     def compute_time(self, task: Task, device: Device) -> float:
         key = (task.id, device.id)
+        if key in self.excluded:
+            return math.inf
         t = self._cache.get(key)
         if t is None:
             t = estimate_seconds(self.specs[task.id], self.devices[device.id])
@@ -96,11 +104,55 @@ class Planned:
     cost: SpecCostModel
 
 
-def plan_pipeline(spec: PipelineSpec, view: ClusterView, now: float) -> Planned:
-    """Plan on the live view; raises scheduling.Unschedulable with per-device reasons."""
+#: Planning budget per request: HEFT always, more candidates when they fit.
+PLAN_BUDGET_S = 0.004
+
+
+def with_bookings(
+    cluster: Cluster,
+    bookings: Mapping[str, Cached],
+    t0: float,
+    blocks: Callable[[BookingWindow], bool],
+) -> Cluster:
+    """The cluster with other pipelines' reservations (those `blocks` keeps) as per-slot busy
+    windows, in seconds relative to `t0` on the booking clock."""
+    devices = []
+    for d in cluster.devices:
+        agent_id, dev_id = d.id.split(":", 1)
+        cached = bookings.get(device_key(agent_id, dev_id))
+        extra: tuple[tuple[int, float, float], ...] = ()
+        if cached is not None:
+            extra = tuple(
+                (w.slot, max(0.0, w.start - t0), w.end - t0)
+                for w in cached.book.windows
+                if w.end > t0 and w.slot < d.slots and blocks(w)
+            )
+        devices.append(replace(d, slot_busy=extra) if extra else d)
+    return Cluster(devices)
+
+
+def plan_pipeline(
+    spec: PipelineSpec,
+    view: ClusterView,
+    now: float,
+    *,
+    bookings: Mapping[str, Cached] | None = None,
+    t0: float = 0.0,
+    blocks: Callable[[BookingWindow], bool] = lambda _w: True,
+    excluded: set[tuple[str, str]] | None = None,
+    fixed: Mapping[str, Placement] | None = None,
+    rel_now: float = 0.0,
+) -> Planned:
+    """Plan on the live view (and the cached reservations); raises scheduling.Unschedulable
+    with per-device reasons. Times in the plan are seconds after `t0`."""
     cluster, links = view.snapshot(now)
     devices = {d.id: view.device_spec(d.id)[1] for d in cluster.devices}
+    if bookings:
+        cluster = with_bookings(cluster, bookings, t0, blocks)
     graph = to_graph(spec)
     cost = SpecCostModel(spec, devices, links)
-    plan = heft(graph, cluster, cost)
+    if excluded:
+        cost.excluded = set(excluded)
+    live_fixed = {t: p for t, p in (fixed or {}).items() if p.device_id in cluster}
+    plan = portfolio(graph, cluster, cost, fixed=live_fixed, now=rel_now, budget_s=PLAN_BUDGET_S)
     return Planned(plan, graph, cluster, cost)

@@ -15,12 +15,14 @@ import nats.micro
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import RetentionPolicy, StreamConfig
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.micro.request import Request
 
 from orchestrator.pipelines import PipelineRun
-from orchestrator.planning import plan_pipeline
+from orchestrator.placement import PlacementFailed, Placer
 from orchestrator.registry import ClusterView
-from orchestrator.scheduling import Unschedulable
+from orchestrator.reservations.store import BookingStore, device_key
+from orchestrator.scheduling import Placement, Unschedulable
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import (
@@ -31,20 +33,19 @@ from schemas.api import (
     CancelRequest,
     ListReply,
     ListRequest,
-    PlannedTask,
     StatusReply,
     StatusRequest,
     SubmitReply,
     SubmitRequest,
 )
 from schemas.base import WireModel
+from schemas.bookings import BookingWindow
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import PipelineEvent, TaskEvent
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
-    ConsumerRef,
-    InputRef,
+    EvictNotice,
     OfferReply,
     TaskOffer,
 )
@@ -53,26 +54,41 @@ from schemas.rpc import RemoteError, ServiceError, handle, request
 log = logging.getLogger("mars.orchestrator")
 VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
+#: Reservations expire this long after their last renewal.
+LEASE_S = 15.0
+PIPELINES_BUCKET = "MARS_PIPELINES"
 MAX_PIPELINES_KEPT = 10_000
 
 
 class Orchestrator:
-    def __init__(self, nats_url: str, *, misses: int = 3) -> None:
+    def __init__(
+        self, nats_url: str, *, misses: int = 3, lease_s: float = LEASE_S, name: str | None = None
+    ) -> None:
         self.nats_url = nats_url
         self.view = ClusterView(misses)
         self.pipelines: dict[str, PipelineRun] = {}
         self.nc: NATS | None = None
+        self.js: Any = None
+        self.store: BookingStore = None  # type: ignore[assignment]  # set in start()
+        self._pipes_kv: Any = None
         self._service: Any = None
-        self._token = time.time_ns() // 1000
         self._changed = asyncio.Condition()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.cluster_changed = asyncio.Event()
+        self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
+        self.lease_s = lease_s
+        self.placer = Placer(self)
+        self.evictions_seen = 0
 
     def _now(self) -> float:
         return time.monotonic()
 
-    def next_token(self) -> int:
-        self._token += 1
-        return self._token
+    mono = _now
+
+    @staticmethod
+    def wall() -> float:
+        """The booking clock: reservations are instants all orchestrators compare."""
+        return time.time()
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -83,7 +99,15 @@ class Orchestrator:
             reconnect_time_wait=0.5,
         )
         nc = self.nc
-        js = nc.jetstream()
+        js = self.js = nc.jetstream()
+        self.store = BookingStore(js)
+        await self.store.start()
+        try:
+            self._pipes_kv = await js.key_value(PIPELINES_BUCKET)
+        except BucketNotFoundError:
+            with contextlib.suppress(Exception):
+                await js.create_key_value(bucket=PIPELINES_BUCKET, history=1)
+            self._pipes_kv = await js.key_value(PIPELINES_BUCKET)
         with contextlib.suppress(Exception):
             await js.add_stream(
                 StreamConfig(
@@ -97,6 +121,7 @@ class Orchestrator:
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
         await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_task_event)
+        await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
         svc = await nats.micro.add_service(
             nc,
             name=subjects.API_SERVICE,
@@ -116,9 +141,22 @@ class Orchestrator:
         self._service = svc
         await nc.flush()
         await nc.publish(subjects.DISCOVER, b"")
-        log.info("orchestrator up on %s", self.nats_url)
+        self._spawn(self._renew_loop())
+        log.info("orchestrator %s up on %s", self.owner, self.nats_url)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.store is not None:
+            await self.store.stop()
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await self._service.stop()
@@ -184,6 +222,8 @@ class Orchestrator:
             await self._publish_pipeline(run)
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
+            if run.terminal:
+                await self._finished(run)
         async with self._changed:
             self._changed.notify_all()
 
@@ -206,38 +246,26 @@ class Orchestrator:
             if existing.spec != req.pipeline:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self._submit_reply(existing)
-        run = PipelineRun(pid, req.pipeline, self._now())
+        run = PipelineRun(
+            pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner
+        )
         self._remember(run)
-        try:
-            planned = plan_pipeline(req.pipeline, self.view, self._now())
-        except Unschedulable as exc:
-            run.finish("unschedulable", str(exc), self._now())
-            details = {
-                f"{tid}@{dev}": why
-                for tid, per_dev in exc.reasons.items()
-                for dev, why in per_dev.items()
-            }
-            if not details:
-                details = {tid: "no live devices" for tid in exc.reasons}
-            raise ServiceError(
-                "unschedulable", str(exc)[:2048], dict(list(details.items())[:500])
-            ) from exc
-        plan = planned.plan
-        run.algorithm = plan.algorithm
-        run.planned_makespan_s = plan.makespan
-        run.plan = [
-            PlannedTask(
-                task_id=p.task_id,
-                agent_id=p.device_id.split(":", 1)[0],
-                device_id=p.device_id.split(":", 1)[1],
-                slot=p.slot,
-                start_s=p.start,
-                finish_s=p.finish,
-            )
-            for p in sorted(plan.placements.values(), key=lambda p: (p.start, p.task_id))
-        ]
         run.state = "placing"
-        await self._dispatch(run)
+        try:
+            await self.placer.place(run)
+        except PlacementFailed as exc:
+            unsched = isinstance(exc.__cause__, Unschedulable)
+            run.finish("unschedulable" if unsched else "failed", str(exc), self._now())
+            await self._finished(run)
+            await self._publish_pipeline(run)
+            raise ServiceError(
+                "unschedulable" if unsched else "conflict", str(exc)[:2048], exc.details
+            ) from exc
+        run.committed_at = self._now()
+        run.state = "running"
+        await self._commit_all(run, set(run.tasks))
+        await self._publish_pipeline(run)
+        await self.persist(run)
         return self._submit_reply(run)
 
     def _submit_reply(self, run: PipelineRun) -> SubmitReply:
@@ -257,59 +285,7 @@ class Orchestrator:
             ]:
                 del self.pipelines[pid]
 
-    async def _dispatch(self, run: PipelineRun) -> None:
-        """Offer every task to its agent; commit only when all accepted."""
-        assert self.nc is not None
-        where = {p.task_id: p for p in run.plan}
-        order = {p.task_id: i for i, p in enumerate(run.plan)}
-        consumers: dict[str, list[ConsumerRef]] = {t.id: [] for t in run.spec.tasks}
-        for t in run.spec.tasks:
-            for d in t.deps:
-                consumers[d].append(ConsumerRef(task_id=t.id, agent_id=where[t.id].agent_id))
-        offers: list[TaskOffer] = []
-        for t in run.spec.tasks:
-            p = where[t.id]
-            adv = self.view.agents[p.agent_id].advert
-            token = self.next_token()
-            tr = run.tasks[t.id]
-            tr.agent_id, tr.device_id, tr.token = p.agent_id, p.device_id, token
-            tr.predicted_s = p.finish_s - p.start_s
-            tr.state = "offered"
-            offers.append(
-                TaskOffer(
-                    pipeline_id=run.pipeline_id,
-                    agent_id=p.agent_id,
-                    incarnation=adv.incarnation,
-                    device_id=p.device_id,
-                    slot=p.slot,
-                    token=token,
-                    order=order[t.id],
-                    task=t,
-                    inputs=[InputRef(task_id=d, agent_id=where[d].agent_id) for d in t.deps],
-                    consumers=consumers[t.id],
-                )
-            )
-        replies = await asyncio.gather(*(self._offer(o) for o in offers))
-        rejected = [r for r in replies if not r.accepted]
-        if rejected:
-            reason = "; ".join(f"{r.task_id}@{r.agent_id}: {r.code} {r.reason}" for r in rejected)
-            run.finish("failed", f"placement rejected: {reason}", self._now())
-            await self._cancel_on_agents(run, run.reason)
-            await self._publish_pipeline(run)
-            raise ServiceError(
-                "conflict",
-                run.reason[:2048],
-                {f"{r.task_id}@{r.agent_id}": f"{r.code}: {r.reason}" for r in rejected[:500]},
-            )
-        for tr in run.tasks.values():
-            tr.state = "accepted"
-        run.committed_at = self._now()
-        run.state = "running"
-        agents = sorted({o.agent_id for o in offers})
-        await asyncio.gather(*(self._commit(a, run, offers) for a in agents))
-        await self._publish_pipeline(run)
-
-    async def _offer(self, offer: TaskOffer) -> OfferReply:
+    async def offer(self, offer: TaskOffer) -> OfferReply:
         assert self.nc is not None
         try:
             return await request(
@@ -325,18 +301,123 @@ class Orchestrator:
                 reason=f"no answer to offer: {type(exc).__name__} {exc}"[:2048],
             )
 
-    async def _commit(self, agent_id: str, run: PipelineRun, offers: list[TaskOffer]) -> None:
+    async def _commit_all(self, run: PipelineRun, task_ids: set[str]) -> None:
         assert self.nc is not None
-        cmd = CommitCommand(
-            pipeline_id=run.pipeline_id,
-            task_ids=[o.task.id for o in offers if o.agent_id == agent_id],
-        )
-        try:
-            await request(
-                self.nc, subjects.commit(agent_id), cmd, CommitCommand, timeout=OFFER_TIMEOUT_S
+        per_agent: dict[str, list[str]] = {}
+        for tid in sorted(task_ids):
+            agent = run.tasks[tid].agent_id
+            if agent:
+                per_agent.setdefault(agent, []).append(tid)
+
+        async def one(agent_id: str, tids: list[str]) -> None:
+            cmd = CommitCommand(pipeline_id=run.pipeline_id, task_ids=tids)
+            try:
+                await request(
+                    self.nc, subjects.commit(agent_id), cmd, CommitCommand, timeout=OFFER_TIMEOUT_S
+                )
+            except Exception as exc:
+                log.warning("commit to %s failed: %s", agent_id, exc)
+
+        await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
+
+    async def cancel_tasks(
+        self, run: PipelineRun, where: dict[str, Placement], reason: str
+    ) -> None:
+        """Withdraw these tasks from the agents that accepted them."""
+        assert self.nc is not None
+        per_agent: dict[str, list[str]] = {}
+        for tid, p in where.items():
+            per_agent.setdefault(p.device_id.split(":", 1)[0], []).append(tid)
+        for agent_id, tids in per_agent.items():
+            cmd = CancelCommand(
+                pipeline_id=run.pipeline_id, reason=reason[:2048], task_ids=sorted(tids)
             )
-        except Exception as exc:
-            log.warning("commit to %s failed: %s", agent_id, exc)
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subjects.cancel(agent_id), encode(cmd))
+
+    async def _finished(self, run: PipelineRun) -> None:
+        """A terminal pipeline gives its reservations back at once."""
+        now = self.wall()
+        keys = sorted({device_key(*d.split(":", 1)) for d in run.devices()})
+        results = await asyncio.gather(
+            *(self.store.release(k, run.pipeline_id, now) for k in keys), return_exceptions=True
+        )
+        for k, r in zip(keys, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning(
+                    "release of %s on %s failed (it will expire): %s", run.pipeline_id, k, r
+                )
+        await self.persist(run)
+
+    async def persist(self, run: PipelineRun) -> None:
+        """Pipeline state in KV, so any replica can answer `status` for it."""
+        with contextlib.suppress(Exception):
+            await self._pipes_kv.put(run.pipeline_id, encode(run.status(self._now())))
+
+    async def _renew_loop(self) -> None:
+        """Extend our live pipelines' reservations; a dead orchestrator stops doing this and
+        its windows expire."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)  # renewal cadence, not synchronisation
+            now = self.wall()
+            by_key: dict[str, set[str]] = {}
+            for run in list(self.pipelines.values()):
+                if run.terminal:
+                    continue
+                for d in run.devices():
+                    by_key.setdefault(device_key(*d.split(":", 1)), set()).add(run.pipeline_id)
+            for key, pids in by_key.items():
+                try:
+                    await self.store.renew(key, pids, now + self.lease_s, now)
+                except Exception as exc:
+                    log.warning("renewing %s failed: %s", key, exc)
+
+    async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
+        assert self.nc is not None
+        per_pipe: dict[str, list[str]] = {}
+        for w in windows:
+            per_pipe.setdefault(w.pipeline_id, []).append(w.task_id)
+        for pid, tids in per_pipe.items():
+            note = EvictNotice(
+                pipeline_id=pid,
+                task_ids=sorted(tids),
+                device=key,
+                by_pipeline=by,
+                reason=f"preempted by higher-priority {by}",
+            )
+            await self.nc.publish(subjects.eviction(pid), encode(note))
+
+    async def _on_evict(self, msg: Msg) -> None:
+        try:
+            note = decode(msg.data, EvictNotice)
+        except DecodeError:
+            return
+        run = self.pipelines.get(note.pipeline_id)
+        if run is None or run.terminal:
+            return
+        self.evictions_seen += 1
+        run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
+        # only tasks with no data in flight can move: not started, and no producer started
+        movable = {
+            t for t in note.task_ids
+            if run.tasks[t].state in ("offered", "accepted")
+            and all(run.tasks[d].state in ("offered", "accepted")
+                    for d in run.spec_by_id[t].deps)
+        }  # fmt: skip
+        if not movable:
+            run.note("evicted tasks already have data in flight; they stay queued")
+            return
+        old = {t: run.placements[t] for t in movable}
+        try:
+            await self.placer.place(run, only=movable)
+        except PlacementFailed as exc:
+            run.note(f"re-placing evicted tasks failed: {exc}")
+            return
+        moved = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
+        await self.cancel_tasks(run, moved, f"preempted by {note.by_pipeline}")
+        await self._commit_all(run, movable)
+        run.note(f"re-placed after eviction: {', '.join(sorted(movable))}")
+        await self.persist(run)
 
     async def _cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
         assert self.nc is not None
@@ -348,9 +429,13 @@ class Orchestrator:
 
     async def status(self, req: StatusRequest) -> StatusReply:
         run = self.pipelines.get(req.pipeline_id)
-        if run is None:
-            raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
-        return run.status(self._now())
+        if run is not None:
+            return run.status(self._now())
+        try:  # owned by another replica: its last persisted state
+            entry = await self._pipes_kv.get(req.pipeline_id)
+            return decode(entry.value, StatusReply)
+        except (KeyNotFoundError, DecodeError) as exc:
+            raise ServiceError("not_found", f"no pipeline {req.pipeline_id}") from exc
 
     async def list(self, req: ListRequest) -> ListReply:
         runs = [r for r in self.pipelines.values() if req.state is None or r.state == req.state]
@@ -365,6 +450,7 @@ class Orchestrator:
             run.finish("cancelled", req.reason or "cancelled by request", self._now())
             await self._cancel_on_agents(run, run.reason)
             await self._publish_pipeline(run)
+            await self._finished(run)
         return CancelReply(pipeline_id=run.pipeline_id, state=run.state)
 
     async def agents(self, req: AgentsRequest) -> AgentsReply:
@@ -401,8 +487,10 @@ class Orchestrator:
         return self.pipelines[pipeline_id]
 
 
-async def run_orchestrator(nats_url: str, stop: asyncio.Event | None = None) -> None:
-    orch = Orchestrator(nats_url)
+async def run_orchestrator(
+    nats_url: str, stop: asyncio.Event | None = None, name: str | None = None
+) -> None:
+    orch = Orchestrator(nats_url, name=name)
     await orch.start()
     try:
         await (stop or asyncio.Event()).wait()

@@ -70,6 +70,9 @@ class StatusReply(WireModel):
     elapsed_s: NonNegFloat = 0.0
     plan: Annotated[list[PlannedTask], Field(max_length=MAX_TASKS)] = Field(default_factory=list)
     tasks: Annotated[list[TaskStatus], Field(max_length=MAX_TASKS)] = Field(default_factory=list)
+    #: Every conflict, rejection and eviction met while placing, with its reason.
+    placement_log: Annotated[list[Text], Field(max_length=500)] = Field(default_factory=list)
+    owner: ShortText = ""
 
 
 class ListRequest(WireModel):

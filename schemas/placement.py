@@ -77,6 +77,18 @@ class CommitCommand(WireModel):
 class CancelCommand(WireModel):
     pipeline_id: Ident
     reason: Text = ""
+    #: Only these tasks (None: every task of the pipeline on this agent).
+    task_ids: Annotated[list[Ident], Field(max_length=10_000)] | None = None
+
+
+class EvictNotice(WireModel):
+    """Reservations of `pipeline_id` taken by a higher-priority pipeline."""
+
+    pipeline_id: Ident
+    task_ids: Annotated[list[Ident], Field(max_length=10_000)]
+    device: Annotated[str, Field(max_length=300)]
+    by_pipeline: Ident
+    reason: Text = ""
 
 
 class DataTransfer(WireModel):

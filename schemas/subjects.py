@@ -57,5 +57,12 @@ def task_event(pipeline_id: str, task_id: str) -> str:
     return f"{EVENTS}.task.{pipeline_id}.{task_id}"
 
 
+ALL_EVICTIONS = f"{EVENTS}.evict.>"
+
+
+def eviction(pipeline_id: str) -> str:
+    return f"{EVENTS}.evict.{pipeline_id}"
+
+
 def pipeline_event(pipeline_id: str) -> str:
     return f"{EVENTS}.pipeline.{pipeline_id}"

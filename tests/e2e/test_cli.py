@@ -46,7 +46,7 @@ async def test_submit_wait_exit_codes(nats_url: str, tmp_path: Path) -> None:
         failing = tmp_path / "fails.yaml"
         failing.write_text("name: bad\ntasks:\n  - id: m\n    run: {kind: onnx, model: nope}\n")
         rc, out, err = await _mars("submit", str(failing), "--wait", "--nats", nats_url)
-        assert rc == 2 and "error conflict" in err and "missing_model" in err
+        assert rc == 2 and "error unschedulable" in err and "m@a:cpu0: missing_model" in err
         broken = tmp_path / "broken.yaml"
         broken.write_text("name: bad\ntasks:\n  - id: a\n    deps: [zz]\n")
         rc, out, err = await _mars("submit", str(broken), "--nats", nats_url)

@@ -1,0 +1,267 @@
+"""Optimistic placement: plan on the cached view, book each device by CAS, offer, commit.
+
+Correctness comes only from compare-and-set on each device's reservation key, never from the
+cached read. On a CAS conflict only the devices that moved are refreshed and only the tasks
+they affect (and their descendants) are re-planned, with everything else held fixed; an
+agent's rejection rules that (task, device) out and re-plans the same way. Bounded rounds;
+every conflict and rejection is logged on the pipeline with its reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from orchestrator.pipelines import PipelineRun
+from orchestrator.planning import plan_pipeline
+from orchestrator.reservations.store import BookResult, device_key
+from orchestrator.scheduling import Placement, Unschedulable
+from schemas.api import PlannedTask
+from schemas.bookings import BookingWindow
+from schemas.placement import ConsumerRef, InputRef, OfferReply, TaskOffer
+
+if TYPE_CHECKING:
+    from orchestrator.service import Orchestrator
+
+log = logging.getLogger("mars.placement")
+MAX_ROUNDS = 6
+#: Priority points a waiting pipeline gains per second (aging against starvation).
+AGING_PER_S = 1.0
+DEVICE_WIDE = {"unhealthy", "draining", "stale_incarnation", "unknown_device", "no_capacity"}
+
+
+class PlacementFailed(Exception):
+    def __init__(self, message: str, details: dict[str, str]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def effective_priority(priority: int, submitted: float, now: float) -> float:
+    return priority + AGING_PER_S * max(0.0, now - submitted)
+
+
+def descendants(run: PipelineRun, roots: Iterable[str]) -> set[str]:
+    children: dict[str, list[str]] = {t.id: [] for t in run.spec.tasks}
+    for t in run.spec.tasks:
+        for d in t.deps:
+            children[d].append(t.id)
+    out: set[str] = set()
+    stack = list(roots)
+    while stack:
+        tid = stack.pop()
+        if tid in out:
+            continue
+        out.add(tid)
+        stack.extend(children[tid])
+    return out
+
+
+@dataclass
+class Round:
+    """What one placement attempt holds across rounds."""
+
+    t0: float
+    fixed: dict[str, Placement] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    excluded: set[tuple[str, str]] = field(default_factory=set)
+    sent: dict[str, TaskOffer] = field(default_factory=dict)
+
+
+class Placer:
+    def __init__(self, orch: Orchestrator) -> None:
+        self.o = orch
+
+    def _evictor(self, eff: float, now: float) -> Callable[[BookingWindow], bool]:
+        return lambda w: self._evictable(w, eff, now)
+
+    def _blocks(self, run: PipelineRun, eff: float, now: float) -> Callable[[BookingWindow], bool]:
+        pid = run.pipeline_id
+
+        def blocks(w: BookingWindow) -> bool:
+            if w.pipeline_id == pid:
+                return False  # our own earlier windows are replaced, never in the way
+            return not self._evictable(w, eff, now)
+
+        return blocks
+
+    @staticmethod
+    def _evictable(w: BookingWindow, eff: float, now: float) -> bool:
+        return w.preemptible and effective_priority(w.priority, w.submitted, now) < eff
+
+    async def place(self, run: PipelineRun, only: set[str] | None = None) -> None:
+        """Place `only` these tasks (default: all), everything else staying where it is."""
+        o = self.o
+        spec = run.spec
+        st = Round(t0=run.t0 if run.t0 else o.wall())
+        run.t0 = st.t0
+        if only is not None:
+            st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}
+            st.tokens = {tid: tr.token for tid, tr in run.tasks.items() if tid not in only}
+        reasons: dict[str, str] = {}
+        for rnd in range(MAX_ROUNDS):
+            now = o.wall()
+            eff = effective_priority(spec.priority, run.submitted_wall, now)
+            try:
+                planned = plan_pipeline(
+                    spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
+                    blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
+                    rel_now=max(0.0, now - st.t0),
+                )  # fmt: skip
+            except Unschedulable as exc:
+                details = {
+                    f"{t}@{d}": why for t, per in exc.reasons.items() for d, why in per.items()
+                }
+                details.update(reasons)
+                raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
+            plan = planned.plan
+            todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
+            # 1. book every involved device by CAS
+            by_key: dict[str, list[BookingWindow]] = {}
+            for tid, p in todo.items():
+                agent_id, dev_id = p.device_id.split(":", 1)
+                by_key.setdefault(device_key(agent_id, dev_id), []).append(BookingWindow(
+                    pipeline_id=run.pipeline_id, task_id=tid, slot=p.slot,
+                    start=st.t0 + p.start, end=st.t0 + max(p.finish, p.start + 1e-3),
+                    expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
+                    preemptible=spec.preemptible, submitted=run.submitted_wall,
+                ))  # fmt: skip
+            keys = sorted(by_key)
+            results: list[BookResult] = await asyncio.gather(*(
+                o.store.book(k, by_key[k], now, self._evictor(eff, now))
+                for k in keys
+            ))  # fmt: skip
+            run.cas_retries += sum(r.cas_retries for r in results)
+            bad = {r.key for r in results if not r.ok}
+            for r in results:
+                if r.ok:
+                    for w in by_key[r.key]:
+                        st.tokens[w.task_id] = r.token
+                    if r.evicted:
+                        await o.notify_evicted(r.key, r.evicted, run.pipeline_id)
+                else:
+                    run.conflicts += 1
+                    who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))
+                    run.note(f"round {rnd}: conflict on {r.key} with {who}; re-planning")
+            if bad:
+                moved = {w.task_id for k in bad for w in by_key[k]}
+                affected = descendants(run, moved) & set(todo)
+                await self._release(run, by_key, affected, bad)
+                for tid, p in todo.items():
+                    if tid not in affected:
+                        st.fixed[tid] = p
+                continue
+            # 2. offer every new placement to its agent (admission)
+            placements = {**st.fixed, **todo}
+            offers = {tid: self._offer(run, tid, placements, st) for tid in todo}
+            replies: list[OfferReply] = await asyncio.gather(*(o.offer(x) for x in offers.values()))
+            rejected = [rep for rep in replies if not rep.accepted]
+            for rep in replies:
+                if rep.accepted:
+                    st.sent[rep.task_id] = offers[rep.task_id]
+            if rejected:
+                for rep in rejected:
+                    run.rejections += 1
+                    dev = todo[rep.task_id].device_id
+                    st.excluded.add((rep.task_id, dev))
+                    if rep.code in DEVICE_WIDE:
+                        st.excluded.update((t.id, dev) for t in spec.tasks)
+                    msg = f"{rep.code}: {rep.reason}"
+                    reasons[f"{rep.task_id}@{dev}"] = msg
+                    run.note(
+                        f"round {rnd}: {rep.agent_id} rejected {rep.task_id} ({msg}); "
+                        "re-planning elsewhere"
+                    )
+                affected = descendants(run, {rep.task_id for rep in rejected}) & set(todo)
+                await self._release(run, by_key, affected, set())
+                await o.cancel_tasks(
+                    run,
+                    {t: todo[t] for t in affected if t in st.sent},
+                    "re-planned after a rejection",
+                )
+                for t in affected:
+                    st.sent.pop(t, None)
+                for tid, p in todo.items():
+                    if tid not in affected:
+                        st.fixed[tid] = p
+                continue
+            # 3. routing may have changed for tasks accepted earlier: re-send what differs
+            if only is None:
+                final_ids = set(placements)
+            else:
+                final_ids = set(only) | {
+                    d for t in only for d in spec.tasks[run.index[t]].deps
+                    if run.tasks[d].state in ("offered", "accepted")
+                }  # fmt: skip
+            final = {tid: self._offer(run, tid, placements, st) for tid in final_ids}
+            stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
+            stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
+            if stale:
+                again = await asyncio.gather(*(o.offer(x) for x in stale))
+                if not all(r.accepted for r in again):
+                    run.note(f"round {rnd}: routing update refused; re-planning")
+                    continue
+            run.placements = placements
+            run.plan = planned_view(placements)
+            run.algorithm = plan.algorithm
+            run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
+            for tid, x in final.items():
+                tr = run.tasks[tid]
+                tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, x.token
+                p = placements[tid]
+                tr.predicted_s = p.finish - p.start
+                tr.state = "accepted"
+            return
+        raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", reasons)
+
+    def _offer(
+        self, run: PipelineRun, tid: str, placements: dict[str, Placement], st: Round
+    ) -> TaskOffer:
+        spec_by_id = run.spec_by_id
+        task = spec_by_id[tid]
+        p = placements[tid]
+        agent_id, dev_id = p.device_id.split(":", 1)
+        consumers = [
+            ConsumerRef(task_id=c, agent_id=placements[c].device_id.split(":", 1)[0])
+            for c in run.children[tid]
+        ]
+        order = sorted(placements, key=lambda t: (placements[t].start, t)).index(tid)
+        return TaskOffer(
+            pipeline_id=run.pipeline_id, agent_id=agent_id,
+            incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
+            slot=p.slot, token=st.tokens[tid], order=order, task=task,
+            inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0])
+                    for d in task.deps],
+            consumers=consumers,
+        )  # fmt: skip
+
+    async def _release(
+        self,
+        run: PipelineRun,
+        by_key: dict[str, list[BookingWindow]],
+        tasks: set[str],
+        skip: set[str],
+    ) -> None:
+        now = self.o.wall()
+        jobs = []
+        for key, ws in by_key.items():
+            mine = [w.task_id for w in ws if w.task_id in tasks]
+            if mine and key not in skip:
+                jobs.append(self.o.store.release(key, run.pipeline_id, now, mine))
+        await asyncio.gather(*jobs)
+
+
+def planned_view(placements: dict[str, Placement]) -> list[PlannedTask]:
+    return [
+        PlannedTask(
+            task_id=p.task_id,
+            agent_id=p.device_id.split(":", 1)[0],
+            device_id=p.device_id.split(":", 1)[1],
+            slot=p.slot,
+            start_s=max(0.0, p.start),
+            finish_s=max(0.0, p.finish),
+        )
+        for p in sorted(placements.values(), key=lambda p: (p.start, p.task_id))
+    ]

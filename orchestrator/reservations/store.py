@@ -1,0 +1,206 @@
+"""Device reservations in a JetStream KV bucket: one key per device, written by CAS.
+
+The orchestrator keeps a watched copy of the bucket so planning reads no network. A booking
+reads the cached (revision, windows), applies `book.add`, and writes with `last=revision`; the
+revision the write produced is the booking's fencing token. When another writer got there
+first, the key is re-read and the rule applied again, a bounded number of times; a real overlap
+is returned as a conflict for the placement loop to re-plan around.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+
+from orchestrator.reservations import book as rules
+from schemas.bookings import BookingWindow, DeviceBookings
+from schemas.codec import DecodeError, decode, encode
+
+log = logging.getLogger("mars.reservations")
+BUCKET = "MARS_BOOKINGS"
+CAS_RETRIES = 8
+
+
+def device_key(agent_id: str, device_id: str) -> str:
+    return f"dev.{agent_id}.{device_id}"
+
+
+@dataclass
+class Cached:
+    revision: int
+    book: DeviceBookings
+
+
+@dataclass
+class BookResult:
+    ok: bool
+    key: str
+    #: Fencing token: the revision this booking produced (0 when not booked).
+    token: int = 0
+    conflicts: list[BookingWindow] = field(default_factory=list)
+    evicted: list[BookingWindow] = field(default_factory=list)
+    cas_retries: int = 0
+
+
+@dataclass
+class Stats:
+    writes: int = 0
+    cas_retries: int = 0
+    conflicts: int = 0
+    expired_dropped: int = 0
+    evictions: int = 0
+
+
+class BookingStore:
+    def __init__(self, js: Any, *, bucket: str = BUCKET, history: int = 8) -> None:
+        self.js = js
+        self.bucket = bucket
+        self.history = history
+        self.kv: Any = None
+        self.cache: dict[str, Cached] = {}
+        self.stats = Stats()
+        self._watch_task: asyncio.Task[None] | None = None
+        self._watcher: Any = None
+        self.changed = asyncio.Event()
+
+    async def start(self) -> None:
+        try:
+            self.kv = await self.js.key_value(self.bucket)
+        except BucketNotFoundError:
+            with contextlib.suppress(Exception):  # a concurrent replica may create it first
+                await self.js.create_key_value(bucket=self.bucket, history=self.history)
+            self.kv = await self.js.key_value(self.bucket)
+        self._watcher = await self.kv.watchall()
+        # initial values end with a None marker
+        while True:
+            entry = await self._watcher.updates(timeout=5)
+            if entry is None:
+                break
+            self._apply(entry)
+        self._watch_task = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                entry = await self._watcher.updates(timeout=60)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                continue  # idle timeout
+            if entry is not None:
+                self._apply(entry)
+
+    def _apply(self, entry: Any) -> None:
+        key = entry.key
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            self.cache.pop(key, None)
+            return
+        cur = self.cache.get(key)
+        if cur is not None and cur.revision >= entry.revision:
+            return  # we already know something newer (our own write's ack, or a refresh)
+        try:
+            bk = decode(entry.value, DeviceBookings)
+        except DecodeError as exc:
+            log.warning(
+                "ignoring undecodable booking %s rev %s: %s", key, entry.revision, exc.message
+            )
+            return
+        self.cache[key] = Cached(entry.revision, bk)
+        self.changed.set()
+
+    def snapshot(self) -> dict[str, Cached]:
+        """The cached bookings (no network); may be slightly stale, CAS catches that."""
+        return dict(self.cache)
+
+    async def refresh(self, key: str) -> Cached | None:
+        try:
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:
+            self.cache.pop(key, None)
+            return None
+        if entry.value:
+            self._apply(entry)
+        return self.cache.get(key)
+
+    async def _write(self, key: str, cur: Cached | None, new: DeviceBookings) -> int:
+        data = encode(new)
+        rev = await (
+            self.kv.create(key, data)
+            if cur is None
+            else self.kv.update(key, data, last=cur.revision)
+        )
+        self.stats.writes += 1
+        self.cache[key] = Cached(int(rev), new)
+        return int(rev)
+
+    async def transact(
+        self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
+    ) -> tuple[rules.AddResult, int, int]:
+        """Apply `fn` to the key's current windows and write the result by CAS, re-reading
+        and re-applying on a lost race. Returns (result, new revision or 0, CAS retries)."""
+        cur = self.cache.get(key)
+        retries = 0
+        for _ in range(CAS_RETRIES):
+            base = cur.book if cur is not None else DeviceBookings(device=key)
+            res = fn(base)
+            if not res.ok:
+                return res, 0, retries
+            if cur is not None and res.book == cur.book:
+                return res, cur.revision, retries  # nothing to write
+            try:
+                rev = await self._write(key, cur, res.book)
+                self.stats.expired_dropped += res.expired
+                return res, rev, retries
+            except KeyWrongLastSequenceError:
+                retries += 1
+                self.stats.cas_retries += 1
+                cur = await self.refresh(key)
+        raise RuntimeError(f"booking {key}: still losing the CAS race after {CAS_RETRIES} tries")
+
+    async def book(
+        self,
+        key: str,
+        windows: list[BookingWindow],
+        now: float,
+        may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
+    ) -> BookResult:
+        res, rev, retries = await self.transact(
+            key, lambda b: rules.add(b, windows, now, may_evict)
+        )
+        if not res.ok:
+            self.stats.conflicts += 1
+            return BookResult(False, key, conflicts=res.conflicts, cas_retries=retries)
+        self.stats.evictions += len(res.evicted)
+        return BookResult(True, key, rev, evicted=res.evicted, cas_retries=retries)
+
+    async def release(
+        self, key: str, pipeline_id: str, now: float, task_ids: list[str] | None = None
+    ) -> int:
+        def fn(b: DeviceBookings) -> rules.AddResult:
+            return rules.AddResult(True, rules.release(b, pipeline_id, now, task_ids))
+
+        return (await self.transact(key, fn))[1]
+
+    async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
+        def fn(b: DeviceBookings) -> rules.AddResult:
+            out = b
+            for pid in sorted(pipeline_ids):
+                out = rules.renew(out, pid, expires, now)
+            return rules.AddResult(True, out)
+
+        return (await self.transact(key, fn))[1]
