@@ -161,6 +161,9 @@ class PipelineRun:
             tasks=[self.tasks[t.id].status() for t in self.spec.tasks],
             placement_log=list(self.placement_log),
             owner=self.owner[:256],
+            conflicts=self.conflicts,
+            rejections=self.rejections,
+            cas_retries=self.cas_retries,
         )
 
     def summary(self) -> PipelineSummary:

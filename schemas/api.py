@@ -73,6 +73,9 @@ class StatusReply(WireModel):
     #: Every conflict, rejection and eviction met while placing, with its reason.
     placement_log: Annotated[list[Text], Field(max_length=500)] = Field(default_factory=list)
     owner: ShortText = ""
+    conflicts: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    rejections: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    cas_retries: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
 class ListRequest(WireModel):
