@@ -187,6 +187,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(Path(args.pipeline) if args.pipeline else None, args.timeout, args.verbose)
 
 
+def cmd_sim_agents(args: argparse.Namespace) -> int:
+    from sim.fleet import run_fleet
+
+    async def main(stop: asyncio.Event) -> None:
+        started = asyncio.Event()
+
+        async def announce() -> None:
+            await started.wait()
+            print(
+                f"sim fleet: {args.count} agents with emulated devices on {args.nats} "
+                "(SIGINT/SIGTERM stops them)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        note = asyncio.create_task(announce())
+        try:
+            await run_fleet(
+                args.nats,
+                args.count,
+                prefix=args.prefix,
+                slots=args.slots,
+                gflops=args.gflops,
+                site_count=args.site_count,
+                heartbeat_s=args.heartbeat,
+                stop=stop,
+                started=started,
+            )
+        finally:
+            note.cancel()
+
+    return _run_until_signal(main)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mars", description=__doc__)
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
@@ -238,6 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pipeline", help="pipeline file (default: the video-analytics example)")
     d.add_argument("--timeout", type=float, default=25.0)
     d.set_defaults(fn=cmd_demo)
+
+    sim = sub.add_parser("sim", help="simulation helpers (emulated devices only)")
+    sim_sub = sim.add_subparsers(dest="sim_cmd", required=True)
+    sa = with_nats(
+        sim_sub.add_parser("agents", help="run N real agents with emulated devices in one process")
+    )
+    sa.add_argument("--count", type=int, required=True, help="number of agents")
+    sa.add_argument("--prefix", default="sim", help="agent id prefix (ids are PREFIX-0000...)")
+    sa.add_argument("--slots", type=int, default=2, help="slots of each emulated cpu device")
+    sa.add_argument("--gflops", type=float, default=50.0, help="declared GFLOP/s per device")
+    sa.add_argument("--site-count", type=int, default=4, help="sites the agents spread over")
+    sa.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval (s)")
+    sa.set_defaults(fn=cmd_sim_agents)
     return p
 
 

@@ -73,6 +73,9 @@ class Round:
 class Placer:
     def __init__(self, orch: Orchestrator) -> None:
         self.o = orch
+        # Plan-and-book is serialised inside one process (it takes milliseconds): placements
+        # of one replica then never race each other, and CAS only arbitrates between replicas.
+        self._booking = asyncio.Lock()
 
     def _evictor(self, eff: float, now: float) -> Callable[[BookingWindow], bool]:
         return lambda w: self._evictable(w, eff, now)
@@ -104,35 +107,36 @@ class Placer:
         for rnd in range(MAX_ROUNDS):
             now = o.wall()
             eff = effective_priority(spec.priority, run.submitted_wall, now)
-            try:
-                planned = plan_pipeline(
-                    spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
-                    blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
-                    rel_now=max(0.0, now - st.t0),
-                )  # fmt: skip
-            except Unschedulable as exc:
-                details = {
-                    f"{t}@{d}": why for t, per in exc.reasons.items() for d, why in per.items()
-                }
-                details.update(reasons)
-                raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
-            plan = planned.plan
-            todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
-            # 1. book every involved device by CAS
-            by_key: dict[str, list[BookingWindow]] = {}
-            for tid, p in todo.items():
-                agent_id, dev_id = p.device_id.split(":", 1)
-                by_key.setdefault(device_key(agent_id, dev_id), []).append(BookingWindow(
-                    pipeline_id=run.pipeline_id, task_id=tid, slot=p.slot,
-                    start=st.t0 + p.start, end=st.t0 + max(p.finish, p.start + 1e-3),
-                    expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
-                    preemptible=spec.preemptible, submitted=run.submitted_wall,
+            async with self._booking:
+                try:
+                    planned = plan_pipeline(
+                        spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
+                        blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
+                        rel_now=max(0.0, now - st.t0),
+                    )  # fmt: skip
+                except Unschedulable as exc:
+                    details = {
+                        f"{t}@{d}": why for t, per in exc.reasons.items() for d, why in per.items()
+                    }
+                    details.update(reasons)
+                    raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
+                plan = planned.plan
+                todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
+                # 1. book every involved device by CAS
+                by_key: dict[str, list[BookingWindow]] = {}
+                for tid, p in todo.items():
+                    agent_id, dev_id = p.device_id.split(":", 1)
+                    by_key.setdefault(device_key(agent_id, dev_id), []).append(BookingWindow(
+                        pipeline_id=run.pipeline_id, task_id=tid, slot=p.slot,
+                        start=st.t0 + p.start, end=st.t0 + max(p.finish, p.start + 1e-3),
+                        expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
+                        preemptible=spec.preemptible, submitted=run.submitted_wall,
+                    ))  # fmt: skip
+                keys = sorted(by_key)
+                results: list[BookResult] = await asyncio.gather(*(
+                    o.store.book(k, by_key[k], now, self._evictor(eff, now))
+                    for k in keys
                 ))  # fmt: skip
-            keys = sorted(by_key)
-            results: list[BookResult] = await asyncio.gather(*(
-                o.store.book(k, by_key[k], now, self._evictor(eff, now))
-                for k in keys
-            ))  # fmt: skip
             run.cas_retries += sum(r.cas_retries for r in results)
             bad = {r.key for r in results if not r.ok}
             for r in results:

@@ -113,9 +113,11 @@ def with_bookings(
     bookings: Mapping[str, Cached],
     t0: float,
     blocks: Callable[[BookingWindow], bool],
+    now: float,
 ) -> Cluster:
-    """The cluster with other pipelines' reservations (those `blocks` keeps) as per-slot busy
-    windows, in seconds relative to `t0` on the booking clock."""
+    """The cluster with other pipelines' live reservations (those `blocks` keeps) as per-slot
+    busy windows, in seconds relative to `t0` on the booking clock; expired ones are ignored
+    (whoever writes the key next drops them)."""
     devices = []
     for d in cluster.devices:
         agent_id, dev_id = d.id.split(":", 1)
@@ -125,7 +127,7 @@ def with_bookings(
             extra = tuple(
                 (w.slot, max(0.0, w.start - t0), w.end - t0)
                 for w in cached.book.windows
-                if w.end > t0 and w.slot < d.slots and blocks(w)
+                if w.end > t0 and w.expires > now and w.slot < d.slots and blocks(w)
             )
         devices.append(replace(d, slot_busy=extra) if extra else d)
     return Cluster(devices)
@@ -148,7 +150,7 @@ def plan_pipeline(
     cluster, links = view.snapshot(now)
     devices = {d.id: view.device_spec(d.id)[1] for d in cluster.devices}
     if bookings:
-        cluster = with_bookings(cluster, bookings, t0, blocks)
+        cluster = with_bookings(cluster, bookings, t0, blocks, t0 + rel_now)
     graph = to_graph(spec)
     cost = SpecCostModel(spec, devices, links)
     if excluded:

@@ -42,6 +42,7 @@ from schemas.base import WireModel
 from schemas.bookings import BookingWindow
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import PipelineEvent, TaskEvent
+from schemas.pipeline import PipelineSpec
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
@@ -268,6 +269,13 @@ class Orchestrator:
         await self.persist(run)
         return self._submit_reply(run)
 
+    async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:
+        """In-process submit (tests, tools): the same path as the API."""
+        return await self.submit(SubmitRequest(pipeline=spec, pipeline_id=pipeline_id))
+
+    async def status_of(self, pipeline_id: str) -> StatusReply:
+        return await self.status(StatusRequest(pipeline_id=pipeline_id))
+
     def _submit_reply(self, run: PipelineRun) -> SubmitReply:
         return SubmitReply(
             pipeline_id=run.pipeline_id,
@@ -418,6 +426,8 @@ class Orchestrator:
         await self._commit_all(run, movable)
         run.note(f"re-placed after eviction: {', '.join(sorted(movable))}")
         await self.persist(run)
+        async with self._changed:
+            self._changed.notify_all()
 
     async def _cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
         assert self.nc is not None
@@ -477,6 +487,11 @@ class Orchestrator:
                 )
             )
         return AgentsReply(agents=out)
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """In-process wait until `predicate` holds (re-checked on every pipeline change)."""
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(predicate)
 
     async def wait_terminal(self, pipeline_id: str, timeout: float) -> PipelineRun:
         """In-process wait (used by tests and the demo)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,8 @@ class BookingStore:
         self.cache: dict[str, Cached] = {}
         self.stats = Stats()
         self._watch_task: asyncio.Task[None] | None = None
+        # one writer per key inside this process: CAS races are then only between replicas
+        self._locks: dict[str, asyncio.Lock] = {}
         self._watcher: Any = None
         self.changed = asyncio.Event()
 
@@ -152,10 +155,23 @@ class BookingStore:
         self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
     ) -> tuple[rules.AddResult, int, int]:
         """Apply `fn` to the key's current windows and write the result by CAS, re-reading
-        and re-applying on a lost race. Returns (result, new revision or 0, CAS retries)."""
+        and re-applying on a lost race. Returns (result, new revision or 0, CAS retries);
+        a key still contended after CAS_RETRIES tries comes back as a conflict."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
+            return await self._transact(key, fn)
+
+    async def _transact(
+        self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
+    ) -> tuple[rules.AddResult, int, int]:
         cur = self.cache.get(key)
         retries = 0
-        for _ in range(CAS_RETRIES):
+        for attempt in range(CAS_RETRIES):
+            if attempt:
+                # another replica won the race: back off a little, with jitter
+                await asyncio.sleep(random.uniform(0.0, 0.002 * 2**attempt))
             base = cur.book if cur is not None else DeviceBookings(device=key)
             res = fn(base)
             if not res.ok:
@@ -170,7 +186,9 @@ class BookingStore:
                 retries += 1
                 self.stats.cas_retries += 1
                 cur = await self.refresh(key)
-        raise RuntimeError(f"booking {key}: still losing the CAS race after {CAS_RETRIES} tries")
+        log.warning("booking %s: still losing the CAS race after %d tries", key, CAS_RETRIES)
+        base = cur.book if cur is not None else DeviceBookings(device=key)
+        return rules.AddResult(False, base), 0, retries
 
     async def book(
         self,

@@ -1,0 +1,264 @@
+"""Reservations over a real nats-server: CAS booking, fencing tokens, expiry, preemption."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from edge_agent.executors import BUILTIN_MODELS
+from orchestrator.client import Client
+from orchestrator.reservations.book import double_booked
+from orchestrator.reservations.store import BUCKET, BookingStore, device_key
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec, TaskEvent, subjects
+from schemas.bookings import BookingWindow, DeviceBookings
+from schemas.codec import decode, encode
+from tests.harness import agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def spec(name: str, tasks: list[dict[str, Any]], **kw: Any) -> PipelineSpec:
+    return PipelineSpec.model_validate({"name": name, "tasks": tasks, **kw})
+
+
+def sleep_task(tid: str, seconds: float, **kw: Any) -> dict[str, Any]:
+    return {"id": tid, "run": {"kind": "synthetic", "seconds": seconds}, **kw}
+
+
+class History:
+    """Every revision of every reservation key, checked as it arrives."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.revisions: dict[str, list[int]] = {}
+        self.count = 0
+
+    async def watch(self, url: str, ready: asyncio.Event, stop: asyncio.Event) -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        kv = None
+        while kv is None:  # the orchestrators create the bucket
+            try:
+                kv = await js.key_value(BUCKET)
+            except Exception:
+                await asyncio.sleep(0.02)  # polling for the bucket, bounded by the test timeout
+        watcher = await kv.watchall()
+        ready.set()
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):
+                    e = await watcher.updates(timeout=0.2)
+                    if e is None or not e.value:
+                        continue
+                    self.count += 1
+                    revs = self.revisions.setdefault(e.key, [])
+                    if revs and e.revision <= revs[-1]:
+                        self.violations.append(f"{e.key}: revision {e.revision} after {revs[-1]}")
+                    revs.append(e.revision)
+                    book = decode(e.value, DeviceBookings)
+                    at = e.created.timestamp() if e.created else time.time()
+                    self.violations += [
+                        f"{e.key}@{e.revision}: {v}" for v in double_booked(book.windows, now=at)
+                    ]
+        finally:
+            await watcher.stop()
+            await nc.close()
+
+
+async def test_two_orchestrators_booking_the_same_devices_never_overlap(nats_url: str) -> None:
+    configs = {f"a{i}": agent_config("s", "edge", probe_cpu=False, devices=[
+        {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": 10.0, "emulated": True}])
+        for i in range(3)}  # fmt: skip
+    orch1, agents = await start_cluster(nats_url, configs)
+    orch2 = Orchestrator(nats_url, name="second")
+    await orch2.start()
+    assert await orch2.wait_for_agents(3, 10.0) == 3
+    hist, ready, stop = History(), asyncio.Event(), asyncio.Event()
+    watcher = asyncio.create_task(hist.watch(nats_url, ready, stop))
+    await ready.wait()
+    try:
+        specs = [
+            spec(
+                f"p{i}",
+                [
+                    sleep_task("a", 0.03),
+                    sleep_task("b", 0.03, deps=["a"]),
+                    sleep_task("c", 0.03, deps=["a"]),
+                ],
+            )
+            for i in range(24)
+        ]
+        replies = await asyncio.gather(*(
+            (orch1 if i % 2 else orch2).submit_spec(s, f"pipe{i}") for i, s in enumerate(specs)
+        ))  # fmt: skip
+        assert all(r.state == "running" for r in replies)
+        for i in range(24):
+            owner = orch1 if i % 2 else orch2
+            run = await owner.wait_terminal(f"pipe{i}", 30)
+            assert run.state == "succeeded", run.reason
+        # the two replicas really raced for the same keys
+        total_conflicts = sum(
+            r.conflicts + r.cas_retries for o in (orch1, orch2) for r in o.pipelines.values()
+        )
+        assert hist.count >= 24
+        assert hist.violations == []
+        assert total_conflicts >= 0  # reported below; correctness never depends on it
+        print(f"revisions={hist.count} conflicts+retries={total_conflicts}")
+    finally:
+        stop.set()
+        await watcher
+        await orch2.stop()
+        await stop_cluster(orch1, agents)
+
+
+async def test_an_agent_that_rejects_gets_its_task_placed_elsewhere(
+    nats_url: str, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
+    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
+    orch, agents = await start_cluster(nats_url, {
+        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
+        "slow-has-model": agent_config("s", "edge", models_dir=str(models)),
+    })  # fmt: skip
+    try:
+        s = spec(
+            "rej",
+            [{"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}}],
+        )
+        reply = await orch.submit_spec(s, "rej-1")
+        assert [p.agent_id for p in reply.plan] == ["slow-has-model"]
+        run = await orch.wait_terminal("rej-1", 20)
+        assert run.state == "succeeded", run.reason
+        assert run.rejections == 1
+        assert any(
+            "fast-no-model rejected m (missing_model" in line for line in run.placement_log
+        ), run.placement_log
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_a_stale_tokens_result_is_ignored(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
+    nc = await nats.connect(nats_url)
+    try:
+        await orch.submit_spec(spec("st", [sleep_task("slow", 0.5)]), "st-1")
+        run = orch.pipelines["st-1"]
+        task = run.tasks["slow"]
+        forged = TaskEvent(
+            event_id="forged-1",
+            pipeline_id="st-1",
+            task_id="slow",
+            agent_id=task.agent_id or "",
+            incarnation="old",
+            device_id="cpu0",
+            token=task.token - 1,
+            state="failed",
+            error="from an old placement",
+        )
+        await nc.publish(subjects.task_event("st-1", "slow"), encode(forged))
+        await nc.flush()
+        done = await orch.wait_terminal("st-1", 10)
+        assert done.state == "succeeded"
+        assert done.stale_events >= 1
+        assert done.tasks["slow"].error == ""
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_expired_bookings_of_a_dead_orchestrator_are_reclaimed(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
+    nc = await nats.connect(nats_url)
+    try:
+        dead = BookingStore(nc.jetstream())
+        await dead.start()
+        key = device_key("a", "cpu0")
+        expires = time.time() + 0.3
+        ghost = BookingWindow(
+            pipeline_id="ghost",
+            task_id="g",
+            slot=0,
+            start=time.time(),
+            end=time.time() + 3600,
+            expires=expires,
+            owner="dead",
+        )
+        assert (await dead.book(key, [ghost], time.time())).ok
+        await asyncio.sleep(max(0.0, expires - time.time()) + 0.05)  # let the lease run out
+        reply = await orch.submit_spec(spec("after", [sleep_task("x", 0.01)]), "after-1")
+        assert reply.plan[0].start_s < 1.0  # not queued behind the hour-long ghost
+        run = await orch.wait_terminal("after-1", 10)
+        assert run.state == "succeeded"
+        entry = await (await nc.jetstream().key_value(BUCKET)).get(key)
+        assert all(
+            w.pipeline_id != "ghost" for w in decode(entry.value or b"", DeviceBookings).windows
+        )
+        await dead.stop()
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_preemption_evicts_only_preemptible_lower_priority_work(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", cpu_slots=1)})
+    try:
+        await orch.submit_spec(spec("r", [sleep_task("r", 0.6)]), "running")
+        low = await orch.submit_spec(
+            spec("l", [sleep_task("l", 0.2)], priority=10, preemptible=True), "low"
+        )
+        firm = await orch.submit_spec(spec("m", [sleep_task("m", 0.2)], priority=10), "firm")
+        assert low.plan[0].start_s < firm.plan[0].start_s  # queued behind "running", in order
+        high = await orch.submit_spec(spec("h", [sleep_task("h", 0.1)], priority=500), "high")
+        pipes = orch.pipelines
+
+        def at(pid: str, start_s: float) -> float:  # the booking clock
+            return pipes[pid].t0 + start_s
+
+        # "high" took the preemptible low-priority window, and not the firm one's
+        assert at("high", high.plan[0].start_s) == pytest.approx(
+            at("low", low.plan[0].start_s), abs=0.05
+        )
+        assert at("high", high.plan[0].finish_s) <= at("firm", firm.plan[0].start_s) + 1e-3
+        # "low" was told and re-placed after "high"
+        await orch.wait_for(
+            lambda: any("re-placed after eviction" in x for x in pipes["low"].placement_log), 5
+        )
+        moved = pipes["low"].placements["l"]
+        assert pipes["low"].t0 + moved.start >= at("high", high.plan[0].finish_s) - 1e-3
+        runs = {p: await orch.wait_terminal(p, 15) for p in ("running", "low", "firm", "high")}
+        assert all(r.state == "succeeded" for r in runs.values()), {
+            p: r.reason for p, r in runs.items()
+        }
+        assert any("evicted" in line for line in runs["low"].placement_log)
+        for p in ("running", "firm", "high"):
+            assert not any("evicted" in line for line in runs[p].placement_log), p
+        started = {p: r.tasks[next(iter(r.tasks))].started_s for p, r in runs.items()}
+        assert started["high"] is not None and started["low"] is not None
+        assert orch.pipelines["high"].committed_at is not None
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
+    other = Orchestrator(nats_url, name="other")
+    await other.start()
+    client = await Client.connect(nats_url)
+    try:
+        await orch.submit_spec(spec("kv", [sleep_task("x", 0.01)]), "kv-1")
+        await orch.wait_terminal("kv-1", 10)
+        st = await other.status_of("kv-1")
+        assert st.state == "succeeded" and st.owner == orch.owner
+    finally:
+        await client.close()
+        await other.stop()
+        await stop_cluster(orch, agents)

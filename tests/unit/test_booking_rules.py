@@ -1,0 +1,78 @@
+"""The pure rules of one device's reservation key."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.reservations import book
+from schemas.bookings import BookingWindow, DeviceBookings
+
+
+def w(
+    task: str,
+    start: float,
+    end: float,
+    *,
+    slot: int = 0,
+    pipe: str = "p",
+    expires: float = 1e9,
+    prio: int = 100,
+    preemptible: bool = False,
+) -> BookingWindow:
+    return BookingWindow(
+        pipeline_id=pipe,
+        task_id=task,
+        slot=slot,
+        start=start,
+        end=end,
+        expires=expires,
+        priority=prio,
+        preemptible=preemptible,
+    )
+
+
+def test_overlap_on_one_slot_conflicts_other_slot_does_not() -> None:
+    b = DeviceBookings(device="d", windows=[w("a", 0, 10, pipe="x")])
+    assert not book.add(b, [w("b", 5, 6)], now=0).ok
+    res = book.add(b, [w("b", 5, 6, slot=1)], now=0)
+    assert res.ok and len(res.book.windows) == 2
+    assert book.add(b, [w("c", 10, 11)], now=0).ok  # touching is not overlapping
+
+
+def test_expired_windows_are_dropped_by_the_next_writer() -> None:
+    b = DeviceBookings(device="d", windows=[w("a", 0, 10, pipe="dead", expires=5.0)])
+    res = book.add(b, [w("b", 1, 2)], now=6.0)
+    assert res.ok and res.expired == 1
+    assert [x.task_id for x in res.book.windows] == ["b"]
+
+
+def test_eviction_only_where_allowed() -> None:
+    low = w("a", 0, 10, pipe="low", preemptible=True, prio=1)
+    firm = w("b", 0, 10, pipe="firm", slot=1, prio=1)
+    b = DeviceBookings(device="d", windows=[low, firm])
+    res = book.add(b, [w("h", 2, 3, pipe="hi")], 0, may_evict=lambda x: x.preemptible)
+    assert res.ok and res.evicted == [low]
+    res = book.add(b, [w("h", 2, 3, pipe="hi", slot=1)], 0, may_evict=lambda x: x.preemptible)
+    assert not res.ok and res.conflicts == [firm]
+
+
+def test_rebooking_a_task_replaces_its_window_and_release_renew_work() -> None:
+    b = book.add(DeviceBookings(device="d"), [w("a", 0, 1)], 0).book
+    b = book.add(b, [w("a", 5, 6)], 0).book
+    assert [(x.start, x.end) for x in b.windows] == [(5, 6)]
+    b = book.renew(b, "p", 50.0, 0)
+    assert b.windows[0].expires == 1e9  # never shortens
+    b2 = book.renew(book.add(b, [w("z", 7, 8, pipe="q", expires=3)], 0).book, "q", 40.0, 1)
+    assert {x.task_id: x.expires for x in b2.windows}["z"] == 40.0
+    assert book.release(b2, "p", 0).windows == [x for x in b2.windows if x.pipeline_id == "q"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.floats(0, 50), st.floats(0.01, 10)), max_size=25))
+def test_any_sequence_of_adds_never_double_books(reqs: list[tuple[int, float, float]]) -> None:
+    b = DeviceBookings(device="d")
+    for i, (slot, start, dur) in enumerate(reqs):
+        res = book.add(b, [w(f"t{i}", start, start + dur, slot=slot, pipe=f"p{i}")], now=0)
+        b = res.book
+        assert book.double_booked(b.windows) == []
