@@ -122,7 +122,11 @@ def test_arbitrary_bytes_get_an_error_with_a_code(
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)  # what msgpack can carry
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
     ),
