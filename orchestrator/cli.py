@@ -190,6 +190,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_sim_agents(args: argparse.Namespace) -> int:
     from sim.fleet import run_fleet
 
+    if args.count < 1 or args.slots < 1 or args.site_count < 1 or not args.gflops > 0:
+        print(
+            "error: --count, --slots, --site-count and --gflops must be positive", file=sys.stderr
+        )
+        return 2
+    if not 0 < args.heartbeat <= 60:
+        print("error: --heartbeat must be in (0, 60] seconds", file=sys.stderr)
+        return 2
+
     async def main(stop: asyncio.Event) -> None:
         started = asyncio.Event()
 

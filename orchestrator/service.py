@@ -266,7 +266,7 @@ class Orchestrator:
         run.state = "running"
         await self._commit_all(run, set(run.tasks))
         await self._publish_pipeline(run)
-        await self.persist(run)
+        self._spawn(self.persist(run))  # off the reply's path; status falls back to memory
         return self._submit_reply(run)
 
     async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:

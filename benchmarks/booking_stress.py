@@ -1,0 +1,606 @@
+"""Booking stress: many small pipelines through several orchestrator replicas, then an audit
+of every revision ever written to the reservation bucket.
+
+    python -m benchmarks.booking_stress [--orchestrators 2] [--agents 50]
+        [--submissions 10000] [--concurrency 64] [--seed 1]
+
+1. An embedded nats-server. Before anything books, the KV bucket MARS_BOOKINGS (history 8) is
+   created here, with a JetStream *mirror* of its backing stream `KV_MARS_BOOKINGS` that has no
+   per-subject limit, so every revision any orchestrator ever wrote is kept (the bucket itself
+   keeps only the last 8 per key). A sentinel write proves the mirror is live before the
+   orchestrators start.
+2. `--orchestrators` `mars orchestrator` processes (one API queue group) and one
+   `mars sim agents` process with `--agents` agents whose devices are emulated.
+3. `--submissions` random small pipelines (1-4 synthetic sleep tasks of 1-5 ms, random DAG
+   shapes, seeded) through the API, at most `--concurrency` in flight (a slot is held from
+   submit until the pipeline is terminal); the queue group spreads them over the replicas.
+   Every failure is counted with its reason.
+4. The services stop, and the mirror is read in order. Per key: (a) revisions (the stream
+   sequence of each mirrored message, which a mirror keeps equal to the source's sequence, i.e.
+   the KV revision) strictly increase; (b) no revision holds two windows that overlap on one slot
+   among the windows still live at the write's own timestamp (`double_booked(windows, now=ts)`;
+   expired windows are dropped by the next writer, so liveness at the write's time counts).
+   Any violation, or any revision the mirror missed, makes the exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import nats
+import nats.errors
+import psutil
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.api import KeyValueConfig, StreamConfig, StreamSource
+from nats.js.errors import NoKeysError
+
+from benchmarks.common import pct, progress, table
+from orchestrator.client import Client
+from orchestrator.natsserver import EmbeddedNats
+from orchestrator.procs import spawn, stop_all
+from orchestrator.reservations.book import double_booked
+from orchestrator.reservations.store import BUCKET
+from schemas import subjects
+from schemas.api import TERMINAL_STATES, StatusReply
+from schemas.bookings import DeviceBookings
+from schemas.codec import DecodeError, RemoteError, decode, encode
+from schemas.events import PipelineEvent
+from schemas.pipeline import PipelineSpec
+from sim.fleet import synthetic_pipeline
+
+BOOKINGS_HISTORY = 8
+ORIGIN_STREAM = f"KV_{BUCKET}"
+MIRROR_STREAM = "MARS_BOOKINGS_AUDIT"
+KV_PREFIX = f"$KV.{BUCKET}."
+SENTINEL_KEY = "bench.mirror-ready"
+#: Waiting for the processes to come up, and for one pipeline to finish after its submit.
+READY_TIMEOUT_S = 60.0
+TERMINAL_TIMEOUT_S = 120.0
+#: How long a replica's persisted copy of a pipeline may lag its terminal event.
+STATUS_SETTLE_S = 10.0
+
+
+# -- processes ----------------------------------------------------------------------------------
+class Services:
+    """`mars` child processes with their logs in one directory; all stopped on exit."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.logdir = logdir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.names: list[str] = []
+        self._logs: list[IO[bytes]] = []
+
+    def spawn(self, name: str, args: Sequence[str]) -> None:
+        fh = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop())
+        self._logs.append(fh)
+        self.procs.append(spawn(args, log=fh))
+        self.names.append(name)
+
+    def check(self) -> None:
+        """Raise if a child has exited (they run until we stop them)."""
+        for name, p in zip(self.names, self.procs, strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {p.returncode}; log tail:\n{self.tail(name)}"
+                )
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """User+system CPU seconds each live child has used so far."""
+        out: dict[str, float] = {}
+        for name, p in zip(self.names, self.procs, strict=True):
+            with contextlib.suppress(psutil.Error):
+                t = psutil.Process(p.pid).cpu_times()
+                out[name] = t.user + t.system
+        return out
+
+    def tail(self, name: str, n: int = 2000) -> str:
+        try:
+            return (self.logdir / f"{name}.log").read_text(errors="replace")[-n:]
+        except FileNotFoundError:
+            return ""
+
+    def stop(self) -> None:
+        stop_all(self.procs)
+        for fh in self._logs:
+            fh.close()
+
+    def __enter__(self) -> Services:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def log_dir(prefix: str) -> Iterator[Path]:
+    """A temp directory for child logs, kept (and named) only when the run fails."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    except BaseException:
+        progress(f"child process logs kept in {path}")
+        raise
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+async def api_instances(nc: NATS, window_s: float = 0.3) -> int:
+    """How many API service instances answer a nats.micro PING within `window_s`."""
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    ids: set[str] = set()
+    try:
+        await nc.publish(f"$SRV.PING.{subjects.API_SERVICE}", b"", reply=inbox)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + window_s
+        while (left := end - loop.time()) > 0:
+            try:
+                msg = await sub.next_msg(timeout=left)
+            except (TimeoutError, nats.errors.TimeoutError):
+                break
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                ids.add(str(json.loads(msg.data)["id"]))
+    finally:
+        await sub.unsubscribe()
+    return len(ids)
+
+
+async def wait_ready(client: Client, services: Services, orchestrators: int, agents: int) -> None:
+    """Until `orchestrators` API instances answer and `agents` agents are alive."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READY_TIMEOUT_S
+    seen = 0
+    while (seen := await api_instances(client.nc)) < orchestrators:
+        services.check()
+        if loop.time() > deadline:
+            raise RuntimeError(f"only {seen} of {orchestrators} orchestrators answered")
+    progress(f"{seen} orchestrator replicas answer; waiting for {agents} agents")
+    while True:
+        services.check()
+        alive = await client.wait_for_agents(agents, timeout=2.0)
+        if alive >= agents:
+            break
+        if loop.time() > deadline:
+            raise RuntimeError(f"only {alive} of {agents} agents became visible")
+    progress(f"{alive} agents alive")
+
+
+# -- pipeline outcomes --------------------------------------------------------------------------
+class Terminals:
+    """Terminal pipeline states from pipeline events: one subscription for every pipeline."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[PipelineEvent]] = {}
+        self.sub: Any = None
+
+    async def start(self, nc: NATS) -> None:
+        self.sub = await nc.subscribe(subjects.ALL_PIPELINE_EVENTS, cb=self._on_event)
+
+    async def stop(self) -> None:
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+
+    def expect(self, pipeline_id: str) -> asyncio.Future[PipelineEvent]:
+        """Call before submitting, so an early terminal event is not missed."""
+        fut: asyncio.Future[PipelineEvent] = asyncio.get_running_loop().create_future()
+        self._waiting[pipeline_id] = fut
+        return fut
+
+    def forget(self, pipeline_id: str) -> None:
+        self._waiting.pop(pipeline_id, None)
+
+    async def _on_event(self, msg: Msg) -> None:
+        try:
+            ev = decode(msg.data, PipelineEvent)
+        except DecodeError:
+            return
+        if ev.state not in TERMINAL_STATES:
+            return
+        fut = self._waiting.pop(ev.pipeline_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(ev)
+
+
+@dataclass
+class SettleStats:
+    """How often a terminal event was followed by a status that was not terminal yet."""
+
+    calls: int = 0
+    stale: int = 0
+    extra_polls: int = 0
+
+
+SETTLE = SettleStats()
+
+
+async def settled_status(client: Client, pipeline_id: str) -> StatusReply | None:
+    """The pipeline's terminal status. A replica that does not own the pipeline answers from the
+    copy its owner persists *after* publishing the terminal event, so poll (with backoff and a
+    deadline) until that copy is terminal too; None if it never is."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STATUS_SETTLE_S
+    delay = 0.005
+    last: StatusReply | None = None
+    SETTLE.calls += 1
+    polls = 0
+    while True:
+        with contextlib.suppress(RemoteError, TimeoutError, nats.errors.Error):
+            last = await client.status(pipeline_id)
+            if last.state in TERMINAL_STATES:
+                return last
+        if polls == 0:
+            SETTLE.stale += 1
+        polls += 1
+        SETTLE.extra_polls += 1
+        if loop.time() + delay > deadline:
+            return None
+        await asyncio.sleep(delay)  # status polling with a deadline (no event for the KV copy)
+        delay = min(delay * 2, 0.25)
+
+
+@dataclass
+class Outcome:
+    pipeline_id: str
+    tasks: int
+    state: str
+    reason: str = ""
+    submit_s: float = float("nan")
+    placed: int = 0
+    status: StatusReply | None = None
+
+
+def normalise_reason(reason: str) -> str:
+    """Group failure reasons: ids and numbers vary, the kind of failure does not."""
+    r = re.sub(r"\b[0-9a-f]{12,}\b", "<id>", reason)
+    r = re.sub(r"\bbs\d+-\d+\b", "<pipeline>", r)
+    r = re.sub(r"\d+(\.\d+)?", "#", r)
+    return r[:160]
+
+
+@dataclass
+class LoadResult:
+    outcomes: list[Outcome]
+    wall_s: float
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+
+async def run_load(
+    client: Client,
+    specs: list[tuple[str, PipelineSpec]],
+    concurrency: int,
+) -> LoadResult:
+    terminals = Terminals()
+    await terminals.start(client.nc)
+    outcomes: list[Outcome] = []
+    todo = iter(specs)
+    total = len(specs)
+    every = max(1, total // 20)
+    counts: Counter[str] = Counter()
+    t_start = time.perf_counter()
+
+    def done(o: Outcome) -> None:
+        outcomes.append(o)
+        counts[o.state] += 1
+        n = len(outcomes)
+        if n % every == 0 or n == total:
+            el = time.perf_counter() - t_start
+            progress(
+                f"  {n}/{total} terminal in {el:.1f} s ({n / el:.0f}/s): "
+                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            )
+
+    async def one(pid: str, spec: PipelineSpec) -> Outcome:
+        out = Outcome(pid, len(spec.tasks), "failed")
+        fut = terminals.expect(pid)
+        t0 = time.perf_counter()
+        try:
+            reply = await client.submit(spec, pipeline_id=pid)
+            out.submit_s = time.perf_counter() - t0
+            out.placed = len(reply.plan)
+        except RemoteError as exc:
+            terminals.forget(pid)
+            out.submit_s = time.perf_counter() - t0
+            out.state = exc.envelope.code if exc.code == "unschedulable" else "failed"
+            out.reason = f"submit refused ({exc.code}): {exc.envelope.message}"
+            out.status = await settled_status(client, pid)  # for its conflict/CAS counts
+            return out
+        except (TimeoutError, nats.errors.Error) as exc:
+            # the placement may still have happened: follow the pipeline like any other
+            out.reason = f"submit got no reply: {type(exc).__name__}"
+        try:
+            await asyncio.wait_for(fut, TERMINAL_TIMEOUT_S)
+        except TimeoutError:
+            terminals.forget(pid)
+            out.reason = out.reason or f"not terminal {TERMINAL_TIMEOUT_S:.0f} s after submit"
+        st = await settled_status(client, pid)
+        out.status = st
+        if st is not None:
+            out.state = st.state
+            if st.state != "succeeded":
+                out.reason = st.reason or out.reason or "(no reason given)"
+        elif not out.reason:
+            out.reason = "terminal event seen, but status never settled"
+        return out
+
+    async def worker() -> None:
+        for pid, spec in todo:
+            done(await one(pid, spec))
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await terminals.stop()
+    return LoadResult(outcomes, time.perf_counter() - t_start)
+
+
+# -- the audit mirror ---------------------------------------------------------------------------
+async def prepare_audit(url: str) -> None:
+    """Create the bookings bucket and a full-history mirror of it, and prove the mirror live."""
+    nc = await nats.connect(url, name="mars-bench-audit")
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(KeyValueConfig(bucket=BUCKET, history=BOOKINGS_HISTORY))
+        await js.add_stream(
+            StreamConfig(
+                name=MIRROR_STREAM,
+                mirror=StreamSource(name=ORIGIN_STREAM),
+                max_msgs_per_subject=-1,
+                max_msgs=-1,
+                max_bytes=-1,
+                max_age=0,
+            )
+        )
+        # the mirror's consumer starts asynchronously: wait until a sentinel write shows up
+        arrived = asyncio.Event()
+
+        async def seen(msg: Msg) -> None:
+            if msg.subject == KV_PREFIX + SENTINEL_KEY:
+                arrived.set()
+
+        sub = await js.subscribe(
+            KV_PREFIX + ">", stream=MIRROR_STREAM, ordered_consumer=True, cb=seen
+        )
+        try:
+            await kv.put(SENTINEL_KEY, encode(DeviceBookings(device=SENTINEL_KEY)))
+            async with asyncio.timeout(READY_TIMEOUT_S):
+                await arrived.wait()
+        finally:
+            await sub.unsubscribe()
+        await kv.delete(SENTINEL_KEY)
+    finally:
+        await nc.drain()
+
+
+@dataclass
+class Audit:
+    messages: int = 0
+    revisions: int = 0
+    markers: int = 0
+    keys: int = 0
+    windows: int = 0
+    max_windows: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    origin_last_seq: int = 0
+    missing: int = 0
+    revision_mismatches: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    undecodable: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+async def audit_mirror(url: str) -> Audit:
+    """Read every mirrored revision in order and check the booking invariants per key."""
+    t0 = time.perf_counter()
+    out = Audit()
+    nc = await nats.connect(url, name="mars-bench-audit")
+    try:
+        js = nc.jetstream()
+        origin = await js.stream_info(ORIGIN_STREAM)
+        out.origin_last_seq = origin.state.last_seq
+        last_rev: dict[str, int] = {}
+        prev_seq = 0
+        sub = await js.subscribe(KV_PREFIX + ">", stream=MIRROR_STREAM, ordered_consumer=True)
+        try:
+            while prev_seq < out.origin_last_seq:
+                try:
+                    msg = await sub.next_msg(timeout=30)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    out.missing += out.origin_last_seq - prev_seq
+                    break
+                md = msg.metadata
+                # A mirror stores each message under its source sequence: the KV revision.
+                rev = md.sequence.stream
+                key = msg.subject.removeprefix(KV_PREFIX)
+                out.messages += 1
+                if out.first_seq == 0:
+                    out.first_seq = rev
+                    out.missing += rev - 1
+                elif rev > prev_seq + 1:
+                    out.missing += rev - prev_seq - 1
+                prev_seq = max(prev_seq, rev)
+                before = last_rev.get(key)
+                if before is not None and rev <= before:
+                    out.violations.append(f"{key}: revision {rev} after {before}")
+                last_rev[key] = rev
+                op = (msg.headers or {}).get("KV-Operation")
+                if op in ("DEL", "PURGE"):
+                    out.markers += 1
+                    continue
+                try:
+                    value = decode(msg.data, DeviceBookings)
+                except DecodeError as exc:
+                    out.undecodable.append(f"{key} rev {rev}: {exc.message}")
+                    continue
+                out.revisions += 1
+                out.windows += len(value.windows)
+                out.max_windows = max(out.max_windows, len(value.windows))
+                ts = md.timestamp.timestamp()
+                for pair in double_booked(value.windows, now=ts):
+                    out.violations.append(f"{key} rev {rev} (written at {ts:.6f}): {pair}")
+        finally:
+            await sub.unsubscribe()
+        out.last_seq = prev_seq
+        out.keys = len(last_rev)
+        # cross-check the revision field against the live bucket's own revisions
+        kv = await js.key_value(BUCKET)
+        with contextlib.suppress(NoKeysError):
+            for key in await kv.keys():
+                entry = await kv.get(key)
+                if last_rev.get(key) != entry.revision:
+                    out.revision_mismatches.append(
+                        f"{key}: bucket at {entry.revision}, mirror last saw {last_rev.get(key)}"
+                    )
+    finally:
+        await nc.drain()
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+# -- main ---------------------------------------------------------------------------------------
+def make_specs(n: int, seed: int) -> list[tuple[str, PipelineSpec]]:
+    rng = random.Random(seed)
+    return [
+        (
+            f"bs{seed}-{i:06d}",
+            synthetic_pipeline(rng, f"stress-{i}", tasks=(1, 4), seconds=(0.001, 0.005)),
+        )
+        for i in range(n)
+    ]
+
+
+async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadResult:
+    for i in range(args.orchestrators):
+        services.spawn(f"orchestrator-{i}", ["orchestrator", "--nats", url])
+    services.spawn(
+        "sim-agents",
+        ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"],
+    )
+    client = await Client.connect(url, timeout=30.0)
+    try:
+        await wait_ready(client, services, args.orchestrators, args.agents)
+        specs = make_specs(args.submissions, args.seed)
+        progress(
+            f"submitting {len(specs)} pipelines ({sum(len(s.tasks) for _, s in specs)} tasks), "
+            f"{args.concurrency} in flight"
+        )
+        cpu0 = services.cpu_seconds()
+        result = await run_load(client, specs, args.concurrency)
+        cpu1 = services.cpu_seconds()
+        result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
+        services.check()
+        return result
+    finally:
+        await client.close()
+
+
+def cpu_rows(load: LoadResult) -> list[list[object]]:
+    return [
+        [f"CPU {k} (s, % of one core)", f"{v:.1f} ({100 * v / load.wall_s:.0f}%)"]
+        for k, v in sorted(load.cpu_s.items())
+    ]
+
+
+def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: float) -> int:
+    outs = load.outcomes
+    states = Counter(o.state for o in outs)
+    ok = states.get("succeeded", 0)
+    failed = [o for o in outs if o.state != "succeeded"]
+    reasons = Counter(normalise_reason(o.reason) for o in failed)
+    statuses = [o.status for o in outs if o.status is not None]
+    submit_ms = [o.submit_s * 1e3 for o in outs if o.submit_s == o.submit_s]
+    print(f"booking stress: {args.orchestrators} orchestrators, {args.agents} emulated agents, "
+          f"concurrency {args.concurrency}, seed {args.seed}")  # fmt: skip
+    rows: list[list[object]] = [
+        ["submissions", len(outs)],
+        ["tasks submitted", sum(o.tasks for o in outs)],
+        ["succeeded", ok],
+        ["failed (any non-success)", len(failed)],
+        *[[f"  state {k}", v] for k, v in sorted(states.items()) if k != "succeeded"],
+        ["load wall time (s)", load.wall_s],
+        ["submissions/s", len(outs) / load.wall_s if load.wall_s else float("nan")],
+        ["submit latency P50 / P99 (ms)", f"{pct(submit_ms, 50):.1f} / {pct(submit_ms, 99):.1f}"],
+        ["sum conflicts", sum(s.conflicts for s in statuses)],
+        ["sum rejections", sum(s.rejections for s in statuses)],
+        ["sum cas_retries", sum(s.cas_retries for s in statuses)],
+        ["pipelines with a status", len(statuses)],
+        ["status stale right after terminal event", f"{SETTLE.stale} of {SETTLE.calls}"],
+        *cpu_rows(load),
+        ["mirror messages read", audit.messages],
+        ["revisions checked (values)", audit.revisions],
+        ["delete/purge markers skipped", audit.markers],
+        ["keys", audit.keys],
+        ["windows checked (sum over revisions)", audit.windows],
+        ["most windows in one revision", audit.max_windows],
+        ["source sequences 1..N, N", audit.origin_last_seq],
+        ["revisions missing from mirror", audit.missing],
+        ["undecodable revisions", len(audit.undecodable)],
+        ["mirror vs bucket revision mismatches", len(audit.revision_mismatches)],
+        ["VIOLATIONS", len(audit.violations)],
+        ["audit wall time (s)", audit.wall_s],
+        ["total wall time (s)", total_s],
+    ]
+    print(table(rows, ["", "value"]))
+    if reasons:
+        print("\ntop failure reasons:")
+        for reason, n in reasons.most_common(8):
+            example = next(o for o in failed if normalise_reason(o.reason) == reason)
+            print(f"  {n:6d}  {reason}")
+            print(f"          e.g. {example.pipeline_id}: {example.reason[:300]}")
+            if example.status is not None and example.status.placement_log:
+                print("          its placement log (last 6 lines):")
+                for line in example.status.placement_log[-6:]:
+                    print(f"            {line[:300]}")
+    for title, items in (
+        ("violations", audit.violations),
+        ("undecodable", audit.undecodable),
+        ("revision mismatches", audit.revision_mismatches),
+    ):
+        if items:
+            print(f"\n{title} (first 20 of {len(items)}):")
+            for line in items[:20]:
+                print(f"  {line}")
+    bad = audit.violations or audit.undecodable or audit.missing or audit.revision_mismatches
+    print("\ninvariants: " + ("VIOLATED or incomplete audit" if bad else "hold on every revision"))
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--orchestrators", type=int, default=2)
+    ap.add_argument("--agents", type=int, default=50)
+    ap.add_argument("--submissions", type=int, default=10_000)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args(argv)
+    if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:
+        ap.error("counts must be >= 1")
+    t0 = time.perf_counter()
+    with log_dir("mars-booking-stress-") as logs, EmbeddedNats() as srv:
+        progress(f"nats-server on {srv.url}; creating {BUCKET} and its audit mirror")
+        asyncio.run(prepare_audit(srv.url))
+        with Services(logs) as services:
+            load = asyncio.run(drive(srv.url, args, services))
+        progress("services stopped; auditing every mirrored revision")
+        audit = asyncio.run(audit_mirror(srv.url))
+    return report(args, load, audit, time.perf_counter() - t0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
