@@ -149,6 +149,7 @@ class Placer:
                     run.conflicts += 1
                     who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))
                     run.note(f"round {rnd}: conflict on {r.key} with {who}; re-planning")
+                    reasons[f"conflict@{r.key}"] = f"round {rnd}: lost to {who}"[:2048]
             if bad:
                 moved = {w.task_id for k in bad for w in by_key[k]}
                 affected = descendants(run, moved) & set(todo)

@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.predictor import estimate_seconds
+from orchestrator.predictor.prior import estimate_vector
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import Cached, device_key
 from orchestrator.scheduling import (
@@ -86,10 +87,17 @@ class SpecCostModel:
         return self.links.transfer_time(nbytes, src, dst)
 
     def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
-        out = np.empty((len(tasks), len(cluster.devices)), dtype=np.float64)
+        specs = [self.devices[d.id] for d in cluster.devices]
+        gflops = np.array([d.gflops for d in specs], dtype=np.float64)
+        out = np.empty((len(tasks), len(specs)), dtype=np.float64)
         for i, t in enumerate(tasks):
-            for j, d in enumerate(cluster.devices):
-                out[i, j] = self.compute_time(t, d)
+            out[i] = estimate_vector(self.specs[t.id], gflops)
+        if self.excluded:
+            col = {d.id: j for j, d in enumerate(cluster.devices)}
+            row = {t.id: i for i, t in enumerate(tasks)}
+            for tid, dev in self.excluded:
+                if tid in row and dev in col:
+                    out[row[tid], col[dev]] = math.inf
         return out
 
     def transfer_table(self, cluster: Cluster) -> TransferTable:
@@ -105,7 +113,7 @@ class Planned:
 
 
 #: Planning budget per request: HEFT always, more candidates when they fit.
-PLAN_BUDGET_S = 0.004
+PLAN_BUDGET_S = 0.002
 
 
 def with_bookings(
@@ -124,10 +132,13 @@ def with_bookings(
         cached = bookings.get(device_key(agent_id, dev_id))
         extra: tuple[tuple[int, float, float], ...] = ()
         if cached is not None:
+            # A window still in the bucket is work not yet known finished: if its planned end
+            # has passed it is still queued or running, so it holds its slot from now for its
+            # planned duration (released windows are gone; expired ones ignored).
             extra = tuple(
-                (w.slot, max(0.0, w.start - t0), w.end - t0)
+                (w.slot, max(0.0, w.start - t0), max(w.end, now + (w.end - w.start)) - t0)
                 for w in cached.book.windows
-                if w.end > t0 and w.expires > now and w.slot < d.slots and blocks(w)
+                if w.expires > now and w.slot < d.slots and blocks(w)
             )
         devices.append(replace(d, slot_busy=extra) if extra else d)
     return Cluster(devices)

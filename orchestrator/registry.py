@@ -31,6 +31,9 @@ class ClusterView:
         self.misses = misses
         self.agents: dict[str, AgentEntry] = {}
         self.stale_dropped = 0
+        #: Bumped whenever what an advert says (not just its sequence number) changes.
+        self.version = 0
+        self._snap: tuple[object, tuple[Cluster, dict[tuple[str, str], Link]]] | None = None
 
     def on_advert(self, adv: AgentAdvert, now: float) -> bool:
         """Apply an advert; returns True when it introduced a new agent or incarnation."""
@@ -39,10 +42,13 @@ class ClusterView:
             if adv.seq < cur.advert.seq:
                 self.stale_dropped += 1
                 return False
+            if adv.model_copy(update={"seq": cur.advert.seq}) != cur.advert:
+                self.version += 1
             cur.advert = adv
             cur.last_seen = now
             return False
         self.agents[adv.agent_id] = AgentEntry(adv, now)
+        self.version += 1
         return True
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
@@ -72,10 +78,20 @@ class ClusterView:
         raise KeyError(key)
 
     def snapshot(self, now: float) -> tuple[Cluster, dict[tuple[str, str], Link]]:
-        """A scheduler Cluster of live devices and the site-to-site link table."""
+        """A scheduler Cluster of live devices and the site-to-site link table (rebuilt only
+        when membership or an advert's content changed)."""
+        live = self.alive(now)
+        key = (self.version, tuple(e.advert.agent_id for e in live))
+        if self._snap is not None and self._snap[0] == key:
+            return self._snap[1]
+        out = self._build(live)
+        self._snap = (key, out)
+        return out
+
+    def _build(self, live: list[AgentEntry]) -> tuple[Cluster, dict[tuple[str, str], Link]]:
         devices: list[Device] = []
         reports: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-        for entry in self.alive(now):
+        for entry in live:
             adv = entry.advert
             for d in adv.devices:
                 devices.append(

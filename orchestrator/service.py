@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 import uuid
@@ -58,7 +59,8 @@ OFFER_TIMEOUT_S = 2.0
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
 PIPELINES_BUCKET = "MARS_PIPELINES"
-MAX_PIPELINES_KEPT = 10_000
+#: Finished pipelines kept in memory (all of them stay readable from KV).
+MAX_PIPELINES_KEPT = 2_000
 
 
 class Orchestrator:
@@ -143,6 +145,9 @@ class Orchestrator:
         await nc.flush()
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
+        # long-lived objects made at start need no more GC scans; fewer full collections
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
 
     def _spawn(self, coro: Any) -> None:
@@ -220,11 +225,11 @@ class Orchestrator:
             return
         new_state = run.apply(ev, self._now())
         if new_state is not None:
-            await self._publish_pipeline(run)
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
             if run.terminal:
-                await self._finished(run)
+                await self._finished(run)  # persisted before anyone hears it ended
+            await self._publish_pipeline(run)
         async with self._changed:
             self._changed.notify_all()
 
