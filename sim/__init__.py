@@ -1,4 +1,7 @@
-"""Simulation side of MARS: network tiers, workloads and (later) a discrete-event simulator.
+"""Simulation side of MARS: workloads, network tiers, emulated fleets and (later) a
+discrete-event simulator.
 
-Pure like the scheduling core: no asyncio, no NATS; every random choice comes from a seed.
+`sim.workloads` is pure like the scheduling core (no asyncio, no NATS; every random choice
+comes from a seed). `sim.fleet` is the exception: it runs many real agents with *emulated*
+devices against a real NATS server, for load tests.
 """
