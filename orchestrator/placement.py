@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
 
 log = logging.getLogger("mars.placement")
-MAX_ROUNDS = 6
+MAX_ROUNDS = 8
 #: Priority points a waiting pipeline gains per second (aging against starvation).
 AGING_PER_S = 1.0
 DEVICE_WIDE = {"unhealthy", "draining", "stale_incarnation", "unknown_device", "no_capacity"}

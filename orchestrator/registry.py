@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from statistics import fmean
 
@@ -27,8 +28,11 @@ class AgentEntry:
 class ClusterView:
     """Agents by id; an advert from a new incarnation replaces the old one entirely."""
 
-    def __init__(self, misses: int = DEFAULT_MISSES) -> None:
+    def __init__(self, misses: int = DEFAULT_MISSES, salt: str = "") -> None:
         self.misses = misses
+        #: Orders devices for the scheduler's "lower index wins" ties. Replicas use different
+        #: salts, so among equally good devices they prefer different ones and race less.
+        self.salt = salt
         self.agents: dict[str, AgentEntry] = {}
         self.stale_dropped = 0
         #: Bumped whenever what an advert says (not just its sequence number) changes.
@@ -81,6 +85,12 @@ class ClusterView:
         """A scheduler Cluster of live devices and the site-to-site link table (rebuilt only
         when membership or an advert's content changed)."""
         live = self.alive(now)
+        if self.salt:
+            live.sort(
+                key=lambda e: hashlib.blake2b(
+                    f"{self.salt}/{e.advert.agent_id}".encode(), digest_size=8
+                ).digest()
+            )
         key = (self.version, tuple(e.advert.agent_id for e in live))
         if self._snap is not None and self._snap[0] == key:
             return self._snap[1]

@@ -68,7 +68,8 @@ class Orchestrator:
         self, nats_url: str, *, misses: int = 3, lease_s: float = LEASE_S, name: str | None = None
     ) -> None:
         self.nats_url = nats_url
-        self.view = ClusterView(misses)
+        self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
+        self.view = ClusterView(misses, salt=self.owner)
         self.pipelines: dict[str, PipelineRun] = {}
         self.nc: NATS | None = None
         self.js: Any = None
@@ -78,7 +79,6 @@ class Orchestrator:
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         self.cluster_changed = asyncio.Event()
-        self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
         self.lease_s = lease_s
         self.placer = Placer(self)
         self.evictions_seen = 0
