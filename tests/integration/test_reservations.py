@@ -43,12 +43,7 @@ class History:
     async def watch(self, url: str, ready: asyncio.Event, stop: asyncio.Event) -> None:
         nc = await nats.connect(url)
         js = nc.jetstream()
-        kv = None
-        while kv is None:  # the orchestrators create the bucket
-            try:
-                kv = await js.key_value(BUCKET)
-            except Exception:
-                await asyncio.sleep(0.02)  # polling for the bucket, bounded by the test timeout
+        kv = await js.key_value(BUCKET)  # created by the orchestrators' start()
         watcher = await kv.watchall()
         ready.set()
         try:
