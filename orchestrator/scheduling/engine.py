@@ -138,6 +138,23 @@ def ready_times(
     `now` on every device and is returned, not copied, for a task without inputs)."""
     if not preds:
         return base
+    small = table.dense_lists()
+    if small is not None:
+        lat_l, bw_l = small
+        acc: list[float] | None = None
+        low = math.inf
+        for p, nbytes in preds:
+            s, fin = where[p], finish[p]
+            low = min(low, fin)
+            lr, br = lat_l[s], bw_l[s]
+            row = [(nbytes / b + lt) + fin for b, lt in zip(br, lr, strict=True)]
+            acc = (
+                row if acc is None else [a if a >= r else r for a, r in zip(acc, row, strict=True)]
+            )
+        out = np.array(acc, dtype=np.float64)
+        if low < now:  # only a fixed predecessor can finish before now
+            np.maximum(out, base, out=out)
+        return out
     dense = table.dense()
     if dense is not None:
         lat, bw = dense

@@ -35,21 +35,42 @@ class TransferTable(Protocol):
         it is bit-identical to `row` (bandwidth is inf on the same device)."""
         ...
 
+    def dense_lists(self) -> Lists | None:
+        """`dense()` as nested Python lists, for clusters of at most LISTS_MAX devices."""
+        ...
+
 
 Dense = tuple[NDArray[np.float64], NDArray[np.float64]]
 #: Largest cluster for which dense device x device matrices are built (2 x 0.5 MB at 256);
 #: larger clusters use per-site rows.
 DENSE_MAX = 256
+#: Up to this size the dense rows are also kept as Python lists: for a handful of devices,
+#: plain float arithmetic beats numpy's per-call overhead.
+LISTS_MAX = 32
+Lists = tuple[list[list[float]], list[list[float]]]
+
+
+def as_lists(dense: Dense | None) -> Lists | None:
+    if dense is None or len(dense[0]) > LISTS_MAX:
+        return None
+    return dense[0].tolist(), dense[1].tolist()
 
 
 class MatrixTransferTable:
     """Edge weights are times: `nbytes` between different devices, 0 on the same device."""
 
-    __slots__ = ("_dense", "_n")
+    __slots__ = ("_dense", "_lists", "_lists_ready", "_n")
 
     def __init__(self, n_devices: int) -> None:
         self._n = n_devices
         self._dense: Dense | None = None
+        self._lists: Lists | None = None
+        self._lists_ready = False
+
+    def dense_lists(self) -> Lists | None:
+        if not self._lists_ready:
+            self._lists, self._lists_ready = as_lists(self.dense()), True
+        return self._lists
 
     def row(self, nbytes: float, src: int) -> NDArray[np.float64]:
         out = np.full(self._n, nbytes, dtype=np.float64)
@@ -76,7 +97,17 @@ class LinkTransferTable:
     so a caller that needs only a few rows of a huge cluster pays only for those.
     """
 
-    __slots__ = ("_agent_names", "_cluster", "_dense", "_local_Bps", "_mean", "_rows", "_view")
+    __slots__ = (
+        "_agent_names",
+        "_cluster",
+        "_dense",
+        "_lists",
+        "_lists_ready",
+        "_local_Bps",
+        "_mean",
+        "_rows",
+        "_view",
+    )
 
     def __init__(self, cluster: Cluster, view: SiteView, local_Bps: float) -> None:
         self._cluster = cluster
@@ -86,6 +117,13 @@ class LinkTransferTable:
         self._agent_names = list(cluster.agents)  # by agent code
         self._mean: tuple[float, float] | None = None
         self._dense: Dense | None = None
+        self._lists: Lists | None = None
+        self._lists_ready = False
+
+    def dense_lists(self) -> Lists | None:
+        if not self._lists_ready:
+            self._lists, self._lists_ready = as_lists(self.dense()), True
+        return self._lists
 
     def dense(self) -> Dense | None:
         c = self._cluster
@@ -185,6 +223,9 @@ class GenericTransferTable:
         self._mean: tuple[float, float] | None = None
 
     def dense(self) -> Dense | None:
+        return None
+
+    def dense_lists(self) -> Lists | None:
         return None
 
     def row(self, nbytes: float, src: int) -> NDArray[np.float64]:
