@@ -1,0 +1,50 @@
+"""Pure pieces of the placement loop: aging and the set of tasks a change affects."""
+
+from __future__ import annotations
+
+from orchestrator.pipelines import PipelineRun
+from orchestrator.placement import AGING_PER_S, Placer, descendants, effective_priority
+from schemas import PipelineSpec
+from schemas.bookings import BookingWindow
+
+
+def test_aging_lets_a_long_waiting_low_priority_pipeline_outrank_a_new_high_one() -> None:
+    now = 1000.0
+    old_low = effective_priority(10, submitted=now - 600 / AGING_PER_S, now=now)
+    new_high = effective_priority(500, submitted=now, now=now)
+    assert old_low > new_high
+    assert effective_priority(10, submitted=now + 5, now=now) == 10  # no negative age
+
+
+def test_only_preemptible_lower_priority_windows_are_evictable() -> None:
+    def win(prio: int, preemptible: bool) -> BookingWindow:
+        return BookingWindow(
+            pipeline_id="p",
+            task_id="t",
+            slot=0,
+            start=0,
+            end=1,
+            expires=9,
+            priority=prio,
+            preemptible=preemptible,
+            submitted=100.0,
+        )
+
+    assert Placer._evictable(win(10, True), eff=500, now=100.0)
+    assert not Placer._evictable(win(10, False), eff=500, now=100.0)
+    assert not Placer._evictable(win(600, True), eff=500, now=100.0)
+    # aged: the same low-priority window, waiting long enough, is no longer evictable
+    assert not Placer._evictable(win(10, True), eff=500, now=100.0 + 1000 / AGING_PER_S)
+
+
+def test_descendants_follow_dependencies_only_downstream() -> None:
+    spec = PipelineSpec.model_validate({"name": "d", "tasks": [
+        {"id": "a", "run": {"kind": "synthetic"}},
+        {"id": "b", "run": {"kind": "synthetic"}, "deps": ["a"]},
+        {"id": "c", "run": {"kind": "synthetic"}, "deps": ["b"]},
+        {"id": "x", "run": {"kind": "synthetic"}},
+    ]})  # fmt: skip
+    run = PipelineRun("p", spec, submitted_at=0.0)
+    assert descendants(run, {"b"}) == {"b", "c"}
+    assert descendants(run, {"a"}) == {"a", "b", "c"}
+    assert descendants(run, {"x"}) == {"x"}
