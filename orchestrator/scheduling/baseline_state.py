@@ -19,9 +19,8 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.scheduling.constraints import Unschedulable, eligibility_matrix
-from orchestrator.scheduling.cost import CostModel, cost_arrays
-from orchestrator.scheduling.heft import check_fixed, unschedulable_reasons
+from orchestrator.scheduling.cost import CostModel
+from orchestrator.scheduling.engine import Prepared
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
 from orchestrator.scheduling.timeline import SlotTimeline
@@ -56,15 +55,11 @@ class ListState:
         fixed: Mapping[str, Placement] | None,
         now: float,
     ) -> None:
-        fixed = dict(fixed or {})
-        check_fixed(graph, cluster, fixed)
+        prep = Prepared(graph, cluster, cost, fixed, now)  # checks, costs, reasons: shared
+        fixed = prep.fixed
         self.graph, self.cluster, self.now = graph, cluster, now
-        eligible = eligibility_matrix(graph.tasks, cluster)
-        self.w, self.table = cost_arrays(cost, graph.tasks, cluster, eligible)
-        self.order: list[int] = [i for i in graph.topo if graph.ids[i] not in fixed]
-        reasons = unschedulable_reasons(graph, cluster, self.w, self.order)
-        if reasons:
-            raise Unschedulable(reasons)
+        self.w, self.table = prep.w, prep.table
+        self.order: list[int] = [i for i in graph.topo if not prep.is_fixed[i]]
 
         n = len(graph)
         self.finish: list[float] = [0.0] * n

@@ -14,8 +14,6 @@ from orchestrator.scheduling.cost import CostModel
 from orchestrator.scheduling.engine import (
     ListScheduler,
     Prepared,
-    check_fixed,
-    unschedulable_reasons,
 )
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
@@ -26,7 +24,7 @@ from orchestrator.scheduling.ranks import (
     upward_rank_array,
 )
 
-__all__ = ["check_fixed", "heft", "heft_prepared", "unschedulable_reasons"]
+__all__ = ["heft", "heft_prepared"]
 
 
 def heft_prepared(

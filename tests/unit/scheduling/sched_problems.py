@@ -165,3 +165,16 @@ def critical_path(graph: TaskGraph, cluster: Cluster, cost: CostModel) -> float:
         start = max((best[p] for p in graph.predecessors(tid)), default=0.0)
         best[tid] = start + fastest
     return max(best.values(), default=0.0)
+
+
+def closed_subset(pb: Problem, seed: int) -> list[str]:
+    """A random subset of tasks closed under predecessors (what may be `fixed`), sorted."""
+    rng = random.Random(seed)
+    picked = {t for t in pb.graph.ids if rng.random() < 0.4}
+    stack = list(picked)
+    while stack:
+        for p in pb.graph.predecessors(stack.pop()):
+            if p not in picked:
+                picked.add(p)
+                stack.append(p)
+    return sorted(picked)

@@ -4,7 +4,6 @@ moving fixed tasks, and refuse unschedulable requests exactly as HEFT does."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -32,7 +31,7 @@ from orchestrator.scheduling import (
     weighted_random,
 )
 
-from .sched_problems import Problem, critical_path, problems
+from .sched_problems import Problem, closed_subset, critical_path, problems
 from .test_sched_money import priced
 
 
@@ -76,18 +75,6 @@ ALGORITHMS = [
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _closed_subset(pb: Problem, seed: int) -> set[str]:
-    rng = random.Random(seed)
-    picked = {t for t in pb.graph.ids if rng.random() < 0.4}
-    stack = list(picked)
-    while stack:
-        for p in pb.graph.predecessors(stack.pop()):
-            if p not in picked:
-                picked.add(p)
-                stack.append(p)
-    return picked
-
-
 def _run(
     algo: Algorithm, pb: Problem, fixed: Mapping[str, Placement] | None = None, now: float = 0.0
 ) -> Plan | None:
@@ -118,7 +105,7 @@ def test_algorithm_properties(algo: Algorithm, pb: Problem, seed: int, frac: flo
     assert list(again.placements) == list(plan.placements)
     assert again.algorithm == plan.algorithm
 
-    fixed = {t: plan.placements[t] for t in sorted(_closed_subset(pb, seed))}
+    fixed = {t: plan.placements[t] for t in closed_subset(pb, seed)}
     now = pb.now + frac * (plan.makespan - pb.now)
     replanned = _run(algo, pb, fixed=fixed, now=now)
     assert replanned is not None

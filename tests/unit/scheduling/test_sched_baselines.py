@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Mapping
 
 import pytest
@@ -29,7 +28,7 @@ from orchestrator.scheduling.baselines import (
     weighted_random,
 )
 
-from .sched_problems import Problem, problems, usable
+from .sched_problems import Problem, closed_subset, problems, usable
 
 Baseline = Callable[..., Plan]
 BASELINES: dict[str, Baseline] = {
@@ -69,18 +68,6 @@ def _run(
         return None
 
 
-def _closed_subset(pb: Problem, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    picked = {t for t in pb.graph.ids if rng.random() < 0.4}
-    stack = list(picked)
-    while stack:
-        for p in pb.graph.predecessors(stack.pop()):
-            if p not in picked:
-                picked.add(p)
-                stack.append(p)
-    return sorted(picked)
-
-
 @SETTINGS
 @given(problems(), st.sampled_from(sorted(BASELINES)), st.integers(0, 2**32 - 1))
 def test_plans_validate_and_are_deterministic(pb: Problem, name: str, seed: int) -> None:
@@ -106,7 +93,7 @@ def test_replanning_keeps_fixed_placements(pb: Problem, name: str, seed: int, fr
     first = _run(name, pb, seed)
     if first is None:
         return
-    fixed = {t: first.placements[t] for t in _closed_subset(pb, seed)}
+    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
     now = pb.now + frac * (first.makespan - pb.now) + 0.5
     again = _run(name, pb, seed + 1, fixed=fixed, now=now)
     assert again is not None

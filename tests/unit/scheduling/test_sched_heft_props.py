@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.scheduling import Placement, Plan, Unschedulable, heft
 
-from .sched_problems import Problem, critical_path, problems, usable
+from .sched_problems import Problem, closed_subset, critical_path, problems, usable
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -50,25 +48,13 @@ def test_heft_is_deterministic(pb: Problem) -> None:
     assert list(again.placements) == list(first.placements)
 
 
-def _closed_subset(pb: Problem, seed: int) -> set[str]:
-    rng = random.Random(seed)
-    picked = {t for t in pb.graph.ids if rng.random() < 0.4}
-    stack = list(picked)
-    while stack:
-        for p in pb.graph.predecessors(stack.pop()):
-            if p not in picked:
-                picked.add(p)
-                stack.append(p)
-    return picked
-
-
 @SETTINGS
 @given(problems(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
 def test_replanning_keeps_fixed_placements(pb: Problem, seed: int, frac: float) -> None:
     first = _plan_or_unschedulable(pb)
     if first is None:
         return
-    fixed: dict[str, Placement] = {t: first.placements[t] for t in sorted(_closed_subset(pb, seed))}
+    fixed: dict[str, Placement] = {t: first.placements[t] for t in closed_subset(pb, seed)}
     now = pb.now + frac * (first.makespan - pb.now)
     again = heft(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=now)
     for tid, p in fixed.items():
