@@ -1,0 +1,75 @@
+"""The cluster view's cached snapshot and how reservations enter planning."""
+
+from __future__ import annotations
+
+from orchestrator.planning import with_bookings
+from orchestrator.registry import ClusterView
+from orchestrator.reservations.store import Cached
+from schemas import AgentAdvert, DeviceSpec
+from schemas.bookings import BookingWindow, DeviceBookings
+
+
+def advert(aid: str, gflops: float = 10.0, seq: int = 0) -> AgentAdvert:
+    return AgentAdvert(
+        agent_id=aid,
+        incarnation="i1",
+        site="s",
+        tier="edge",
+        seq=seq,
+        devices=[DeviceSpec(device_id="cpu0", kind="cpu", slots=2, gflops=gflops)],
+    )
+
+
+def test_snapshot_is_reused_until_membership_or_content_changes() -> None:
+    view = ClusterView()
+    view.on_advert(advert("a"), 0.0)
+    view.on_advert(advert("b"), 0.0)
+    first = view.snapshot(0.1)
+    view.on_advert(advert("a", seq=5), 0.2)  # same content, newer sequence
+    assert view.snapshot(0.2) is first
+    view.on_advert(advert("a", gflops=99.0, seq=6), 0.3)  # content changed
+    second = view.snapshot(0.3)
+    assert second is not first
+    assert {d.id: d.speed for d in second[0].devices}["a:cpu0"] == 99.0
+    # "b" falls silent (3 misses of 0.5 s): it leaves the snapshot
+    view.on_advert(advert("a", gflops=99.0, seq=7), 2.0)
+    assert [d.id for d in view.snapshot(2.0)[0].devices] == ["a:cpu0"]
+
+
+def test_replicas_order_devices_differently_but_see_the_same_ones() -> None:
+    views = [ClusterView(salt=s) for s in ("orch-1", "orch-2")]
+    for v in views:
+        for i in range(12):
+            v.on_advert(advert(f"a{i}"), 0.0)
+    orders = [[d.id for d in v.snapshot(0.0)[0].devices] for v in views]
+    assert sorted(orders[0]) == sorted(orders[1])
+    assert orders[0] != orders[1]
+
+
+def test_reservations_become_slot_busy_windows() -> None:
+    view = ClusterView()
+    view.on_advert(advert("a"), 0.0)
+    cluster, _ = view.snapshot(0.0)
+
+    def w(
+        task: str, start: float, end: float, expires: float, pipe: str = "other", slot: int = 0
+    ) -> BookingWindow:
+        return BookingWindow(
+            pipeline_id=pipe, task_id=task, slot=slot, start=start, end=end, expires=expires
+        )
+
+    book = DeviceBookings(device="dev.a.cpu0", windows=[
+        w("future", 110.0, 112.0, 999.0),
+        w("overdue", 95.0, 96.0, 999.0, slot=1),  # planned end passed, not released: still busy
+        w("dead", 100.0, 200.0, 99.0),  # expired: ignored
+        w("mine", 100.0, 150.0, 999.0, pipe="me"),
+    ])  # fmt: skip
+    out = with_bookings(
+        cluster,
+        {"dev.a.cpu0": Cached(7, book)},
+        t0=100.0,
+        blocks=lambda x: x.pipeline_id != "me",
+        now=100.0,
+    )
+    busy = sorted(out.devices[0].slot_busy)
+    assert busy == [(0, 10.0, 12.0), (1, 0.0, 1.0)]
