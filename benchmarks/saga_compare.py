@@ -7,7 +7,8 @@ cluster of 8-32 devices, and random Topcuoglu-style DAGs across CCR 0.1-10. The 
 saga's related-machines model (time = cost / speed, transfer = bytes / link speed, no latency);
 saga's schedules are re-checked with our Plan.validate under the same model. Per instance it
 prints makespans, the ratio of our portfolio to the best saga scheduler, and planning-time
-ratios (saga HEFT time / our time). saga 2.0.2 (the newest release) ships HEFT and CPoP but no
+ratios (saga HEFT time / our time; each side's best of 3 runs, saga's single run where it
+takes over a second). saga 2.0.2 (the newest release) ships HEFT and CPoP but no
 PEFT, so the reference is the best of saga's HEFT and CPoP.
 """
 
@@ -127,6 +128,8 @@ def run_instance(inst: Instance) -> Row:
     valid = True
     for name, cls in (("heft", HeftScheduler), ("cpop", CpopScheduler)):
         sched, ts = timed(partial(cls().schedule, network, task_graph))
+        if ts < 1.0:  # best of 3, as ours, where that costs little
+            ts = min(ts, timed(partial(cls().schedule, network, task_graph), repeat=2)[1])
         plan = saga_plan(sched, inst, f"saga-{name}")
         try:
             plan.validate(inst.graph, inst.cluster, inst.cost)

@@ -75,6 +75,12 @@ def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
 
 def constraint_signature(task: Task) -> tuple[object, ...]:
     """Tasks with equal signatures are eligible on exactly the same devices."""
+    if (
+        task.pinned is None
+        and not (task.kinds or task.tiers or task.labels)
+        and task.min_memory_mb == 0.0
+    ):
+        return ()  # the common unconstrained task, without building the full key
     return (
         task.pinned,
         task.kinds,

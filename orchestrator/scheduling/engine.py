@@ -26,6 +26,7 @@ from orchestrator.scheduling.cost import CostModel, cost_arrays
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
 from orchestrator.scheduling.ranks import upward_rank_array
+from orchestrator.scheduling.smallrun import run_small
 from orchestrator.scheduling.timeline import ClusterSlots
 from orchestrator.scheduling.transfer import TransferTable
 
@@ -233,10 +234,21 @@ Rule = Callable[["ListScheduler", int, NDArray[np.float64]], Choice]
 class ListScheduler:
     """Mutable state of one list-scheduling run: slot timelines, finish times, placements."""
 
-    __slots__ = ("base", "finish", "has_zero", "insertion", "placements", "prep", "slots", "where")
+    __slots__ = (
+        "base",
+        "finish",
+        "has_zero",
+        "insertion",
+        "lists",
+        "placements",
+        "prep",
+        "slots",
+        "where",
+    )
 
-    def __init__(self, prep: Prepared, insertion: bool = True) -> None:
-        self.prep, self.insertion = prep, insertion
+    def __init__(self, prep: Prepared, insertion: bool = True, lists: bool = True) -> None:
+        """`lists=False` keeps the numpy loop even on small clusters (for equivalence tests)."""
+        self.prep, self.insertion, self.lists = prep, insertion, lists
         cluster, graph = prep.cluster, prep.graph
         self.slots = ClusterSlots(cluster, prep.now, prep.fixed)
         n = len(graph)
@@ -305,6 +317,9 @@ class ListScheduler:
         """Place every task not fixed: smallest `keys[i]` first among ready tasks (ties by
         topological position), each where `rule` says (default: earliest finish)."""
         prep = self.prep
+        small = prep.table.dense_lists() if rule is None and self.lists else None
+        if small is not None:
+            return run_small(self, keys, algorithm, small)
         graph, is_fixed, topo_pos = prep.graph, prep.is_fixed, prep.topo_pos
         waiting = [0] * len(graph)
         heap: list[tuple[int, int, int]] = []

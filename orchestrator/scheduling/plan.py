@@ -11,14 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from orchestrator.scheduling.constraints import ineligibility
 from orchestrator.scheduling.cost import CostModel
 from orchestrator.scheduling.model import Cluster, TaskGraph
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(NamedTuple):
+    """Where and when one task runs (a named tuple: immutable, and cheap to make by the
+    thousand inside the scheduling loop)."""
+
     task_id: str
     device_id: str
     slot: int

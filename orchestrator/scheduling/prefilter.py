@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.scheduling.constraints import constraint_signature, eligibility_matrix
-from orchestrator.scheduling.cost import BatchCostModel, CostModel
+from orchestrator.scheduling.cost import CostModel, is_batch
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement
 from orchestrator.scheduling.timeline import SlotTimeline
@@ -96,7 +96,7 @@ def _class_scores(
     and for batch models the class's compute times (rows x devices, inf where unusable; empty
     when every task may run on every device of the class, so there is no gap to fill)."""
     m = len(cluster)
-    if isinstance(cost, BatchCostModel):
+    if is_batch(cost):
         w = np.asarray(cost.compute_matrix([graph.tasks[i] for i in rows], cluster), np.float64)
         fast = w[:, mask].sum(axis=0)
         if np.isfinite(fast).all():  # the usual: every task runs on every class device
@@ -175,7 +175,7 @@ def prefilter_indices(
         graph.index[t]: ((cluster.index[p.device_id],), -1) for t, p in fixed.items()
     }
     hosts: list[NDArray[np.bool_]] = []
-    table = cost.transfer_table(cluster) if isinstance(cost, BatchCostModel) else None
+    table = cost.transfer_table(cluster) if is_batch(cost) else None
     eligible = eligibility_matrix(graph.tasks, cluster)
     wait = _wait(cluster, now)
     ranked: list[tuple[float, int, int, int]] = []  # (slots share, class, depth, device)

@@ -75,11 +75,11 @@ def upward_rank_array(
     wbar = (mean_compute(w) if wbar_array is None else wbar_array).tolist()
     rank = [0.0] * len(graph)
     succs = graph.succs
-    mean = table.mean
+    lat, inv = table.affine()
     for i in reversed(graph.topo):
         best = 0.0
         for j, nbytes in succs[i]:
-            r = comm * mean(nbytes) + rank[j]
+            r = comm * (lat + nbytes * inv) + rank[j]
             if r > best:
                 best = r
         rank[i] = wbar[i] + best
@@ -103,11 +103,11 @@ def downward_rank_array(
     wbar = np.where(np.isfinite(wbar_arr), wbar_arr, 0.0).tolist()
     rank = [0.0] * len(graph)
     preds = graph.preds
-    mean = table.mean
+    lat, inv = table.affine()
     for i in graph.topo:
         best = 0.0
         for p, nbytes in preds[i]:
-            r = rank[p] + comm * mean(nbytes) + (0.0 if own else wbar[p])
+            r = rank[p] + comm * (lat + nbytes * inv) + (0.0 if own else wbar[p])
             if r > best:
                 best = r
         rank[i] = best + (wbar[i] if own else 0.0)

@@ -29,6 +29,10 @@ class TransferTable(Protocol):
         """Mean transfer time of `nbytes` over ordered pairs of distinct devices."""
         ...
 
+    def affine(self) -> tuple[float, float]:
+        """(a, b) with mean(nbytes) == a + nbytes * b exactly, for loops that inline it."""
+        ...
+
     def dense(self) -> Dense | None:
         """(latency, bandwidth) device x device matrices when small enough to hold, else None;
         transfer(src, dst, b) == b / bw[src, dst] + lat[src, dst], computed in that order so
@@ -79,6 +83,9 @@ class MatrixTransferTable:
 
     def mean(self, nbytes: float) -> float:
         return nbytes if self._n >= 2 else 0.0
+
+    def affine(self) -> tuple[float, float]:
+        return (0.0, 1.0) if self._n >= 2 else (0.0, 0.0)
 
     def dense(self) -> Dense | None:
         if self._dense is None and self._n <= DENSE_MAX:
@@ -146,6 +153,10 @@ class LinkTransferTable:
         n = len(c)
         if n < 2:
             return 0.0, 0.0
+        dense = self.dense()
+        if dense is not None:  # the diagonal is 0 latency, infinite bandwidth: no pair
+            total = float(n * (n - 1))
+            return float(dense[0].sum()) / total, float((1.0 / dense[1]).sum()) / total
         view = self._view
         counts = np.bincount(c.site_codes, minlength=len(c.sites)).astype(np.float64)
         sum_lat, sum_inv = view.weighted_sums(counts)
@@ -196,10 +207,13 @@ class LinkTransferTable:
         return out
 
     def mean(self, nbytes: float) -> float:
+        lat, inv = self.affine()
+        return lat + nbytes * inv
+
+    def affine(self) -> tuple[float, float]:
         if self._mean is None:
             self._mean = self._pair_sums()
-        lat, inv = self._mean
-        return lat + nbytes * inv
+        return self._mean
 
 
 TransferFn = Callable[[float, Device, Device], float]
@@ -244,7 +258,10 @@ class GenericTransferTable:
         return m0, (m1 - m0) / self._REF_BYTES
 
     def mean(self, nbytes: float) -> float:
+        base, slope = self.affine()
+        return base + nbytes * slope
+
+    def affine(self) -> tuple[float, float]:
         if self._mean is None:
             self._mean = self._fit()
-        base, slope = self._mean
-        return base + nbytes * slope
+        return self._mean

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.scheduling import Placement, Plan, Unschedulable, heft
@@ -72,3 +72,24 @@ def test_fixed_must_be_closed_under_predecessors() -> None:
         heft(graph, cluster, LinkCostModel(), fixed=fixed)
     with pytest.raises(ValueError, match="unknown device"):
         heft(graph, cluster, LinkCostModel(), fixed={"a": Placement("a", "zz", 0, 0.0, 1.0)})
+
+
+@SETTINGS
+@given(problems(), st.booleans(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+def test_list_loop_matches_numpy_loop(pb: Problem, insertion: bool, seed: int, frac: float) -> None:
+    """The plain-float loop for small clusters makes exactly the numpy loop's decisions."""
+    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.ranks import priority_keys
+
+    first = _plan_or_unschedulable(pb)
+    if first is None:
+        return
+    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
+    now = pb.now + frac * (first.makespan - pb.now)
+    prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, now)
+    assume(prep.table.dense_lists() is not None)  # a cost model with matrices: the small path
+    keys = priority_keys(prep.upward())
+    by_lists = ListScheduler(prep, insertion).run(keys, None, "heft")
+    by_numpy = ListScheduler(prep, insertion, lists=False).run(keys, None, "heft")
+    assert by_lists.placements == by_numpy.placements
+    by_lists.validate(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=now)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from orchestrator.scheduling import (
@@ -84,7 +82,7 @@ def test_start_before_now() -> None:
 
 
 def test_fixed_placements_must_be_unchanged_but_are_otherwise_facts() -> None:
-    ran_long = replace(GOOD["a"], finish=2.5)  # ran longer than predicted
+    ran_long = GOOD["a"]._replace(finish=2.5)  # ran longer than predicted
     fixed = {"a": ran_long, "c": GOOD["c"]}
     found = violations(GOOD, fixed=fixed)
     assert any("a: fixed placement changed" in v for v in found)
@@ -92,7 +90,7 @@ def test_fixed_placements_must_be_unchanged_but_are_otherwise_facts() -> None:
     replanned = with_(a=ran_long, b=Placement("b", "d1", 0, 4.5, 6.5))
     assert violations(replanned, fixed=fixed, now=3.0) == []
     # ... but nothing else may collide with them
-    fixed["a"] = replanned["a"] = replace(ran_long, finish=3.5)
+    fixed["a"] = replanned["a"] = ran_long._replace(finish=3.5)
     replanned["c"] = Placement("c", "d0", 0, 3.0, 4.0)
     del fixed["c"]
     found = violations(replanned, fixed=fixed, now=3.0)
