@@ -47,7 +47,10 @@ def cmd_agent(args: argparse.Namespace) -> int:
 def cmd_orchestrator(args: argparse.Namespace) -> int:
     from orchestrator.service import run_orchestrator
 
-    return _run_until_signal(lambda stop: run_orchestrator(args.nats, stop=stop))
+    budget = args.plan_budget_ms / 1e3
+    return _run_until_signal(
+        lambda stop: run_orchestrator(args.nats, stop=stop, plan_budget_s=budget)
+    )
 
 
 async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
@@ -247,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(fn=cmd_agent)
 
     o = with_nats(sub.add_parser("orchestrator", help="run an orchestrator replica"))
+    o.add_argument(
+        "--plan-budget-ms",
+        type=float,
+        default=2.0,
+        help="time the plan portfolio may spend beyond HEFT per request (default 2; 0: HEFT only)",
+    )
     o.set_defaults(fn=cmd_orchestrator)
 
     s = with_nats(sub.add_parser("submit", help="submit a pipeline file (YAML or JSON)"))

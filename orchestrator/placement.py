@@ -112,7 +112,7 @@ class Placer:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
                         blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
-                        rel_now=max(0.0, now - st.t0),
+                        rel_now=max(0.0, now - st.t0), budget_s=o.plan_budget_s,
                     )  # fmt: skip
                 except Unschedulable as exc:
                     details = {
@@ -160,7 +160,8 @@ class Placer:
                 continue
             # 2. offer every new placement to its agent (admission)
             placements = {**st.fixed, **todo}
-            offers = {tid: self._offer(run, tid, placements, st) for tid in todo}
+            order = plan_order(placements)
+            offers = {tid: self._offer(run, tid, placements, st, order) for tid in todo}
             replies: list[OfferReply] = await asyncio.gather(*(o.offer(x) for x in offers.values()))
             rejected = [rep for rep in replies if not rep.accepted]
             for rep in replies:
@@ -200,7 +201,7 @@ class Placer:
                     d for t in only for d in spec.tasks[run.index[t]].deps
                     if run.tasks[d].state in ("offered", "accepted")
                 }  # fmt: skip
-            final = {tid: self._offer(run, tid, placements, st) for tid in final_ids}
+            final = {tid: self._offer(run, tid, placements, st, order) for tid in final_ids}
             stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
             stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
             if stale:
@@ -222,7 +223,12 @@ class Placer:
         raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", reasons)
 
     def _offer(
-        self, run: PipelineRun, tid: str, placements: dict[str, Placement], st: Round
+        self,
+        run: PipelineRun,
+        tid: str,
+        placements: dict[str, Placement],
+        st: Round,
+        order: dict[str, int],
     ) -> TaskOffer:
         spec_by_id = run.spec_by_id
         task = spec_by_id[tid]
@@ -232,11 +238,10 @@ class Placer:
             ConsumerRef(task_id=c, agent_id=placements[c].device_id.split(":", 1)[0])
             for c in run.children[tid]
         ]
-        order = sorted(placements, key=lambda t: (placements[t].start, t)).index(tid)
         return TaskOffer(
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
-            slot=p.slot, token=st.tokens[tid], order=order, task=task,
+            slot=p.slot, token=st.tokens[tid], order=order[tid], task=task,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0])
                     for d in task.deps],
             consumers=consumers,
@@ -256,6 +261,12 @@ class Placer:
             if mine and key not in skip:
                 jobs.append(self.o.store.release(key, run.pipeline_id, now, mine))
         await asyncio.gather(*jobs)
+
+
+def plan_order(placements: dict[str, Placement]) -> dict[str, int]:
+    """Each task's rank by planned start (ties by id): agents start ready work in this order."""
+    ranked = sorted(placements, key=lambda t: (placements[t].start, t))
+    return {t: i for i, t in enumerate(ranked)}
 
 
 def planned_view(placements: dict[str, Placement]) -> list[PlannedTask]:

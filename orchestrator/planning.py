@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
@@ -126,11 +126,10 @@ def with_bookings(
     """The cluster with other pipelines' live reservations (those `blocks` keeps) as per-slot
     busy windows, in seconds relative to `t0` on the booking clock; expired ones are ignored
     (whoever writes the key next drops them)."""
-    devices = []
-    for d in cluster.devices:
+    overlay: dict[int, tuple[tuple[int, float, float], ...]] = {}
+    for i, d in enumerate(cluster.devices):
         agent_id, dev_id = d.id.split(":", 1)
         cached = bookings.get(device_key(agent_id, dev_id))
-        extra: tuple[tuple[int, float, float], ...] = ()
         if cached is not None:
             # A window still in the bucket is work not yet known finished: if its planned end
             # has passed it is still queued or running, so it holds its slot from now for its
@@ -140,8 +139,9 @@ def with_bookings(
                 for w in cached.book.windows
                 if w.expires > now and w.slot < d.slots and blocks(w)
             )
-        devices.append(replace(d, slot_busy=extra) if extra else d)
-    return Cluster(devices)
+            if extra:
+                overlay[i] = extra
+    return cluster.with_slot_busy(overlay) if overlay else cluster
 
 
 def plan_pipeline(
@@ -155,6 +155,7 @@ def plan_pipeline(
     excluded: set[tuple[str, str]] | None = None,
     fixed: Mapping[str, Placement] | None = None,
     rel_now: float = 0.0,
+    budget_s: float = PLAN_BUDGET_S,
 ) -> Planned:
     """Plan on the live view (and the cached reservations); raises scheduling.Unschedulable
     with per-device reasons. Times in the plan are seconds after `t0`."""
@@ -167,5 +168,5 @@ def plan_pipeline(
     if excluded:
         cost.excluded = set(excluded)
     live_fixed = {t: p for t, p in (fixed or {}).items() if p.device_id in cluster}
-    plan = portfolio(graph, cluster, cost, fixed=live_fixed, now=rel_now, budget_s=PLAN_BUDGET_S)
+    plan = portfolio(graph, cluster, cost, fixed=live_fixed, now=rel_now, budget_s=budget_s)
     return Planned(plan, graph, cluster, cost)

@@ -21,6 +21,7 @@ from nats.micro.request import Request
 
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, Placer
+from orchestrator.planning import PLAN_BUDGET_S
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.scheduling import Placement, Unschedulable
@@ -65,9 +66,17 @@ MAX_PIPELINES_KEPT = 2_000
 
 class Orchestrator:
     def __init__(
-        self, nats_url: str, *, misses: int = 3, lease_s: float = LEASE_S, name: str | None = None
+        self,
+        nats_url: str,
+        *,
+        misses: int = 3,
+        lease_s: float = LEASE_S,
+        name: str | None = None,
+        plan_budget_s: float = PLAN_BUDGET_S,
     ) -> None:
         self.nats_url = nats_url
+        #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
+        self.plan_budget_s = plan_budget_s
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
         self.view = ClusterView(misses, salt=self.owner)
         self.pipelines: dict[str, PipelineRun] = {}
@@ -508,9 +517,12 @@ class Orchestrator:
 
 
 async def run_orchestrator(
-    nats_url: str, stop: asyncio.Event | None = None, name: str | None = None
+    nats_url: str,
+    stop: asyncio.Event | None = None,
+    name: str | None = None,
+    plan_budget_s: float = PLAN_BUDGET_S,
 ) -> None:
-    orch = Orchestrator(nats_url, name=name)
+    orch = Orchestrator(nats_url, name=name, plan_budget_s=plan_budget_s)
     await orch.start()
     try:
         await (stop or asyncio.Event()).wait()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -228,6 +228,21 @@ class Cluster:
                     self.label_codes[key] = ({}, np.full(n, -1, dtype=np.int64))
                 table, codes = self.label_codes[key]
                 codes[i] = table.setdefault(value, len(table))
+
+    def with_slot_busy(self, extra: Mapping[int, tuple[tuple[int, float, float], ...]]) -> Cluster:
+        """This cluster with per-slot busy windows set on some devices (by index).
+
+        Only busy windows differ, so the copy shares every array and index of this one: the
+        orchestrator overlays live reservations on each request without rebuilding them.
+        """
+        out = object.__new__(Cluster)
+        for name in Cluster.__slots__:
+            setattr(out, name, getattr(self, name))
+        devices = list(self.devices)
+        for i, windows in extra.items():
+            devices[i] = replace(devices[i], slot_busy=windows)
+        out.devices = tuple(devices)
+        return out
 
     def __len__(self) -> int:
         return len(self.devices)
