@@ -1,0 +1,134 @@
+"""Online correction: per (task signature, device) a factor learned from reported durations.
+
+Pure and synchronous (the KV persistence is a thin shell in `history.py`). The rule, on the
+log ratio r = ln(actual / base prediction):
+
+* the first observations are averaged exactly (alpha = 1/n), later ones enter an EWMA with
+  alpha = ALPHA_MIN, so a repeated task lands on its measured time after one report and
+  follows drift afterwards;
+* from MIN_FOR_MAD accepted reports on, r is an outlier when |r - median| exceeds
+  MAD_K * max(1.4826 * MAD, MAD_FLOOR) over the last WINDOW accepted ratios; outliers are not
+  applied, but MAX_STREAK outliers in a row that agree with each other mean the task really
+  changed speed (new hardware, new input size), and restart the track from them.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ALPHA_MIN = 0.3
+WINDOW = 16
+MIN_FOR_MAD = 3
+MAD_K = 3.5
+MAD_FLOOR = 0.05
+MAX_STREAK = 3
+#: Factors are kept within [1/100, 100]: beyond that the task is not the one we predicted.
+MAX_LOG = math.log(100.0)
+
+
+@dataclass
+class Track:
+    log_factor: float = 0.0
+    n: int = 0
+    recent: list[float] = field(default_factory=list)
+    pending: list[float] = field(default_factory=list)
+    rejected: int = 0
+    updated: float = 0.0
+
+    @property
+    def factor(self) -> float:
+        return math.exp(self.log_factor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Track:
+        return cls(
+            log_factor=float(d.get("log_factor", 0.0)),
+            n=int(d.get("n", 0)),
+            recent=[float(x) for x in d.get("recent", [])][-WINDOW:],
+            pending=[float(x) for x in d.get("pending", [])][-MAX_STREAK:],
+            rejected=int(d.get("rejected", 0)),
+            updated=float(d.get("updated", 0.0)),
+        )
+
+
+def is_outlier(recent: list[float], r: float) -> bool:
+    """The MAD rule over the accepted window."""
+    if len(recent) < MIN_FOR_MAD:
+        return False
+    med = statistics.median(recent)
+    mad = statistics.median(abs(x - med) for x in recent)
+    return abs(r - med) > MAD_K * max(1.4826 * mad, MAD_FLOOR)
+
+
+def update(t: Track, r: float, now: float = 0.0) -> bool:
+    """Apply one log ratio to a track; True if it was accepted."""
+    if not math.isfinite(r):
+        return False
+    r = max(-MAX_LOG, min(MAX_LOG, r))
+    t.updated = now
+    if is_outlier(t.recent, r):
+        t.rejected += 1
+        t.pending = [*t.pending, r][-MAX_STREAK:]
+        if len(t.pending) >= MAX_STREAK and not is_outlier(t.pending, t.pending[-1]):
+            # a consistent shift, not noise: start over from the new regime
+            t.recent, t.n = list(t.pending), len(t.pending)
+            t.log_factor = statistics.fmean(t.pending)
+            t.pending = []
+            return True
+        return False
+    t.pending = []
+    t.n += 1
+    alpha = max(1.0 / t.n, ALPHA_MIN)
+    t.log_factor += alpha * (r - t.log_factor)
+    t.recent = [*t.recent, r][-WINDOW:]
+    return True
+
+
+class Corrections:
+    """All tracks, keyed by (task signature, device key)."""
+
+    def __init__(self) -> None:
+        self._tracks: dict[tuple[str, str], Track] = {}
+        self._by_sig: dict[str, dict[str, Track]] = {}
+        #: Bumped on every change, so callers can cache corrected figures.
+        self.version = 0
+
+    def __len__(self) -> int:
+        return len(self._tracks)
+
+    def __iter__(self) -> Iterator[tuple[tuple[str, str], Track]]:
+        return iter(self._tracks.items())
+
+    def get(self, sig: str, device: str) -> Track | None:
+        return self._tracks.get((sig, device))
+
+    def for_signature(self, sig: str) -> dict[str, Track]:
+        return self._by_sig.get(sig, {})
+
+    def factor(self, sig: str, device: str) -> float:
+        t = self._tracks.get((sig, device))
+        return t.factor if t is not None else 1.0
+
+    def observe(self, sig: str, device: str, base_s: float, actual_s: float, now: float) -> bool:
+        """One reported duration against the uncorrected prediction it replaces."""
+        if base_s <= 0.0 or actual_s <= 0.0:
+            return False
+        t = self._tracks.get((sig, device))
+        if t is None:
+            t = self.put(sig, device, Track())
+        ok = update(t, math.log(actual_s / base_s), now)
+        self.version += 1
+        return ok
+
+    def put(self, sig: str, device: str, track: Track) -> Track:
+        self._tracks[(sig, device)] = track
+        self._by_sig.setdefault(sig, {})[device] = track
+        self.version += 1
+        return track

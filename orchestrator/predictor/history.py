@@ -1,0 +1,64 @@
+"""Correction history in JetStream KV: one key per (task signature, device), written off the
+hot path, read back on start so a restarted orchestrator keeps what it learned."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from typing import Any
+
+from nats.js.errors import BucketNotFoundError, NoKeysError
+
+from orchestrator.predictor.correction import Corrections, Track
+
+log = logging.getLogger("mars.predictor")
+BUCKET = "MARS_PREDICTOR"
+
+
+def kv_key(sig: str, device: str) -> str:
+    """KV keys allow few characters; the device key is hashed and kept in the value."""
+    return f"{sig}.{hashlib.blake2b(device.encode(), digest_size=8).hexdigest()}"
+
+
+class History:
+    def __init__(self, js: Any, corrections: Corrections, bucket: str = BUCKET) -> None:
+        self.js = js
+        self.corrections = corrections
+        self.bucket = bucket
+        self.kv: Any = None
+        self.writes = 0
+
+    async def start(self) -> int:
+        """Open (or create) the bucket and load every track; returns how many."""
+        try:
+            self.kv = await self.js.key_value(self.bucket)
+        except BucketNotFoundError:
+            with contextlib.suppress(Exception):  # another replica may create it first
+                await self.js.create_key_value(bucket=self.bucket, history=1)
+            self.kv = await self.js.key_value(self.bucket)
+        try:
+            keys = await self.kv.keys()
+        except NoKeysError:
+            return 0
+        loaded = 0
+        for k in keys:
+            with contextlib.suppress(Exception):
+                entry = await self.kv.get(k)
+                d = json.loads(entry.value)
+                self.corrections.put(d["sig"], d["device"], Track.from_dict(d["track"]))
+                loaded += 1
+        return loaded
+
+    async def save(self, sig: str, device: str) -> None:
+        """Write one track as it is now (last writer wins: a track is one orchestrator's view)."""
+        track = self.corrections.get(sig, device)
+        if self.kv is None or track is None:
+            return
+        body = json.dumps({"sig": sig, "device": device, "track": track.to_dict()})
+        try:
+            await self.kv.put(kv_key(sig, device), body.encode())
+            self.writes += 1
+        except Exception as exc:
+            log.warning("saving correction %s@%s failed: %s", sig, device, exc)

@@ -1,0 +1,314 @@
+"""The predictor at run time: learned model where it applies, roofline prior elsewhere, times the
+online correction; one ONNX Runtime call per batch of (task, device) pairs.
+
+Sources, per (task, device):
+* `declared`: synthetic tasks state their time (scaled by speed), and tasks that declare only
+  `est_seconds`; nothing to learn from a graph;
+* `model`: ONNX tasks whose graph features are known, on devices of a (kind, provider) the model
+  was trained on and that are really there (not emulated);
+* `prior`: everything else: the roofline on graph features, scaled by the median measured
+  ratio (so it is unbiased on the hardware we measured), or the declared-FLOPs prior.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orchestrator.predictor.correction import Corrections
+from orchestrator.predictor.features import (
+    FEATURE_NAMES,
+    DeviceFacts,
+    FeatureBook,
+    GraphFeatures,
+    device_facts,
+    device_vector,
+    shipped_book,
+    task_vector,
+)
+from orchestrator.predictor.prior import estimate_vector
+from schemas.agent import DeviceSpec
+from schemas.pipeline import OnnxRun, SyntheticRun, TaskSpec
+
+MODEL_FILE = Path(__file__).resolve().parent / "predictor.onnx"
+SOURCES = ("declared", "prior", "model")
+DECLARED, PRIOR, MODEL = 0, 1, 2
+#: Band of a prior on hardware never measured: a factor of 3 either way (a guess, said so).
+UNSEEN_BAND = (-math.log(3.0), math.log(3.0))
+CACHE_SIZE = 4096
+F64 = NDArray[np.float64]
+
+
+def task_signature(task: TaskSpec) -> str:
+    """What makes two tasks the same work: their run and profile, not their id or deps."""
+    raw = task.run.model_dump_json() + task.profile.model_dump_json()
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Per (task, device): corrected seconds, the uncorrected base, the band and the source."""
+
+    seconds: F64
+    base: F64
+    lo: F64
+    hi: F64
+    source: NDArray[np.int8]
+    factor: F64
+
+    def source_name(self, i: int, j: int) -> str:
+        return SOURCES[int(self.source[i, j])]
+
+
+@dataclass(frozen=True)
+class _DeviceTable:
+    """A device set's figures as arrays, computed once per set."""
+
+    gflops: F64
+    mem_gbps: F64
+    overhead: F64
+    vectors: NDArray[np.float32]
+    ok: NDArray[np.bool_]
+    band_lo: F64
+    band_hi: F64
+
+
+class LearnedModel:
+    """The shipped ONNX regressor and what its metadata says about where it applies."""
+
+    def __init__(self, path: Path = MODEL_FILE) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        if tuple(json.loads(meta["features"])) != FEATURE_NAMES:
+            raise ValueError(f"{path} was trained on another feature vector")
+        self.seen = {(k, p) for k, p in json.loads(meta["seen"])}
+        self.band_model = json.loads(meta["band_model"])
+        self.band_prior = json.loads(meta["band_prior"])
+        self.prior_log_scale = float(meta.get("prior_log_scale", "0"))
+        self.lo = np.asarray(json.loads(meta["feature_min"]), dtype=np.float32)
+        self.hi = np.asarray(json.loads(meta["feature_max"]), dtype=np.float32)
+
+    def applies(self, d: DeviceFacts) -> bool:
+        return not d.emulated and (d.kind, d.provider) in self.seen
+
+    def run(self, x: NDArray[np.float32], log_roof: NDArray[np.float32]) -> F64:
+        """Seconds per call for each row; features clipped to the training range (beyond it
+        the roofline alone carries the scale)."""
+        xc = np.clip(x, self.lo, self.hi)
+        out = self.session.run(["seconds"], {"x": xc, "log_roofline": log_roof.reshape(-1, 1)})
+        return np.asarray(out[0], dtype=np.float64)[:, 0]
+
+
+@cache
+def shipped_model() -> LearnedModel | None:
+    return LearnedModel() if MODEL_FILE.exists() else None
+
+
+class Predictor:
+    """Scores tasks on devices; keeps the online corrections. Cheap to call repeatedly: base
+    figures are cached per (task signature, device set), corrections applied on top."""
+
+    def __init__(
+        self,
+        model: LearnedModel | None = None,
+        book: FeatureBook | None = None,
+        corrections: Corrections | None = None,
+        *,
+        use_model: bool = True,
+    ) -> None:
+        self.model = model if model is not None else (shipped_model() if use_model else None)
+        self.book = book if book is not None else shipped_book()
+        self.corrections = corrections if corrections is not None else Corrections()
+        #: Values keep the device specs alive, so the id()s in the keys stay theirs.
+        self._cache: OrderedDict[tuple[Any, ...], tuple[F64, Sequence[DeviceSpec]]] = OrderedDict()
+        self._tables: dict[tuple[Any, ...], tuple[_DeviceTable, Sequence[DeviceSpec]]] = {}
+        self._sigs: dict[int, tuple[TaskSpec, str]] = {}
+        self.ort_calls = 0
+
+    # -- features ---------------------------------------------------------------------------
+    def graph_of(self, task: TaskSpec) -> GraphFeatures | None:
+        run = task.run
+        if not isinstance(run, OnnxRun):
+            return None
+        return self.book.get(run.model, run.batch, run.sha256)
+
+    # -- scoring ----------------------------------------------------------------------------
+    def estimate(
+        self,
+        tasks: Sequence[TaskSpec],
+        devices: Sequence[DeviceSpec],
+        keys: Sequence[str] | None = None,
+        tiers: Sequence[str] | None = None,
+    ) -> Estimates:
+        """Every task on every device; `keys` name the devices for the corrections (default:
+        their device ids). One ONNX Runtime call for everything not cached."""
+        keys = list(keys) if keys is not None else [d.device_id for d in devices]
+        dev_key = tuple(zip(keys, map(id, devices), strict=True))
+        sigs = [self.signature(t) for t in tasks]
+        nt, nd = len(tasks), len(devices)
+        out = np.empty((4, nt, nd))  # base, lo, hi, source
+        todo: list[int] = []
+        cache = self._cache
+        for i, s in enumerate(sigs):
+            hit = cache.get((s, dev_key))
+            if hit is None:
+                todo.append(i)
+            else:
+                out[:, i] = hit[0]
+        if todo:
+            table = self._devices(dev_key, devices, tiers)
+            self._score([tasks[i] for i in todo], table, out, todo)
+            for i in todo:
+                cache[(sigs[i], dev_key)] = (out[:, i].copy(), devices)
+                if len(cache) > CACHE_SIZE:
+                    cache.popitem(last=False)
+        base, lo, hi = out[0], out[1], out[2]
+        src = out[3].astype(np.int8)
+        factor = np.ones((nt, nd))
+        if len(self.corrections):
+            col = {k: j for j, k in enumerate(keys)}
+            for i, s in enumerate(sigs):
+                for k, tr in self.corrections.for_signature(s).items():
+                    j = col.get(k)
+                    if j is not None:
+                        factor[i, j] = tr.factor
+        return Estimates(base * factor, base, lo * factor, hi * factor, src, factor)
+
+    def signature(self, task: TaskSpec) -> str:
+        """`task_signature`, memoised per task object (specs are immutable)."""
+        hit = self._sigs.get(id(task))
+        if hit is not None and hit[0] is task:
+            return hit[1]
+        sig = task_signature(task)
+        if len(self._sigs) > CACHE_SIZE:
+            self._sigs.clear()
+        self._sigs[id(task)] = (task, sig)
+        return sig
+
+    def _devices(
+        self, dev_key: tuple[Any, ...], devices: Sequence[DeviceSpec], tiers: Sequence[str] | None
+    ) -> _DeviceTable:
+        hit = self._tables.get(dev_key)
+        if hit is not None:
+            return hit[0]
+        facts = [device_facts(d, tiers[j] if tiers else "") for j, d in enumerate(devices)]
+        m = self.model
+        ok = np.array([m is not None and m.applies(d) for d in facts], dtype=bool)
+        if m is not None:
+            a = np.where(ok, m.band_prior["q05"] - m.prior_log_scale, UNSEEN_BAND[0])
+            b = np.where(ok, m.band_prior["q95"] - m.prior_log_scale, UNSEEN_BAND[1])
+        else:
+            a, b = np.full(len(facts), UNSEEN_BAND[0]), np.full(len(facts), UNSEEN_BAND[1])
+        table = _DeviceTable(
+            gflops=np.array([d.gflops for d in facts]),
+            mem_gbps=np.array([d.mem_gbps for d in facts]),
+            overhead=np.array([d.call_overhead_s for d in facts]),
+            vectors=np.asarray([device_vector(d) for d in facts], dtype=np.float32).reshape(
+                len(facts), -1
+            ),
+            ok=ok,
+            band_lo=np.exp(a),
+            band_hi=np.exp(b),
+        )
+        if len(self._tables) > 64:
+            self._tables.clear()
+        self._tables[dev_key] = (table, devices)
+        return table
+
+    def _score(
+        self, tasks: Sequence[TaskSpec], dt: _DeviceTable, out: F64, rows: Sequence[int]
+    ) -> None:
+        """Fill rows of `out` (base, lo, hi, source): priors first, then one ORT call that
+        overwrites the pairs the model applies to."""
+        m = self.model
+        scale = math.exp(m.prior_log_scale) if m is not None else 1.0
+        xs: list[NDArray[np.float32]] = []
+        roofs: list[F64] = []
+        where: list[tuple[int, float]] = []  # (row, iterations) per block of ok devices
+        cols = np.flatnonzero(dt.ok)
+        for t, i in zip(tasks, rows, strict=True):
+            g = self.graph_of(t)
+            run = t.run
+            if g is None:
+                out[0, i] = estimate_vector(t, dt.gflops)
+                declared = isinstance(run, SyntheticRun) or (
+                    t.profile.flops <= 0 and t.profile.est_seconds is not None
+                )
+                out[3, i] = DECLARED if declared else PRIOR
+                out[1, i] = out[0, i] * (1.0 if declared else dt.band_lo)
+                out[2, i] = out[0, i] * (1.0 if declared else dt.band_hi)
+                continue
+            iters = float(run.iterations) if isinstance(run, OnnxRun) else 1.0
+            roof = g.flops / (dt.gflops * 1e9) + g.mem_bytes / (dt.mem_gbps * 1e9) + dt.overhead
+            out[0, i] = iters * roof * scale
+            out[1, i] = out[0, i] * dt.band_lo
+            out[2, i] = out[0, i] * dt.band_hi
+            out[3, i] = PRIOR
+            if len(cols) and m is not None:
+                tv = np.asarray(task_vector(g), dtype=np.float32)
+                xs.append(np.hstack([np.broadcast_to(tv, (len(cols), len(tv))), dt.vectors[cols]]))
+                roofs.append(np.log(roof[cols]))
+                where.append((i, iters))
+        if xs and m is not None:
+            self.ort_calls += 1
+            secs = m.run(np.vstack(xs), np.concatenate(roofs).astype(np.float32))
+            lo, hi = math.exp(m.band_model["q05"]), math.exp(m.band_model["q95"])
+            for k, (i, iters) in enumerate(where):
+                s = iters * secs[k * len(cols) : (k + 1) * len(cols)]
+                out[0, i, cols] = s
+                out[1, i, cols] = s * lo
+                out[2, i, cols] = s * hi
+                out[3, i, cols] = MODEL
+
+    # -- learning ---------------------------------------------------------------------------
+    def observe(
+        self, task: TaskSpec, key: str, device: DeviceSpec, actual_s: float, now: float
+    ) -> tuple[str, str] | None:
+        """A reported duration; returns the (signature, device key) whose track changed."""
+        est = self.estimate([task], [device], [key])
+        sig = task_signature(task)
+        if self.corrections.observe(sig, key, float(est.base[0, 0]), actual_s, now):
+            return sig, key
+        track = self.corrections.get(sig, key)
+        return (sig, key) if track is not None else None
+
+
+@dataclass
+class ErrorStats:
+    """Predicted vs actual over every finished task this orchestrator saw."""
+
+    n: int = 0
+    within_10: int = 0
+    abs_pct_sum: float = 0.0
+
+    def add(self, predicted: float, actual: float) -> None:
+        if predicted <= 0 or actual <= 0:
+            return
+        self.n += 1
+        err = abs(predicted - actual) / actual
+        self.abs_pct_sum += 100.0 * err
+        self.within_10 += err <= 0.10
+
+    def summary(self) -> str:
+        if not self.n:
+            return "no finished tasks yet"
+        return (
+            f"{self.n} tasks: MAPE {self.abs_pct_sum / self.n:.1f}%, "
+            f"{100.0 * self.within_10 / self.n:.0f}% within ±10%"
+        )

@@ -1,0 +1,71 @@
+"""Correction history lives in JetStream KV: a new orchestrator instance reloads what an earlier
+one learned from reported durations (real nats-server, real KV, real ONNX Runtime)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.pipelines import PipelineRun
+from orchestrator.predictor.history import BUCKET, kv_key
+from orchestrator.predictor.model import task_signature
+from orchestrator.service import Orchestrator
+from schemas import AgentAdvert, PipelineSpec
+from schemas.events import TaskEvent
+
+pytestmark = pytest.mark.integration
+
+SPEC = PipelineSpec.model_validate({"name": "p", "tasks": [
+    {"id": "cnn", "run": {"kind": "onnx", "model": "tiny_cnn", "batch": 4}},
+]})  # fmt: skip
+ADVERT = AgentAdvert.model_validate({
+    "agent_id": "a1", "incarnation": "i1", "site": "s", "tier": "edge",
+    "devices": [{"device_id": "cpu", "kind": "cpu", "gflops": 50.0,
+                 "mem_bandwidth_gbps": 12.0, "call_overhead_ms": 0.1, "calibrated": True}],
+})  # fmt: skip
+
+
+def _finished(run: PipelineRun, n: int, seconds: float) -> TaskEvent:
+    tr = run.tasks["cnn"]
+    tr.agent_id, tr.device_id, tr.token, tr.state = "a1", "cpu", 1, "started"
+    tr.predicted_s = 0.001
+    return TaskEvent(
+        event_id=f"e{n}", pipeline_id=run.pipeline_id, task_id="cnn", agent_id="a1",
+        incarnation="i1", device_id="cpu", token=1, state="succeeded", duration_s=seconds,
+    )  # fmt: skip
+
+
+async def test_corrections_persist_and_reload(nats_url: str) -> None:
+    a = Orchestrator(nats_url, name="orch-a")
+    await a.start()
+    try:
+        a.view.on_advert(ADVERT, a.mono())
+        kv = await a.js.key_value(BUCKET)
+        watch = await kv.watch(kv_key(task_signature(SPEC.tasks[0]), "a1:cpu"))
+        assert await watch.updates(timeout=5) is None  # end of the (empty) initial values
+        for n in range(4):  # four runs of the same task, each 0.03 s on the agent
+            run = PipelineRun(f"p{n}", SPEC, a.mono())
+            a.pipelines[run.pipeline_id] = run
+            run.committed_at = a.mono()
+            run.apply(_finished(run, n, 0.03), a.mono())
+            a._learn(run, _finished(run, n, 0.03))
+            entry = await watch.updates(timeout=5)
+            assert entry is not None
+        stored = json.loads(entry.value)
+        assert stored["device"] == "a1:cpu" and stored["track"]["n"] == 4
+        learned = a.predictor.estimate(SPEC.tasks, [ADVERT.devices[0]], ["a1:cpu"])
+        assert learned.seconds[0, 0] == pytest.approx(0.03, rel=0.02)
+        assert a.prediction_errors.n == 4
+        await watch.stop()
+    finally:
+        await a.stop()
+
+    b = Orchestrator(nats_url, name="orch-b")  # a fresh instance: nothing in memory
+    await b.start()
+    try:
+        est = b.predictor.estimate(SPEC.tasks, [ADVERT.devices[0]], ["a1:cpu"])
+        assert est.seconds[0, 0] == pytest.approx(0.03, rel=0.02)
+        assert est.factor[0, 0] != 1.0
+    finally:
+        await b.stop()

@@ -1,0 +1,54 @@
+"""Online correction: repeated tasks converge to their measured time; outliers are rejected."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.predictor.correction import Corrections, Track
+
+ratios = st.floats(min_value=0.02, max_value=50.0)
+noise = st.lists(st.floats(min_value=-0.02, max_value=0.02), min_size=5, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(base=st.floats(min_value=1e-5, max_value=100.0), true=ratios, eps=noise)
+def test_within_5_percent_after_5_reports(base: float, true: float, eps: list[float]) -> None:
+    c = Corrections()
+    actual = base * true
+    for e in eps:
+        c.observe("sig", "dev", base, actual * (1.0 + e), 0.0)
+    assert abs(base * c.factor("sig", "dev") - actual) / actual <= 0.05
+
+
+@settings(max_examples=200, deadline=None)
+@given(true=ratios, spike=st.floats(min_value=2.0, max_value=100.0), up=st.booleans())
+def test_single_outlier_is_rejected(true: float, spike: float, up: bool) -> None:
+    c = Corrections()
+    for i in range(6):
+        c.observe("s", "d", 1.0, true * (1.0 + 0.01 * (i % 3 - 1)), 0.0)
+    before = c.factor("s", "d")
+    odd = true * spike if up else true / spike
+    assert not c.observe("s", "d", 1.0, odd, 0.0)
+    assert c.factor("s", "d") == before
+
+
+def test_a_consistent_shift_is_a_new_regime_not_an_outlier() -> None:
+    c = Corrections()
+    for _ in range(6):
+        c.observe("s", "d", 1.0, 2.0, 0.0)
+    assert not c.observe("s", "d", 1.0, 8.0, 0.0)
+    assert not c.observe("s", "d", 1.0, 8.1, 0.0)
+    assert c.observe("s", "d", 1.0, 7.9, 0.0)
+    assert math.isclose(c.factor("s", "d"), 8.0, rel_tol=0.02)
+
+
+def test_tracks_are_per_signature_and_device_and_round_trip() -> None:
+    c = Corrections()
+    c.observe("s", "a", 1.0, 3.0, 5.0)
+    assert c.factor("s", "b") == 1.0 and c.factor("t", "a") == 1.0
+    t = c.get("s", "a")
+    assert t is not None and Track.from_dict(t.to_dict()) == t
+    assert not c.observe("s", "a", 0.0, 1.0, 0.0)  # nothing to compare against

@@ -1,0 +1,150 @@
+"""The shipped ONNX predictor: loads, predicts positive and monotone times, falls back to the
+prior where it does not apply, scores many devices in one call, and drives the cost model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orchestrator.planning import SpecCostModel, to_graph
+from orchestrator.predictor.model import (
+    MODEL,
+    PRIOR,
+    ErrorStats,
+    LearnedModel,
+    Predictor,
+    shipped_model,
+)
+from orchestrator.scheduling import Cluster, Device
+from schemas import DeviceSpec, PipelineSpec, TaskSpec
+
+CPU = DeviceSpec(device_id="cpu", kind="cpu", gflops=80.0, mem_bandwidth_gbps=12.0,
+                 call_overhead_ms=0.09, calibrated=True)  # fmt: skip
+
+
+def onnx_task(batch: int = 1, model: str = "tiny_cnn", iterations: int = 1) -> TaskSpec:
+    return TaskSpec.model_validate(
+        {"id": "t", "run": {"kind": "onnx", "model": model, "batch": batch,
+                            "iterations": iterations}}
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def learned() -> LearnedModel:
+    m = shipped_model()
+    assert m is not None, "orchestrator/predictor/predictor.onnx is missing"
+    return m
+
+
+def test_shipped_model_loads_and_predicts_positive(learned: LearnedModel) -> None:
+    est = Predictor(model=learned).estimate([onnx_task(b) for b in (1, 8, 64)], [CPU])
+    assert (est.source == MODEL).all()
+    assert (est.seconds > 0).all() and np.isfinite(est.seconds).all()
+    assert (est.lo <= est.seconds).all() and (est.seconds <= est.hi).all()
+
+
+def test_monotone_in_flops_for_a_fixed_device(learned: LearnedModel) -> None:
+    tasks = [onnx_task(b) for b in (1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096)]
+    sec = Predictor(model=learned).estimate(tasks, [CPU]).seconds[:, 0]
+    assert (np.diff(sec) > 0).all(), sec
+    iters = Predictor(model=learned).estimate([onnx_task(iterations=n) for n in (1, 3)], [CPU])
+    assert iters.seconds[1, 0] == pytest.approx(3 * iters.seconds[0, 0])
+
+
+def test_prior_for_unknown_kinds_and_emulated_devices(learned: LearnedModel) -> None:
+    gpu = DeviceSpec(device_id="gpu", kind="gpu", gflops=5000.0, provider="CUDAExecutionProvider")
+    npu = DeviceSpec(device_id="npu", kind="npu", gflops=200.0)
+    emu = CPU.model_copy(update={"device_id": "emu", "emulated": True})
+    est = Predictor(model=learned).estimate([onnx_task()], [CPU, gpu, npu, emu])
+    assert est.source.tolist() == [[MODEL, PRIOR, PRIOR, PRIOR]]
+    assert est.source_name(0, 1) == "prior"
+    assert (est.seconds > 0).all()
+    assert est.seconds[0, 1] < est.seconds[0, 2]  # faster device, shorter prior
+    # no graph features and no model: the declared-FLOPs prior, unchanged
+    plain = TaskSpec.model_validate(
+        {"id": "p", "run": {"kind": "exec", "argv": ["x"]}, "profile": {"flops": 1e9}}
+    )
+    e2 = Predictor(model=learned).estimate([plain], [CPU])
+    assert e2.source[0, 0] == PRIOR
+    assert e2.seconds[0, 0] == pytest.approx(1e9 / 80e9 + 0.0005)
+
+
+def test_one_ort_call_for_many_devices_then_cache(learned: LearnedModel) -> None:
+    devs = [CPU.model_copy(update={"device_id": f"d{i}", "gflops": 10.0 + i}) for i in range(100)]
+    p = Predictor(model=learned)
+    first = p.estimate([onnx_task(1), onnx_task(8)], devs)
+    assert p.ort_calls == 1
+    again = p.estimate([onnx_task(1), onnx_task(8)], devs)
+    assert p.ort_calls == 1
+    assert np.array_equal(first.seconds, again.seconds)
+
+
+def test_correction_applies_on_top_of_the_cached_base(learned: LearnedModel) -> None:
+    p = Predictor(model=learned)
+    t = onnx_task()
+    base = p.estimate([t], [CPU], ["a:cpu"]).seconds[0, 0]
+    for _ in range(3):
+        p.observe(t, "a:cpu", CPU, 2.0 * base, 0.0)
+    assert p.estimate([t], [CPU], ["a:cpu"]).seconds[0, 0] == pytest.approx(2.0 * base)
+    assert p.estimate([t], [CPU], ["b:cpu"]).seconds[0, 0] == pytest.approx(base)
+
+
+def test_spec_cost_model_uses_the_predictor(learned: LearnedModel) -> None:
+    spec = PipelineSpec.model_validate({"name": "p", "tasks": [
+        {"id": "cnn", "run": {"kind": "onnx", "model": "tiny_cnn", "batch": 8}},
+        {"id": "sleep", "run": {"kind": "synthetic", "seconds": 0.25}, "deps": ["cnn"]},
+    ]})  # fmt: skip
+    gpu = DeviceSpec(device_id="gpu", kind="gpu", gflops=900.0)
+    devices = {"a:cpu": CPU, "b:gpu": gpu}
+    p = Predictor(model=learned)
+    cost = SpecCostModel(spec, devices, {}, p)
+    cluster = Cluster([Device(id=k, agent_id=k[0], site="s", kind=d.kind, speed=d.gflops)
+                       for k, d in devices.items()])  # fmt: skip
+    graph = to_graph(spec)
+    w = cost.compute_matrix(graph.tasks, cluster)
+    want = p.estimate(spec.tasks, [CPU, gpu], list(devices)).seconds
+    assert np.array_equal(w, want)
+    assert w[1].tolist() == [0.25, 0.25]
+    assert cost.estimate("cnn", "a:cpu")[1] == "model"
+    assert cost.estimate("cnn", "b:gpu")[1] == "prior"
+    assert cost.compute_time(graph.tasks[0], cluster.devices[0]) == w[0, 0]
+    # a learned correction changes what the scheduler sees
+    for _ in range(3):
+        p.observe(spec.tasks[0], "a:cpu", CPU, 5.0 * w[0, 0], 0.0)
+    w2 = SpecCostModel(spec, devices, {}, p).compute_matrix(graph.tasks, cluster)
+    assert w2[0, 0] == pytest.approx(5.0 * w[0, 0])
+
+
+def test_error_stats() -> None:
+    s = ErrorStats()
+    s.add(1.0, 1.05)
+    s.add(2.0, 1.0)
+    assert s.n == 2 and s.within_10 == 1
+    assert "2 tasks" in s.summary()
+
+
+def test_exported_graph_equals_numpy_forward(tmp_path) -> None:
+    pytest.importorskip("onnx")
+    import onnxruntime as ort
+
+    from orchestrator.predictor.features import FEATURE_NAMES
+    from orchestrator.predictor.train import Mlp, to_onnx
+
+    rng = np.random.default_rng(3)
+    f = len(FEATURE_NAMES)
+    sizes = [(f, 32), (32, 32), (32, 1)]
+    mlp = Mlp(
+        rng.normal(size=f),
+        np.abs(rng.normal(size=f)),
+        [rng.normal(0, 0.3, s) for s in sizes],
+        [rng.normal(0, 0.1, s[1]) for s in sizes],
+    )
+    path = tmp_path / "m.onnx"
+    path.write_bytes(to_onnx(mlp, {"features": "[]"}).SerializeToString())
+    x = rng.normal(size=(257, f)).astype(np.float32)
+    lr = rng.uniform(-12, 0, 257).astype(np.float32)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(["seconds"], {"x": x, "log_roofline": lr.reshape(-1, 1)})[0]
+    np.testing.assert_allclose(got, mlp.forward32(x, lr), rtol=1e-5)
+    np.testing.assert_allclose(np.log(got[:, 0]), mlp.forward(x.astype(np.float64), lr),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
