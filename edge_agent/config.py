@@ -8,8 +8,9 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_agent.allowlist import ExecRule, ModuleName
 from schemas.agent import DeviceSpec, LinkSpec, TaskKind, Tier, default_kinds
-from schemas.limits import Ident, Labels
+from schemas.limits import MAX_PROBE_BYTES, Ident, Labels
 
 
 class AgentConfig(BaseModel):
@@ -23,7 +24,26 @@ class AgentConfig(BaseModel):
     probe_cpu: bool = True
     #: Slots of the probed CPU device (default: logical cores).
     cpu_slots: Annotated[int, Field(ge=1, le=1024)] | None = None
-    #: Devices declared by the operator; mark emulated ones `emulated: true`.
+    #: Look for NVIDIA GPUs (NVML, else `nvidia-smi`) and advertise them.
+    probe_gpus: bool = True
+    #: Advertise ONNX Runtime accelerator providers (ROCm, OpenVINO, QNN, ...) as gpu/npu devices.
+    probe_accelerators: bool = True
+    #: Re-measure calibrated GFLOP/s this often (seconds, jittered); 0 disables.
+    recalibrate_every_s: Annotated[float, Field(ge=0.0, le=86_400.0)] = 300.0
+    #: Relative change of GFLOP/s that counts as drift (re-advertised and reported).
+    drift_threshold: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.15
+    #: Probe RTT/bandwidth to peers this often (seconds, jittered); 0 disables.
+    link_probe_every_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 10.0
+    #: Probe budget per round: at most this many peers ...
+    link_probe_max_peers: Annotated[int, Field(ge=1, le=64)] = 4
+    #: ... at most this many per destination site ...
+    link_probe_per_site: Annotated[int, Field(ge=1, le=8)] = 1
+    #: ... and at most this many payload bytes in all.
+    link_probe_budget_bytes: Annotated[int, Field(ge=1024, le=64 << 20)] = 1 << 20
+    #: Payload of the bandwidth probe.
+    link_probe_bytes: Annotated[int, Field(ge=1024, le=MAX_PROBE_BYTES)] = 256 * 1024
+    #: Devices declared by the operator; mark emulated ones `emulated: true`. A declared device
+    #: with the id of a probed one overrides the fields it names.
     devices: list[DeviceSpec] = Field(default_factory=list)
     #: Declared link costs (measured ones replace these once probing runs).
     links: list[LinkSpec] = Field(default_factory=list)
@@ -31,6 +51,42 @@ class AgentConfig(BaseModel):
     heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.5
     #: Directory searched for ONNX model files named in tasks (besides built-in models).
     models_dir: str | None = None
+    #: Journal of unsent task events and spilled outputs; set it to survive a restart
+    #: (default: a fresh temp dir per process, removed on stop).
+    buffer_dir: str | None = None
+    #: Bound on the event journal; beyond it new events are sent best-effort only.
+    buffer_max_bytes: Annotated[int, Field(ge=4096, le=1 << 40)] = 64 << 20
+    #: fsync every journal append (power-loss safe; slower on SD cards).
+    buffer_fsync: bool = False
+    #: Outputs above this go through the JetStream object store instead of inline.
+    object_threshold_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = 512 << 10
+    object_chunk_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = 128 << 10
+    #: Limits of the data bucket when this agent creates it.
+    object_ttl_s: Annotated[float, Field(gt=0.0, le=30 * 86_400.0)] = 3600.0
+    object_max_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 50)] = 1 << 30
+    #: Outputs kept until every consumer acknowledged: memory first, then spilled to disk.
+    retain_memory_bytes: Annotated[int, Field(ge=0, le=1 << 40)] = 32 << 20
+    retain_max_bytes: Annotated[int, Field(ge=0, le=1 << 50)] = 1 << 30
+    retain_max_age_s: Annotated[float, Field(gt=0.0, le=30 * 86_400.0)] = 3600.0
+    #: Reconnect backoff: jittered, doubling from base up to max, so a fleet never stampedes.
+    reconnect_base_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.25
+    reconnect_max_s: Annotated[float, Field(gt=0.0, le=600.0)] = 8.0
+    #: Executables `exec` tasks may run (argv only, never a shell); see docs/operations.md.
+    exec_allow: Annotated[list[ExecRule], Field(max_length=256)] = Field(default_factory=list)
+    #: Cap on an exec task's timeout (its own `timeout_s` applies when shorter).
+    exec_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
+    #: Stdout kept per exec task; more kills the process and fails the task.
+    exec_max_output_bytes: Annotated[int, Field(ge=0, le=1 << 30)] = 1 << 20
+    #: Parent of the per-task working directories (default: the system temp dir).
+    exec_work_dir: str | None = None
+    #: Modules (or package prefixes) whose public functions `python` tasks may call.
+    python_allow: Annotated[list[ModuleName], Field(max_length=256)] = Field(default_factory=list)
+    #: Cap on a python task's timeout.
+    python_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
+    #: Largest output a python task may return.
+    python_max_output_bytes: Annotated[int, Field(ge=0, le=1 << 30)] = 1 << 20
+    #: On SIGTERM: how long running work may finish before it is cancelled.
+    shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 20.0
 
 
 def load_config(path: str | Path) -> AgentConfig:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edge_agent.allowlist import Allowlist
 from schemas.agent import DeviceSpec, TaskKind
-from schemas.limits import MAX_INLINE_DATA
+from schemas.limits import MAX_OUTPUT_BYTES
 from schemas.pipeline import OnnxRun, SyntheticRun
 from schemas.placement import (
     CancelCommand,
@@ -57,12 +58,15 @@ class AgentCore:
         devices: list[DeviceSpec],
         allowed_kinds: list[TaskKind],
         model_problem: Callable[[OnnxRun], str | None] = lambda _run: None,
+        *,
+        allowlist: Allowlist | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.incarnation = incarnation
         self.devices = {d.device_id: d for d in devices}
         self.allowed_kinds = set(allowed_kinds)
         self.model_problem = model_problem
+        self.allowlist = allowlist or Allowlist()
         self.jobs: dict[Key, Job] = {}
         self.running: dict[str, int] = {d: 0 for d in self.devices}
         self.draining = False
@@ -113,14 +117,17 @@ class AgentCore:
         run = offer.task.run
         if run.kind not in self.allowed_kinds:
             return self._reject(offer, "kind_not_allowed", f"task kind {run.kind} not allowed")
+        not_allowed = self.allowlist.problem(run)
+        if not_allowed is not None:
+            return self._reject(offer, "not_allowlisted", not_allowed)
         need = offer.task.requires.min_memory_mb
         if need > device.memory_mb:
             return self._reject(
                 offer, "no_memory", f"needs {need:.0f} MB, device has {device.memory_mb:.0f}"
             )
-        if isinstance(run, SyntheticRun) and run.output_bytes > MAX_INLINE_DATA:
+        if isinstance(run, SyntheticRun) and run.output_bytes > MAX_OUTPUT_BYTES:
             return self._reject(
-                offer, "bad_spec", f"output of {run.output_bytes} B exceeds the inline limit"
+                offer, "bad_spec", f"output of {run.output_bytes} B exceeds {MAX_OUTPUT_BYTES} B"
             )
         if isinstance(run, OnnxRun):
             problem = self.model_problem(run)
@@ -149,7 +156,8 @@ class AgentCore:
                 n += 1
         return n
 
-    def deliver(self, msg: DataTransfer) -> DataAck:
+    def deliver(self, msg: DataTransfer, data: bytes | None = None) -> DataAck:
+        """Store an input (`data`: the payload fetched for an object-store transfer)."""
         job = self.jobs.get((msg.pipeline_id, msg.consumer))
         if job is None or job.state != "accepted":
             return DataAck(
@@ -162,7 +170,15 @@ class AgentCore:
                 ok=False,
                 reason=f"{msg.producer} is not an input of {msg.consumer}",
             )
-        job.inputs[msg.producer] = msg.data  # a duplicate delivery overwrites with equal bytes
+        payload = msg.data if data is None else data
+        if payload is None:
+            return DataAck(
+                pipeline_id=msg.pipeline_id,
+                consumer=msg.consumer,
+                ok=False,
+                reason="object payload was not fetched",
+            )
+        job.inputs[msg.producer] = payload  # a duplicate delivery overwrites with equal bytes
         return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
 
     def take_ready(self) -> list[Job]:
@@ -207,6 +223,22 @@ class AgentCore:
             self._remember(key, job.offer.token)
             out.append(job)
         return out
+
+    def abandon(self) -> list[Job]:
+        """Give up every job (shutdown): queued ones are dropped as cancelled, running ones are
+        returned with them so the shell can stop them and report each."""
+        out: list[Job] = []
+        for key, job in list(self.jobs.items()):
+            if job.state != "running":
+                del self.jobs[key]
+                job.state = "cancelled"
+                self._remember(key, job.offer.token)
+            out.append(job)
+        return out
+
+    def finished(self, key: Key) -> bool:
+        """The job ran (or was cancelled) here recently: a late duplicate input is harmless."""
+        return key in self._done
 
     def _remember(self, key: Key, token: int) -> None:
         self._done[key] = token

@@ -4,62 +4,53 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from edge_agent.allowlist import Allowlist
+from edge_agent.calibrate import Recalibrator
 from edge_agent.config import AgentConfig
 from edge_agent.core import AgentCore, Job
+from edge_agent.dataplane import DataPlane
+from edge_agent.discover import build_devices
+from edge_agent.exec_runner import run_exec
 from edge_agent.executors import ExecutionError, OnnxExecutor, Output, run_synthetic
-from edge_agent.probe import matmul_gflops, probe_host
+from edge_agent.journal import Journal
+from edge_agent.linkprobe import LinkProber, answer_probe
+from edge_agent.outbox import Outbox, reconnect_options
+from edge_agent.py_runner import run_python
 from schemas import subjects
-from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat
+from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
 from schemas.codec import encode
 from schemas.events import TaskEvent, TaskEventState
-from schemas.pipeline import OnnxRun, SyntheticRun
+from schemas.pipeline import ExecRun, OnnxRun, PythonRun, SyntheticRun
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
     DataAck,
     DataTransfer,
+    DrainCommand,
+    DrainReply,
+    FetchRequest,
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import RemoteError, request, respond
+from schemas.rpc import ServiceError, respond
 
 log = logging.getLogger("mars.agent")
 VERSION = "0.1.0"
 ADVERT_EVERY = 10  # heartbeats
-
-
-def build_devices(config: AgentConfig, *, calibrate: bool = True) -> list[DeviceSpec]:
-    """Probed CPU (measured) plus the devices the config declares (emulated ones say so)."""
-    devices: list[DeviceSpec] = []
-    if config.probe_cpu:
-        facts = probe_host()
-        devices.append(
-            DeviceSpec(
-                device_id="cpu0",
-                kind="cpu",
-                slots=config.cpu_slots or facts.logical_cores,
-                memory_mb=round(facts.memory_mb, 1),
-                gflops=round(matmul_gflops(), 3) if calibrate else 1.0,
-                provider="CPUExecutionProvider",
-                model_name=facts.cpu_model,
-            )
-        )
-    devices.extend(config.devices)
-    if not devices:
-        raise ValueError("agent has no devices: enable probe_cpu or declare devices")
-    return devices
 
 
 class Agent:
@@ -77,12 +68,17 @@ class Agent:
         self.incarnation = uuid.uuid4().hex[:16]
         self.devices = build_devices(config, calibrate=calibrate)
         self.onnx = OnnxExecutor(config.models_dir)
+        self.recal = Recalibrator(
+            self.agent_id, self.incarnation, config.recalibrate_every_s, config.drift_threshold
+        )
+        self.links = LinkProber(self.agent_id, config, advert_every=ADVERT_EVERY)
         self.core = AgentCore(
             self.agent_id,
             self.incarnation,
             self.devices,
             list(config.allowed_kinds),
             self.onnx.has_model,
+            allowlist=Allowlist(tuple(config.exec_allow), tuple(config.python_allow)),
         )
         self.nc: NATS | None = None
         self._seq = 0
@@ -90,6 +86,30 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running: dict[tuple[str, str], asyncio.Task[Any]] = {}
         self._stopped = asyncio.Event()
+        #: Set whenever jobs start, finish or are dropped: drain and shutdown wait on it.
+        self._jobs_changed = asyncio.Event()
+        # offline autonomy: events journaled on disk, outputs retained until acknowledged
+        self._own_state = config.buffer_dir is None
+        self.state_dir = (
+            Path(config.buffer_dir) / self.agent_id
+            if config.buffer_dir
+            else Path(tempfile.mkdtemp(prefix=f"mars-agent-{self.agent_id}-"))
+        )
+        journal = Journal(
+            self.state_dir / "events.journal", config.buffer_max_bytes, fsync=config.buffer_fsync
+        )
+        self.outbox = Outbox(journal)
+        self.data = DataPlane(
+            self.agent_id,
+            self.core,
+            config,
+            self.state_dir / "outputs",
+            on_input=self._start_ready,
+            spawn=self._spawn,
+        )
+        #: Set while connected to NATS, and while not (tests and operators watch both).
+        self.online = asyncio.Event()
+        self.offline = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def advert(self) -> AgentAdvert:
@@ -101,7 +121,7 @@ class Agent:
             hostname=socket.gethostname()[:256],
             labels=dict(self.config.labels),
             devices=self.devices,
-            links=list(self.config.links),
+            links=self.links.links(self.config.links),
             allowed_kinds=list(self.config.allowed_kinds),
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             version=VERSION,
@@ -113,22 +133,50 @@ class Agent:
             self.nats_url,
             name=f"mars-agent-{self.agent_id}",
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+            error_cb=self._on_nats_error,
+            **reconnect_options(self.config.reconnect_base_s, self.config.reconnect_max_s),
         )
         nc = self.nc
+        self.data.attach(nc)
         await nc.subscribe(subjects.offer(self.agent_id), cb=self._on_offer)
         await nc.subscribe(subjects.commit(self.agent_id), cb=self._on_commit)
         await nc.subscribe(subjects.cancel(self.agent_id), cb=self._on_cancel)
+        await nc.subscribe(subjects.drain(self.agent_id), cb=self._on_drain)
         await nc.subscribe(subjects.data(self.agent_id), cb=self._on_data)
+        await nc.subscribe(subjects.data_ack(self.agent_id), cb=self._on_data_ack)
+        await nc.subscribe(subjects.fetch(self.agent_id), cb=self._on_fetch)
         await nc.subscribe(subjects.DISCOVER, cb=self._on_discover)
+        await nc.subscribe(subjects.probe(self.agent_id), cb=self._on_probe)
+        if self.links.enabled:
+            await self.links.attach(nc)
         await nc.flush()
         await self._publish_advert()
         self._spawn(self._heartbeat_loop())
+        self.online.set()
+        self.outbox.attach(nc)  # replays what a previous run left in the journal
+        self._spawn(self.outbox.run())
+        self._spawn(self.data.run())
+        self._spawn(self.data.sweep(force=True))  # outputs retained by a previous run
+        if self.links.enabled:
+            self._spawn(self.links.run(nc, self._stopped, self._publish_advert))
+        if self.recal.active(self.devices):
+            self._spawn(
+                self.recal.run(
+                    lambda: self.devices,
+                    lambda: self.core.running_total > 0,
+                    self._on_drift,
+                    self._stopped,
+                )
+            )
         log.info(
             "agent %s (%s) up with %d devices", self.agent_id, self.incarnation, len(self.devices)
         )
 
     async def stop(self) -> None:
+        if self.nc is not None and self.nc.is_connected:
+            await self.outbox.wait_empty(1.0)  # bounded: what is left stays journaled
         self._stopped.set()
         for t in list(self._tasks):
             t.cancel()
@@ -138,7 +186,89 @@ class Agent:
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
+            if not self.nc.is_closed:  # drain refuses while reconnecting
+                with contextlib.suppress(Exception):
+                    await self.nc.close()
         self.nc = None
+        self.outbox.journal.close()
+        if self._own_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+        else:
+            self.data.store.spill_all()  # a restart finds what is not yet acknowledged
+
+    # -- drain and graceful shutdown ----------------------------------------------------------
+    def drain(self, deadline_s: float | None = None) -> None:
+        """Accept no new offers; accepted work carries on. After `deadline_s` (if given),
+        whatever is still running or queued is cancelled."""
+        self.core.draining = True
+        if deadline_s is not None:
+            self._spawn(self._drain_deadline(deadline_s))
+
+    def resume(self) -> None:
+        self.core.draining = False
+
+    async def _drain_deadline(self, deadline_s: float) -> None:
+        if not await self.wait_idle(deadline_s) and self.core.draining:
+            await self.cancel_all("drain deadline passed")
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait (on job changes, not by polling) until no job is held; False on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.core.jobs:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._jobs_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._jobs_changed.wait(), left)
+        return True
+
+    async def cancel_all(self, reason: str) -> None:
+        """Cancel every job: queued ones are reported cancelled here, running ones by
+        `_execute` once their task (and any exec process group) is stopped."""
+        stopping = []
+        for job in self.core.abandon():
+            task = self._running.get(job.key)
+            if task is not None:
+                task.cancel()
+                stopping.append(task)
+            elif job.state == "cancelled":
+                await self._event(job, "cancelled", error=reason)
+        self._jobs_changed.set()
+        if stopping:
+            await asyncio.wait(stopping, timeout=10.0)
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Drain, let running and accepted work finish for up to `grace_s`, cancel the rest
+        (each gets a `cancelled` event), then stop."""
+        self.drain()
+        if not await self.wait_idle(grace_s):
+            log.info("grace of %.1f s over: cancelling %d jobs", grace_s, len(self.core.jobs))
+            await self.cancel_all("agent shut down")
+        await self.stop()
+
+    def _drain_reply(self) -> DrainReply:
+        running = self.core.running_total
+        return DrainReply(
+            agent_id=self.agent_id,
+            draining=self.core.draining,
+            running=running,
+            queued=max(0, len(self.core.jobs) - running),
+        )
+
+    async def _on_drain(self, msg: Msg) -> None:
+        async def drain(cmd: DrainCommand) -> DrainReply:
+            if cmd.agent_id != self.agent_id:
+                raise ServiceError("bad_request", f"drain for agent {cmd.agent_id}")
+            if cmd.resume:
+                self.resume()
+            else:
+                self.drain(cmd.deadline_s)
+            log.info("agent %s %s", self.agent_id, "draining" if self.core.draining else "resumed")
+            return self._drain_reply()
+
+        await respond(self.nc, msg, DrainCommand, drain)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -162,15 +292,28 @@ class Agent:
                 running=self.core.running_total,
                 draining=self.core.draining,
             )
-            with contextlib.suppress(Exception):
-                await self.nc.publish(subjects.heartbeat(self.agent_id), encode(hb))
-                if self._seq % ADVERT_EVERY == 0:
-                    await self._publish_advert()
+            if self.nc.is_connected:  # offline, stale heartbeats would pile up in the client
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(subjects.heartbeat(self.agent_id), encode(hb))
+                    if self._seq % ADVERT_EVERY == 0:
+                        await self._publish_advert()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopped.wait(), interval)
 
     # -- commands -------------------------------------------------------------------------------
     async def _on_discover(self, msg: Msg) -> None:
+        await self._publish_advert()
+
+    async def _on_probe(self, msg: Msg) -> None:
+        await answer_probe(self.nc, msg)
+
+    async def _on_drift(self, drifted: list[tuple[DeviceSpec, CalibrationDrift]]) -> None:
+        """Advertise the re-measured figures at once, and publish why (the drift notices)."""
+        new = {d.device_id: d for d, _ in drifted}
+        self.devices = [new.get(d.device_id, d) for d in self.devices]
+        assert self.nc is not None
+        for _, notice in drifted:
+            await self.nc.publish(subjects.drift(self.agent_id), encode(notice))
         await self._publish_advert()
 
     async def _on_offer(self, msg: Msg) -> None:
@@ -184,6 +327,10 @@ class Agent:
                     reply.code,
                     reply.reason,
                 )
+            else:
+                job = self.core.jobs.get((offer.pipeline_id, offer.task.id))
+                if job is not None and job.committed:  # re-offered with new routing
+                    self.data.fetch_missing([job], force=True)
             return reply
 
         await respond(self.nc, msg, TaskOffer, admit)
@@ -192,6 +339,8 @@ class Agent:
         async def commit(cmd: CommitCommand) -> CommitCommand:
             self.core.commit(cmd)
             self._start_ready()
+            jobs = [self.core.jobs.get((cmd.pipeline_id, t)) for t in cmd.task_ids]
+            self.data.fetch_missing([j for j in jobs if j is not None], ready_only=True)
             return cmd
 
         await respond(self.nc, msg, CommitCommand, commit)
@@ -201,47 +350,66 @@ class Agent:
             for job in self.core.cancel(cmd):
                 running = self._running.get(job.key)
                 if running is not None:
-                    running.cancel()
+                    running.cancel()  # an exec task's process group is killed with it
+            self.data.cancel(cmd.pipeline_id, cmd.task_ids)
+            self._jobs_changed.set()
             return cmd
 
         await respond(self.nc, msg, CancelCommand, cancel)
 
     async def _on_data(self, msg: Msg) -> None:
-        async def deliver(transfer: DataTransfer) -> DataAck:
-            return self._deliver(transfer)
+        await respond(self.nc, msg, DataTransfer, self.data.accept)
 
-        await respond(self.nc, msg, DataTransfer, deliver)
+    async def _on_fetch(self, msg: Msg) -> None:
+        await respond(self.nc, msg, FetchRequest, self.data.on_fetch)
 
-    def _deliver(self, transfer: DataTransfer) -> DataAck:
-        if hashlib.sha256(transfer.data).hexdigest() != transfer.sha256:
-            return DataAck(
-                pipeline_id=transfer.pipeline_id,
-                consumer=transfer.consumer,
-                ok=False,
-                reason="sha256 mismatch",
+    async def _on_data_ack(self, msg: Msg) -> None:
+        await respond(self.nc, msg, DataAck, self.data.on_ack)
+
+    # -- connectivity ---------------------------------------------------------------------------
+    async def _on_nats_error(self, exc: Exception) -> None:
+        # failed reconnect attempts are expected while offline; anything else is worth a look
+        lost = (OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
+        log.log(logging.DEBUG if isinstance(exc, lost) else logging.WARNING, "nats: %r", exc)
+
+    async def _on_disconnected(self) -> None:
+        if self.online.is_set() and not self._stopped.is_set():
+            log.warning(
+                "agent %s lost NATS; tasks keep running, events are journaled", self.agent_id
             )
-        ack = self.core.deliver(transfer)
-        if ack.ok:
-            self._start_ready()
-        return ack
+        self.online.clear()
+        self.offline.set()
+
+    async def _on_reconnected(self) -> None:
+        log.info(
+            "agent %s reconnected; replaying %d events", self.agent_id, len(self.outbox.journal)
+        )
+        self.offline.clear()
+        self.online.set()
+        self.outbox.wake()
+        self._spawn(self.data.sweep(force=True))
+        with contextlib.suppress(Exception):
+            await self._publish_advert()
 
     # -- execution ------------------------------------------------------------------------------
     def _start_ready(self) -> None:
         for job in self.core.take_ready():
             self._running[job.key] = self._spawn(self._execute(job))
+        self._jobs_changed.set()
 
     def _device(self, job: Job) -> DeviceSpec:
         return self.core.devices[job.offer.device_id]
 
     async def _execute(self, job: Job) -> None:
         offer = job.offer
-        await self._event(job, "started")
         t0 = time.perf_counter()
         ok = False
         try:
+            await self._event(job, "started")  # inside: a cancel here must still free the slot
             out = await self._run(job)
             duration = time.perf_counter() - t0
-            await self._ship_outputs(job, out)
+            # kept until every consumer has it; shipped in the background, offline or not
+            self._spawn(self.data.publish(offer, out.data))
             ok = True
             await self._event(job, "succeeded", duration=duration, output=out)
         except asyncio.CancelledError:
@@ -266,47 +434,23 @@ class Agent:
             return await run_synthetic(run, device)
         if isinstance(run, OnnxRun):
             return await self.onnx.run(run, device)
-        raise ExecutionError(f"no executor for kind {run.kind} in this agent")
-
-    async def _ship_outputs(self, job: Job, out: Output) -> None:
-        """Send the output straight to each consumer's agent (never through the cloud)."""
-        offer = job.offer
-        digest = hashlib.sha256(out.data).hexdigest()
-        for consumer in offer.consumers:
-            transfer = DataTransfer(
-                pipeline_id=offer.pipeline_id,
-                producer=offer.task.id,
-                consumer=consumer.task_id,
-                token=offer.token,
-                data=out.data,
-                sha256=digest,
+        cfg = self.config
+        if isinstance(run, ExecRun):
+            return await run_exec(
+                run,
+                cfg.exec_allow,
+                timeout_s=cfg.exec_timeout_s,
+                max_output_bytes=cfg.exec_max_output_bytes,
+                work_dir=cfg.exec_work_dir,
             )
-            if consumer.agent_id == self.agent_id:
-                ack = self._deliver(transfer)
-            else:
-                ack = await self._send(consumer.agent_id, transfer)
-            if not ack.ok:
-                raise ExecutionError(f"output not accepted by {consumer.task_id}: {ack.reason}")
-
-    async def _send(self, agent_id: str, transfer: DataTransfer) -> DataAck:
-        assert self.nc is not None
-        delay = 0.05
-        last = "no reply"
-        for _ in range(6):
-            try:
-                ack = await request(
-                    self.nc, subjects.data(agent_id), transfer, DataAck, timeout=2.0
-                )
-                if ack.ok:
-                    return ack
-                last = ack.reason
-            except (TimeoutError, RemoteError, nats.errors.NoRespondersError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-            await asyncio.sleep(delay)  # back off before retrying a transfer
-            delay *= 2
-        return DataAck(
-            pipeline_id=transfer.pipeline_id, consumer=transfer.consumer, ok=False, reason=last
-        )
+        if isinstance(run, PythonRun):
+            return await run_python(
+                run,
+                cfg.python_allow,
+                timeout_s=cfg.python_timeout_s,
+                max_output_bytes=cfg.python_max_output_bytes,
+            )
+        raise ExecutionError(f"no executor for kind {run.kind} in this agent")
 
     async def _event(
         self,
@@ -317,7 +461,6 @@ class Agent:
         output: Output | None = None,
         error: str = "",
     ) -> None:
-        assert self.nc is not None
         self._event_seq += 1
         offer = job.offer
         ev = TaskEvent(
@@ -334,8 +477,10 @@ class Agent:
             result=output.result[:256] if output else "",
             error=error[:2048],
         )
-        with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.task_event(offer.pipeline_id, offer.task.id), encode(ev))
+        # journaled first: sent now if connected, replayed in order after a reconnect or restart
+        self.outbox.emit(
+            subjects.task_event(offer.pipeline_id, offer.task.id), ev.event_id, encode(ev)
+        )
 
 
 async def run_agent(
@@ -344,10 +489,12 @@ async def run_agent(
     *,
     agent_id: str | None = None,
     stop: asyncio.Event | None = None,
+    grace_s: float | None = None,
 ) -> None:
+    """Run until `stop` is set, then shut down gracefully (see `Agent.shutdown`)."""
     agent = Agent(nats_url, config, agent_id=agent_id)
     await agent.start()
     try:
         await (stop or asyncio.Event()).wait()
     finally:
-        await agent.stop()
+        await agent.shutdown(config.shutdown_grace_s if grace_s is None else grace_s)

@@ -41,7 +41,37 @@ def cmd_agent(args: argparse.Namespace) -> int:
         updates["tier"] = args.tier
     if updates:
         config = AgentConfig.model_validate({**config.model_dump(), **updates})
-    return _run_until_signal(lambda stop: run_agent(args.nats, config, agent_id=args.id, stop=stop))
+    # SIGTERM/SIGINT: drain, let running work finish for the grace period, cancel the rest
+    return _run_until_signal(
+        lambda stop: run_agent(args.nats, config, agent_id=args.id, stop=stop, grace_s=args.grace)
+    )
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    """Ask one agent to drain (or to resume) and print what it still holds."""
+    import nats
+
+    from schemas import subjects
+    from schemas.placement import DrainCommand, DrainReply
+    from schemas.rpc import request
+
+    async def go() -> int:
+        cmd = DrainCommand(agent_id=args.agent_id, deadline_s=args.deadline, resume=args.resume)
+        nc = await nats.connect(args.nats, name="mars-cli", connect_timeout=5)
+        try:
+            rep = await request(
+                nc, subjects.drain(args.agent_id), cmd, DrainReply, timeout=args.timeout
+            )
+        finally:
+            await nc.close()
+        state = "draining" if rep.draining else "accepting offers"
+        print(f"agent {rep.agent_id}: {state}; {rep.running} running, {rep.queued} queued")
+        return 0
+
+    try:
+        return asyncio.run(go())
+    except Exception as exc:
+        return _fail(exc)
 
 
 def cmd_orchestrator(args: argparse.Namespace) -> int:
@@ -247,7 +277,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--id", help="stable agent id (default: config or hostname)")
     a.add_argument("--site")
     a.add_argument("--tier", choices=["device", "edge", "fog", "cloud"])
+    a.add_argument(
+        "--grace", type=float, help="seconds running work may finish on SIGTERM (default: config)"
+    )
     a.set_defaults(fn=cmd_agent)
+
+    dr = with_nats(
+        sub.add_parser("drain", help="stop an agent taking new work; running work finishes")
+    )
+    dr.add_argument("agent_id")
+    dr.add_argument("--deadline", type=float, help="cancel what is left after this many seconds")
+    dr.add_argument("--resume", action="store_true", help="accept offers again")
+    dr.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the reply")
+    dr.set_defaults(fn=cmd_drain)
 
     o = with_nats(sub.add_parser("orchestrator", help="run an orchestrator replica"))
     o.add_argument(

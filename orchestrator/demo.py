@@ -61,6 +61,15 @@ AGENTS: dict[str, dict[str, object]] = {
 }
 
 
+# All three agents share this host: its GPUs must not be advertised three times, and the
+# declared WAN links above must not be replaced by loopback measurements.
+DEMO_AGENT_DEFAULTS: dict[str, object] = {
+    "probe_gpus": False,
+    "probe_accelerators": False,
+    "link_probe_every_s": 0,
+}
+
+
 def example_path(name: str = "video-analytics.yaml") -> Path:
     return Path(__file__).resolve().parent / "examples" / name
 
@@ -104,7 +113,7 @@ def run_demo(pipeline: Path | None = None, timeout: float = 25.0, verbose: int =
             procs.append(spawn([*vflags, "orchestrator", "--nats", server.url], log=log))
             for agent_id, cfg in AGENTS.items():
                 path = Path(tmp) / f"{agent_id}.yaml"
-                path.write_text(yaml.safe_dump(cfg))
+                path.write_text(yaml.safe_dump({**DEMO_AGENT_DEFAULTS, **cfg}))
                 procs.append(
                     spawn(
                         [

@@ -164,7 +164,17 @@ class PipelineRun:
             conflicts=self.conflicts,
             rejections=self.rejections,
             cas_retries=self.cas_retries,
+            prediction_error_pct=self.prediction_error_pct(),
         )
+
+    def prediction_error_pct(self) -> float | None:
+        """How far the plan's task times were from the measured ones, on average (percent)."""
+        errs = [
+            abs(tr.predicted_s - tr.duration_s) / tr.duration_s
+            for tr in self.tasks.values()
+            if tr.state == "succeeded" and tr.predicted_s and tr.duration_s
+        ]
+        return 100.0 * sum(errs) / len(errs) if errs else None
 
     def summary(self) -> PipelineSummary:
         return PipelineSummary(

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -113,6 +115,7 @@ class Placer:
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
                         blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
                         rel_now=max(0.0, now - st.t0), budget_s=o.plan_budget_s,
+                        predictor=o.predictor,
                     )  # fmt: skip
                 except Unschedulable as exc:
                     details = {
@@ -124,11 +127,12 @@ class Placer:
                 todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
                 # 1. book every involved device by CAS
                 by_key: dict[str, list[BookingWindow]] = {}
+                ends = window_ends(plan.placements, todo)
                 for tid, p in todo.items():
                     agent_id, dev_id = p.device_id.split(":", 1)
                     by_key.setdefault(device_key(agent_id, dev_id), []).append(BookingWindow(
                         pipeline_id=run.pipeline_id, task_id=tid, slot=p.slot,
-                        start=st.t0 + p.start, end=st.t0 + max(p.finish, p.start + 1e-3),
+                        start=st.t0 + p.start, end=st.t0 + ends[tid],
                         expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
                         preemptible=spec.preemptible, submitted=run.submitted_wall,
                     ))  # fmt: skip
@@ -242,7 +246,8 @@ class Placer:
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
             slot=p.slot, token=st.tokens[tid], order=order[tid], task=task,
-            inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0])
+            inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
+                             ready=run.tasks[d].state == "succeeded")
                     for d in task.deps],
             consumers=consumers,
         )  # fmt: skip
@@ -261,6 +266,29 @@ class Placer:
             if mine and key not in skip:
                 jobs.append(self.o.store.release(key, run.pipeline_id, now, mine))
         await asyncio.gather(*jobs)
+
+
+#: Shortest reservation: a task predicted to take microseconds still holds its slot a while.
+MIN_WINDOW_S = 1e-3
+
+
+def window_ends(placements: dict[str, Placement], todo: Iterable[str]) -> dict[str, float]:
+    """Reserved end of each task in `todo`: its planned finish, stretched to MIN_WINDOW_S
+    but never into the next task the plan puts on the same slot (a pipeline's own windows
+    must not overlap, or its booking would conflict with itself)."""
+    starts: dict[tuple[str, int], list[tuple[float, str]]] = {}
+    for p in placements.values():
+        starts.setdefault((p.device_id, p.slot), []).append((p.start, p.task_id))
+    for lst in starts.values():
+        lst.sort()
+    out: dict[str, float] = {}
+    for tid in todo:
+        p = placements[tid]
+        lst = starts[(p.device_id, p.slot)]
+        after = lst[bisect_left(lst, (p.finish, "")) :]
+        nxt = next((s for s, other in after if other != tid), math.inf)
+        out[tid] = max(p.finish, min(p.start + MIN_WINDOW_S, nxt))
+    return out
 
 
 def plan_order(placements: dict[str, Placement]) -> dict[str, int]:

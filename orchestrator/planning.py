@@ -9,8 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.predictor import estimate_seconds
-from orchestrator.predictor.prior import estimate_vector
+from orchestrator.predictor.model import Estimates, Predictor
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import Cached, device_key
 from orchestrator.scheduling import (
@@ -57,41 +56,72 @@ def to_graph(spec: PipelineSpec) -> TaskGraph:
     return TaskGraph(tasks, edges)
 
 
+_DEFAULT_PREDICTOR: Predictor | None = None
+
+
+def default_predictor() -> Predictor:
+    """One process-wide predictor for callers that bring none (tools, tests)."""
+    global _DEFAULT_PREDICTOR
+    if _DEFAULT_PREDICTOR is None:
+        _DEFAULT_PREDICTOR = Predictor()
+    return _DEFAULT_PREDICTOR
+
+
 class SpecCostModel:
-    """Compute time from the predictor's prior per (task spec, device spec); links as measured."""
+    """Compute time from the predictor (learned model where it applies, prior elsewhere, times
+    the online correction), scored for every task on every device in one batched call; links
+    as measured."""
 
     def __init__(
         self,
         spec: PipelineSpec,
         devices: Mapping[str, DeviceSpec],
         links: Mapping[tuple[str, str], Link],
+        predictor: Predictor | None = None,
+        tiers: Mapping[str, str] | None = None,
     ) -> None:
         self.specs = {t.id: t for t in spec.tasks}
         self.devices = devices
         self.links = LinkCostModel(links)
-        self._cache: dict[tuple[str, str], float] = {}
+        self.predictor = predictor if predictor is not None else default_predictor()
+        self.tiers = tiers or {}
+        self._est: Estimates | None = None
+        self._row = {t.id: i for i, t in enumerate(spec.tasks)}
+        self._col = {d: j for j, d in enumerate(devices)}
         #: (task, device) pairs ruled out by an agent's rejection: infinite time, never chosen.
         self.excluded: set[tuple[str, str]] = set()
 
+    @property
+    def estimates(self) -> Estimates:
+        """All tasks on all devices, computed once per cost model."""
+        if self._est is None:
+            keys = list(self.devices)
+            self._est = self.predictor.estimate(
+                list(self.specs.values()),
+                [self.devices[k] for k in keys],
+                keys,
+                [self.tiers.get(k, "") for k in keys],
+            )
+        return self._est
+
+    def estimate(self, task_id: str, device_id: str) -> tuple[float, str, float, float]:
+        """(seconds, source, low, high) of one task on one device."""
+        e, i, j = self.estimates, self._row[task_id], self._col[device_id]
+        return float(e.seconds[i, j]), e.source_name(i, j), float(e.lo[i, j]), float(e.hi[i, j])
+
     def compute_time(self, task: Task, device: Device) -> float:
-        key = (task.id, device.id)
-        if key in self.excluded:
+        if (task.id, device.id) in self.excluded:
             return math.inf
-        t = self._cache.get(key)
-        if t is None:
-            t = estimate_seconds(self.specs[task.id], self.devices[device.id])
-            self._cache[key] = t
-        return t
+        return float(self.estimates.seconds[self._row[task.id], self._col[device.id]])
 
     def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
         return self.links.transfer_time(nbytes, src, dst)
 
     def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
-        specs = [self.devices[d.id] for d in cluster.devices]
-        gflops = np.array([d.gflops for d in specs], dtype=np.float64)
-        out = np.empty((len(tasks), len(specs)), dtype=np.float64)
-        for i, t in enumerate(tasks):
-            out[i] = estimate_vector(self.specs[t.id], gflops)
+        sec = self.estimates.seconds
+        rows = [self._row[t.id] for t in tasks]
+        cols = [self._col[d.id] for d in cluster.devices]
+        out: NDArray[np.float64] = sec[np.ix_(rows, cols)]
         if self.excluded:
             col = {d.id: j for j, d in enumerate(cluster.devices)}
             row = {t.id: i for i, t in enumerate(tasks)}
@@ -156,6 +186,7 @@ def plan_pipeline(
     fixed: Mapping[str, Placement] | None = None,
     rel_now: float = 0.0,
     budget_s: float = PLAN_BUDGET_S,
+    predictor: Predictor | None = None,
 ) -> Planned:
     """Plan on the live view (and the cached reservations); raises scheduling.Unschedulable
     with per-device reasons. Times in the plan are seconds after `t0`."""
@@ -164,7 +195,8 @@ def plan_pipeline(
     if bookings:
         cluster = with_bookings(cluster, bookings, t0, blocks, t0 + rel_now)
     graph = to_graph(spec)
-    cost = SpecCostModel(spec, devices, links)
+    tiers = {d.id: d.tier for d in cluster.devices}
+    cost = SpecCostModel(spec, devices, links, predictor, tiers)
     if excluded:
         cost.excluded = set(excluded)
     live_fixed = {t: p for t, p in (fixed or {}).items() if p.device_id in cluster}

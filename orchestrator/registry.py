@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from statistics import fmean
+from statistics import median
 
 from orchestrator.scheduling import Cluster, Device, Link
-from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat
+from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat, LinkSpec
 
 DEFAULT_MISSES = 3
 
@@ -15,6 +16,29 @@ DEFAULT_MISSES = 3
 def device_key(agent_id: str, device_id: str) -> str:
     """Cluster-wide device id used inside the scheduler."""
     return f"{agent_id}:{device_id}"
+
+
+def aggregate_links(adverts: Iterable[AgentAdvert]) -> dict[tuple[str, str], Link]:
+    """The site-to-site link model from what agents report: for each (site, to_site), the
+    median latency, bandwidth and $/GB over the agents of `site` that report it. Measured
+    reports beat declared ones (declared figures count only where nobody measured)."""
+    measured: dict[tuple[str, str], list[LinkSpec]] = {}
+    declared: dict[tuple[str, str], list[LinkSpec]] = {}
+    order: dict[tuple[str, str], None] = {}
+    for adv in adverts:
+        for link in adv.links:
+            pair = (adv.site, link.to_site)
+            order[pair] = None
+            (measured if link.measured else declared).setdefault(pair, []).append(link)
+    out: dict[tuple[str, str], Link] = {}
+    for pair in order:
+        rs = measured.get(pair) or declared[pair]
+        out[pair] = Link(
+            latency_s=median(r.latency_ms for r in rs) / 1e3,
+            bandwidth_Bps=median(r.bandwidth_mbps for r in rs) * 1e6 / 8,
+            cost_per_gb=median(r.cost_per_gb for r in rs),
+        )
+    return out
 
 
 @dataclass
@@ -100,7 +124,6 @@ class ClusterView:
 
     def _build(self, live: list[AgentEntry]) -> tuple[Cluster, dict[tuple[str, str], Link]]:
         devices: list[Device] = []
-        reports: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
         for entry in live:
             adv = entry.advert
             for d in adv.devices:
@@ -118,17 +141,4 @@ class ClusterView:
                         cost_per_hour=d.cost_per_hour,
                     )
                 )
-            for link in adv.links:
-                pair = (adv.site, link.to_site)
-                reports.setdefault(pair, []).append(
-                    (link.latency_ms / 1e3, link.bandwidth_mbps * 1e6 / 8, link.cost_per_gb)
-                )
-        links = {
-            pair: Link(
-                latency_s=fmean(r[0] for r in rs),
-                bandwidth_Bps=fmean(r[1] for r in rs),
-                cost_per_gb=fmean(r[2] for r in rs),
-            )
-            for pair, rs in reports.items()
-        }
-        return Cluster(devices), links
+        return Cluster(devices), aggregate_links(e.advert for e in live)

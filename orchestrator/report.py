@@ -30,4 +30,6 @@ def timeline_table(st: StatusReply) -> str:
             f"{f(t.started_s, 8)} {f(t.finished_s, 9)} {f(t.duration_s, 7)} "
             f"{f(t.predicted_s, 9)}  {t.result or t.error}"
         )
+    if st.prediction_error_pct is not None:
+        rows.append(f"predicted vs ran: mean error {st.prediction_error_pct:.1f}%")
     return "\n".join(rows)

@@ -22,6 +22,8 @@ from nats.micro.request import Request
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, Placer
 from orchestrator.planning import PLAN_BUDGET_S
+from orchestrator.predictor.history import History
+from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.scheduling import Placement, Unschedulable
@@ -91,6 +93,11 @@ class Orchestrator:
         self.lease_s = lease_s
         self.placer = Placer(self)
         self.evictions_seen = 0
+        #: Execution-time predictor (with this orchestrator's online corrections) and how far
+        #: its plans were off, over every finished task.
+        self.predictor = Predictor()
+        self.prediction_errors = ErrorStats()
+        self.history: History | None = None
 
     def _now(self) -> float:
         return time.monotonic()
@@ -114,6 +121,12 @@ class Orchestrator:
         js = self.js = nc.jetstream()
         self.store = BookingStore(js)
         await self.store.start()
+        self.history = History(js, self.predictor.corrections)
+        try:
+            loaded = await self.history.start()
+            log.info("predictor: %d correction tracks loaded", loaded)
+        except Exception as exc:  # a missing history costs accuracy, not availability
+            log.warning("predictor history unavailable: %s", exc)
         try:
             self._pipes_kv = await js.key_value(PIPELINES_BUCKET)
         except BucketNotFoundError:
@@ -232,7 +245,10 @@ class Orchestrator:
         run = self.pipelines.get(ev.pipeline_id)
         if run is None:
             return
+        ignored = run.duplicate_events + run.stale_events
         new_state = run.apply(ev, self._now())
+        if ev.state == "succeeded" and run.duplicate_events + run.stale_events == ignored:
+            self._learn(run, ev)
         if new_state is not None:
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
@@ -241,6 +257,24 @@ class Orchestrator:
             await self._publish_pipeline(run)
         async with self._changed:
             self._changed.notify_all()
+
+    def _learn(self, run: PipelineRun, ev: TaskEvent) -> None:
+        """Feed a measured duration to the predictor; its track is persisted off this path."""
+        tr = run.tasks[ev.task_id]
+        if ev.duration_s is None or ev.duration_s <= 0.0:
+            return
+        if tr.predicted_s is not None:
+            self.prediction_errors.add(tr.predicted_s, ev.duration_s)
+        key = f"{ev.agent_id}:{ev.device_id}"
+        try:
+            _, spec = self.view.device_spec(key)
+        except KeyError:
+            return  # the agent left; its device's figures are gone with it
+        changed = self.predictor.observe(
+            run.spec_by_id[ev.task_id], key, spec, ev.duration_s, self.wall()
+        )
+        if changed is not None and self.history is not None:
+            self._spawn(self.history.save(*changed))
 
     async def _publish_pipeline(self, run: PipelineRun) -> None:
         assert self.nc is not None

@@ -40,6 +40,16 @@ class DeviceSpec(WireModel):
     emulated: bool = False
     model_name: ShortText = ""
     labels: Labels = Field(default_factory=dict)
+    #: Logical cores (CPU) as probed; 0 when unknown or not applicable.
+    cores: Annotated[int, Field(ge=0, le=1 << 20)] = 0
+    #: Clock as probed (MHz); 0 when unknown.
+    freq_mhz: NonNegFloat = 0.0
+    #: Memory copy bandwidth measured at start (GB/s); 0 when not measured.
+    mem_bandwidth_gbps: NonNegFloat = 0.0
+    #: Median wall time of one call of the reference ONNX model (ms); 0 when not measured.
+    call_overhead_ms: NonNegFloat = 0.0
+    #: True only when `gflops` was measured on this host (never for declared/emulated devices).
+    calibrated: bool = False
 
 
 class LinkSpec(WireModel):
@@ -49,6 +59,10 @@ class LinkSpec(WireModel):
     latency_ms: Annotated[float, Field(ge=0.0, le=600_000.0, allow_inf_nan=False)]
     bandwidth_mbps: Annotated[float, Field(gt=0.0, le=1e7, allow_inf_nan=False)]
     cost_per_gb: NonNegFloat = 0.0
+    #: True when the figures come from this agent's own probes (declared otherwise).
+    measured: bool = False
+    #: Smoothed RTT variation seen by the probes (ms); 0 when declared.
+    jitter_ms: NonNegFloat = 0.0
 
 
 class AgentAdvert(WireModel):
@@ -66,6 +80,22 @@ class AgentAdvert(WireModel):
     heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.5
     version: ShortText = ""
     seq: Count = 0
+
+
+class CalibrationDrift(WireModel):
+    """A measured device got faster or slower than advertised (e.g. thermal throttling); the
+    advert already carries the new figure, this says so explicitly for whoever reacts."""
+
+    agent_id: Ident
+    incarnation: Ident
+    device_id: Ident
+    metric: Literal["gflops"] = "gflops"
+    #: Figure measured at start, the one advertised until now, and the new one.
+    baseline: PosFloat
+    previous: PosFloat
+    current: PosFloat
+    #: current / previous - 1 (e.g. -0.3 for a 30% drop).
+    change: Annotated[float, Field(ge=-1.0, le=1e6, allow_inf_nan=False)]
 
 
 class Heartbeat(WireModel):

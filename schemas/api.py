@@ -76,6 +76,8 @@ class StatusReply(WireModel):
     conflicts: Annotated[int, Field(ge=0, le=1 << 31)] = 0
     rejections: Annotated[int, Field(ge=0, le=1 << 31)] = 0
     cas_retries: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    #: Mean |predicted - actual| / actual over finished tasks (percent); None before any.
+    prediction_error_pct: NonNegFloat | None = None
 
 
 class ListRequest(WireModel):

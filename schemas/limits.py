@@ -14,8 +14,12 @@ MAX_TASKS = 5_000
 MAX_DEPS = 1_000
 MAX_DEVICES = 64
 MAX_LINKS = 512
+#: Largest link-probe payload an agent accepts (larger ones get an error, never an echo).
+MAX_PROBE_BYTES = 512 * 1024
 MAX_LABELS = 32
 MAX_INLINE_DATA = 1024 * 1024
+#: Largest task output an agent keeps and ships (through the object store above the inline limit).
+MAX_OUTPUT_BYTES = 256 * 1024 * 1024
 MAX_SECONDS = 7 * 24 * 3600.0
 
 #: Identifier safe inside a NATS subject token (no dots, spaces or wildcards).

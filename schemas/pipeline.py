@@ -47,17 +47,23 @@ class OnnxRun(WireModel):
 
 
 class ExecRun(WireModel):
+    """Run an allowlisted executable with these arguments (no shell); output is its stdout."""
+
     kind: Literal["exec"] = "exec"
     argv: Annotated[list[Arg], Field(min_length=1, max_length=64)]
     timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
 
 
 class PythonRun(WireModel):
+    """Call `module:function(**kwargs)` from an allowlisted module; output is its return value."""
+
     kind: Literal["python"] = "python"
     entry: Annotated[
         str, StringConstraints(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=256)
     ]
     kwargs: Annotated[dict[Ident, ScalarArg], Field(max_length=64)] = Field(default_factory=dict)
+    #: Capped by the agent's `python_timeout_s`.
+    timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
 
 
 RunSpec = Annotated[SyntheticRun | OnnxRun | ExecRun | PythonRun, Field(discriminator="kind")]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, model_validator
 
 from schemas.base import WireModel
-from schemas.limits import MAX_DEPS, MAX_INLINE_DATA, Bytes, Count, Ident, Text
+from schemas.limits import MAX_DEPS, MAX_INLINE_DATA, MAX_OUTPUT_BYTES, Bytes, Count, Ident, Text
 from schemas.pipeline import TaskSpec
 
 RejectCode = Literal[
@@ -22,6 +22,7 @@ RejectCode = Literal[
     "missing_model",
     "duplicate",
     "bad_spec",
+    "not_allowlisted",
 ]
 
 
@@ -31,6 +32,8 @@ class InputRef(WireModel):
     task_id: Ident
     agent_id: Ident
     nbytes: Bytes = 0
+    #: The producer already finished: fetch its output from `agent_id` rather than wait for it.
+    ready: bool = False
 
 
 class ConsumerRef(WireModel):
@@ -81,6 +84,23 @@ class CancelCommand(WireModel):
     task_ids: Annotated[list[Ident], Field(max_length=10_000)] | None = None
 
 
+class DrainCommand(WireModel):
+    """Stop accepting offers and let accepted work finish (`resume` accepts offers again)."""
+
+    agent_id: Ident
+    #: Cancel whatever is still running or queued after this long (None: wait for it all).
+    deadline_s: Annotated[float, Field(ge=0.0, le=86_400.0, allow_inf_nan=False)] | None = None
+    resume: bool = False
+
+
+class DrainReply(WireModel):
+    agent_id: Ident
+    draining: bool
+    running: Annotated[int, Field(ge=0, le=1 << 20)]
+    #: Accepted jobs not running yet (waiting for commit, inputs or a slot).
+    queued: Annotated[int, Field(ge=0, le=1 << 20)]
+
+
 class EvictNotice(WireModel):
     """Reservations of `pipeline_id` taken by a higher-priority pipeline."""
 
@@ -91,17 +111,67 @@ class EvictNotice(WireModel):
     reason: Text = ""
 
 
+#: Key of an output in the data object store: `<pipeline>/<producer>/<token>`.
+ObjectKey = Annotated[
+    str, StringConstraints(max_length=400, pattern=r"^[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/[0-9]+$")
+]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+
+
 class DataTransfer(WireModel):
+    """One output for one consumer: inline bytes, or a reference into the object store.
+
+    Exactly one of `data` and `object_key` is set; `sha256` covers the payload either way and
+    the receiver checks it before the consumer sees a byte.
+    """
+
     pipeline_id: Ident
     producer: Ident
     consumer: Ident
     token: Count
-    data: Annotated[bytes, Field(max_length=MAX_INLINE_DATA)]
-    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    data: Annotated[bytes, Field(max_length=MAX_INLINE_DATA)] | None = None
+    sha256: Sha256
+    #: Set instead of `data` for payloads above the agent's inline threshold.
+    object_key: ObjectKey | None = None
+    #: Payload size in bytes (required with `object_key`).
+    size: Annotated[int, Field(ge=0, le=MAX_OUTPUT_BYTES)] | None = None
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> Self:
+        if (self.data is None) == (self.object_key is None):
+            raise ValueError("exactly one of data and object_key must be set")
+        if self.object_key is not None and self.size is None:
+            raise ValueError("object_key needs size")
+        if self.data is not None and self.size is not None and self.size != len(self.data):
+            raise ValueError(f"size {self.size} != {len(self.data)} inline bytes")
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) if self.data is not None else (self.size or 0)
 
 
 class DataAck(WireModel):
+    """Receipt of an output; producer and token let a producer's agent release what it kept."""
+
     pipeline_id: Ident
     consumer: Ident
     ok: bool
     reason: Text = ""
+    producer: Ident | None = None
+    token: Count | None = None
+
+
+class FetchRequest(WireModel):
+    """A consumer asks a producer's agent for a retained output (after a re-placement).
+
+    `agent_id` is where the consumer now runs: a producer that has not finished yet sends the
+    output there when it does.
+    """
+
+    pipeline_id: Ident
+    producer: Ident
+    consumer: Ident
+    agent_id: Ident
+    #: Only this placement of the producer (None: whatever is retained).
+    token: Count | None = None

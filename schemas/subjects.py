@@ -49,6 +49,38 @@ def data(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.data"
 
 
+def data_ack(agent_id: str) -> str:
+    """Where a consumer confirms receipt of a fetched output to its producer's agent."""
+    return f"{PREFIX}.agents.{agent_id}.data.ack"
+
+
+def fetch(agent_id: str) -> str:
+    """Ask a producer's agent for a retained output (re-placed or late consumers)."""
+    return f"{PREFIX}.agents.{agent_id}.cmd.fetch"
+
+
+#: JetStream object store bucket for outputs above the inline threshold.
+DATA_BUCKET = "MARS_DATA"
+
+
+def probe(agent_id: str) -> str:
+    """Link probes: the agent echoes small payloads and acknowledges large ones."""
+    return f"{PREFIX}.agents.{agent_id}.cmd.probe"
+
+
+ALL_DRIFT = f"{EVENTS}.drift.>"
+
+
+def drift(agent_id: str) -> str:
+    """Calibration drift notices of one agent (`CalibrationDrift`)."""
+    return f"{EVENTS}.drift.{agent_id}"
+
+
+def drain(agent_id: str) -> str:
+    """Drain an agent (`DrainCommand` -> `DrainReply`)."""
+    return f"{PREFIX}.agents.{agent_id}.cmd.drain"
+
+
 def agent_commands(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.cmd.*"
 

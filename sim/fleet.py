@@ -84,6 +84,11 @@ def fleet_configs(
             links=links,
             allowed_kinds=["synthetic"],
             heartbeat_interval_s=heartbeat_s,
+            # emulated devices and links: nothing of this host may be probed or measured
+            probe_gpus=False,
+            probe_accelerators=False,
+            link_probe_every_s=0.0,
+            recalibrate_every_s=0.0,
         )
     return out
 

@@ -38,7 +38,16 @@ class RecordingAgent(Agent):
 
 def agent_config(site: str, tier: str, **kw: Any) -> AgentConfig:
     return AgentConfig.model_validate(
-        {"site": site, "tier": tier, "heartbeat_interval_s": 0.2, **kw}
+        {
+            "site": site,
+            "tier": tier,
+            "heartbeat_interval_s": 0.2,
+            # declared links shape the placements tests expect: measured loopback links must
+            # not replace them, and a drift check must not change speeds mid-test
+            "link_probe_every_s": 0,
+            "recalibrate_every_s": 0,
+            **kw,
+        }
     )
 
 

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import AGING_PER_S, Placer, descendants, effective_priority
+from orchestrator.placement import (
+    AGING_PER_S,
+    MIN_WINDOW_S,
+    Placer,
+    descendants,
+    effective_priority,
+    window_ends,
+)
+from orchestrator.scheduling import Placement
 from schemas import PipelineSpec
 from schemas.bookings import BookingWindow
 
@@ -48,3 +61,30 @@ def test_descendants_follow_dependencies_only_downstream() -> None:
     assert descendants(run, {"b"}) == {"b", "c"}
     assert descendants(run, {"a"}) == {"a", "b", "c"}
     assert descendants(run, {"x"}) == {"x"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 5e-3), min_size=1, max_size=12), st.lists(st.booleans()))
+def test_reserved_windows_are_stretched_but_never_overlap_on_a_slot(
+    durations: list[float], gaps: list[bool]
+) -> None:
+    """Back-to-back short tasks on one slot: each window reaches MIN_WINDOW_S where there is
+    room, covers its planned run, and never runs into the next task's window."""
+    placements: dict[str, Placement] = {}
+    t = 0.0
+    for i, dur in enumerate(durations):
+        placements[f"t{i}"] = Placement(f"t{i}", "a:cpu0", 0, t, t + dur)
+        t += dur + (2e-3 if i < len(gaps) and gaps[i] else 0.0)
+    ends = window_ends(placements, placements)
+    spans = [(p.start, ends[p.task_id]) for p in placements.values()]
+    for a, (s0, e0) in enumerate(spans):
+        for s1, e1 in spans[a + 1 :]:
+            assert min(e0, e1) - max(s0, s1) <= 0.0  # no two windows share any time
+    for p in placements.values():
+        end = ends[p.task_id]
+        assert end >= p.finish
+        room = min(
+            (q.start for q in placements.values() if q is not p and q.start >= p.finish),
+            default=math.inf,
+        )
+        assert end >= min(p.start + MIN_WINDOW_S, room)

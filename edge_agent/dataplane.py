@@ -1,0 +1,460 @@
+"""The data plane: a task's output goes straight to its consumers' agents, never via the cloud.
+
+Small outputs travel inline in a `DataTransfer`; larger ones are put once into the JetStream
+object store (chunked) and the transfer carries a reference. Either way the receiver checks the
+sha256 before the consumer sees a byte. The producer's agent keeps every output (see
+`retention`) until each consumer acknowledged it, so a consumer placed again later can `fetch`
+it; a consumer that asks before the output exists is sent it when it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
+from nats.js.errors import BucketNotFoundError
+
+from edge_agent.config import AgentConfig
+from edge_agent.core import AgentCore, Job
+from edge_agent.retention import OutputStore, Retained
+from schemas import subjects
+from schemas.codec import encode
+from schemas.placement import DataAck, DataTransfer, FetchRequest, TaskOffer
+from schemas.rpc import RemoteError, ServiceError, request
+
+log = logging.getLogger("mars.agent.data")
+#: Seconds between retention sweeps (expiry, retries of pushes and fetches).
+SWEEP_S = 5.0
+#: Assumed worst-case throughput when sizing a transfer's timeout.
+MIN_BYTES_PER_S = 4 << 20
+Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+def object_key(pipeline_id: str, producer: str, token: int) -> str:
+    """One object per (pipeline, producer, placement): a re-run never reads an old output."""
+    return f"{pipeline_id}/{producer}/{token}"
+
+
+def check_payload(data: bytes, sha256: str, size: int | None = None) -> str | None:
+    """Why `data` is not the payload the producer announced, or None when it is."""
+    if size is not None and len(data) != size:
+        return f"size mismatch: got {len(data)} B, announced {size} B"
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        return f"sha256 mismatch: got {got[:16]}..., announced {sha256[:16]}..."
+    return None
+
+
+def _backoff(
+    table: dict[tuple[str, str, str], tuple[float, float]], key: tuple[str, str, str]
+) -> None:
+    """Push the next retry of `key` out, doubling the interval up to a minute."""
+    _, interval = table.get(key, (0.0, SWEEP_S / 2))
+    interval = min(interval * 2, 60.0)
+    table[key] = (time.monotonic() + interval, interval)
+
+
+def transfer_timeout(nbytes: int) -> float:
+    return 2.0 + nbytes / MIN_BYTES_PER_S
+
+
+class Objects:
+    """The `MARS_DATA` object store bucket, created (bounded by TTL and bytes) if missing."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self._bucket: Any = None
+        self._js: Any = None
+
+    async def bucket(self, js: Any) -> Any:
+        if self._bucket is None or self._js is not js:
+            try:
+                self._bucket = await js.object_store(subjects.DATA_BUCKET)
+            except BucketNotFoundError:
+                cfg = ObjectStoreConfig(
+                    description="MARS task outputs above the inline threshold",
+                    ttl=self.config.object_ttl_s,
+                    max_bytes=self.config.object_max_bytes,
+                )
+                try:
+                    self._bucket = await js.create_object_store(subjects.DATA_BUCKET, config=cfg)
+                except Exception:  # another agent created it first, maybe with other limits
+                    self._bucket = await js.object_store(subjects.DATA_BUCKET)
+            self._js = js
+        return self._bucket
+
+    async def put(self, js: Any, key: str, data: bytes) -> None:
+        bucket = await self.bucket(js)
+        opts = ObjectMetaOptions(max_chunk_size=self.config.object_chunk_bytes)
+        await bucket.put(key, data, meta=ObjectMeta(name=key, options=opts))
+
+    async def get(self, js: Any, key: str) -> bytes:
+        bucket = await self.bucket(js)
+        result = await bucket.get(key)
+        return bytes(result.data)
+
+    async def delete(self, js: Any, key: str) -> None:
+        bucket = await self.bucket(js)
+        await bucket.delete(key)
+
+
+class DataPlane:
+    def __init__(
+        self,
+        agent_id: str,
+        core: AgentCore,
+        config: AgentConfig,
+        spill_dir: Path,
+        *,
+        on_input: Callable[[], None],
+        spawn: Spawn,
+    ) -> None:
+        self.agent_id = agent_id
+        self.core = core
+        self.config = config
+        self.store = OutputStore(
+            spill_dir,
+            memory_bytes=config.retain_memory_bytes,
+            max_bytes=config.retain_max_bytes,
+            max_age_s=config.retain_max_age_s,
+        )
+        self.objects = Objects(config)
+        self.on_input = on_input
+        self.spawn = spawn
+        self.nc: NATS | None = None
+        self.js: Any = None
+        #: Notified whenever retention or inputs change (tests wait on it).
+        self.changed = asyncio.Condition()
+        self.stats: Counter[str] = Counter()
+        # consumers that asked for an output before it existed: (pipeline, producer) -> routes
+        self._routes: dict[tuple[str, str], dict[str, str]] = {}
+        # (pipeline, producer, consumer) whose agent refused a push: it must fetch instead
+        self._refused: set[tuple[str, str, str]] = set()
+        self._pushing: set[tuple[str, str, str]] = set()
+        self._fetching: set[tuple[str, str, str]] = set()
+        # retry backoff per (pipeline, producer, consumer): (next attempt, interval)
+        self._next_fetch: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self._next_push: dict[tuple[str, str, str], tuple[float, float]] = {}
+
+    def attach(self, nc: NATS) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+
+    @property
+    def online(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    # -- producer side --------------------------------------------------------------------------
+    async def publish(self, offer: TaskOffer, data: bytes) -> None:
+        """Keep a finished task's output and send it to each consumer."""
+        consumers = {c.task_id: c.agent_id for c in offer.consumers}
+        consumers.update(self._routes.pop((offer.pipeline_id, offer.task.id), {}))
+        entry, dropped = self.store.put(
+            offer.pipeline_id,
+            offer.task.id,
+            offer.token,
+            data,
+            consumers,
+            spill=not self.online,
+        )
+        self._forget(dropped)
+        if entry is not None:
+            await self.push_all(entry)
+        await self._notify()
+
+    async def push_all(self, entry: Retained) -> None:
+        todo = [
+            (c, a)
+            for c, a in entry.unacked().items()
+            if (entry.pipeline_id, entry.producer, c) not in self._refused
+        ]
+        await asyncio.gather(*(self._push(entry, c, a) for c, a in todo))
+
+    async def _push(self, entry: Retained, consumer: str, agent_id: str) -> None:
+        flight = (entry.pipeline_id, entry.producer, consumer)
+        if flight in self._pushing:
+            return
+        self._pushing.add(flight)
+        try:
+            ack: DataAck | None
+            if agent_id == self.agent_id:
+                ack = self._deliver(self._reference(entry, consumer), self.store.read(entry))
+            else:
+                if not self.online:
+                    return  # pushed again on reconnect
+                transfer = await self._transfer(entry, consumer)
+                ack = await self._send(agent_id, transfer)
+                if ack is None:
+                    _backoff(self._next_push, flight)  # unreachable: the sweep retries
+                    return
+            self._next_push.pop(flight, None)
+            if ack.ok:
+                self._acked(entry, consumer)
+            else:
+                log.info(
+                    "%s refused %s/%s -> %s: %s",
+                    agent_id,
+                    entry.pipeline_id,
+                    entry.producer,
+                    consumer,
+                    ack.reason,
+                )
+                self._refused.add(flight)
+        except Exception as exc:
+            log.warning("shipping %s/%s -> %s failed: %s", *flight[:2], consumer, exc)
+        finally:
+            self._pushing.discard(flight)
+
+    def _reference(self, entry: Retained, consumer: str) -> DataTransfer:
+        return DataTransfer(
+            pipeline_id=entry.pipeline_id,
+            producer=entry.producer,
+            consumer=consumer,
+            token=entry.token,
+            sha256=entry.sha256,
+            object_key=entry.object_key
+            or object_key(entry.pipeline_id, entry.producer, entry.token),
+            size=entry.size,
+        )
+
+    async def _transfer(self, entry: Retained, consumer: str) -> DataTransfer:
+        """Inline up to the threshold; else a reference to the object, put there once."""
+        if entry.size <= self.config.object_threshold_bytes:
+            return DataTransfer(
+                pipeline_id=entry.pipeline_id,
+                producer=entry.producer,
+                consumer=consumer,
+                token=entry.token,
+                data=self.store.read(entry),
+                sha256=entry.sha256,
+            )
+        if entry.object_key is None:
+            key = object_key(entry.pipeline_id, entry.producer, entry.token)
+            await self.objects.put(self.js, key, self.store.read(entry))
+            self.store.set_object(entry, key)
+            self.stats["objects_put"] += 1
+        return self._reference(entry, consumer)
+
+    async def _send(self, agent_id: str, transfer: DataTransfer) -> DataAck | None:
+        """The consumer's answer, or None when it could not be reached."""
+        assert self.nc is not None
+        delay = 0.05
+        for _ in range(3):
+            if not self.online:
+                return None
+            try:
+                return await request(
+                    self.nc,
+                    subjects.data(agent_id),
+                    transfer,
+                    DataAck,
+                    timeout=transfer_timeout(transfer.nbytes),
+                )
+            except (TimeoutError, RemoteError, nats.errors.Error) as exc:
+                log.debug("send to %s failed: %s", agent_id, exc)
+            await asyncio.sleep(delay)  # back off before retrying a transfer
+            delay *= 4
+        return None
+
+    def _acked(self, entry: Retained, consumer: str) -> None:
+        done = self.store.ack(entry.pipeline_id, entry.producer, consumer, entry.token)
+        if done is not None:
+            self._forget([done])
+
+    def _forget(self, entries: list[Retained]) -> None:
+        """Released outputs: their object copies go too (the bucket TTL is the backstop)."""
+        for e in entries:
+            self._refused = {r for r in self._refused if r[:2] != e.key}
+            if e.object_key is not None and self.online:
+                self.spawn(self._delete_object(e.object_key))
+
+    async def _delete_object(self, key: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.objects.delete(self.js, key)
+
+    async def on_fetch(self, req: FetchRequest) -> DataTransfer:
+        """A (re-placed) consumer asks for a retained output."""
+        entry = self.store.get(req.pipeline_id, req.producer)
+        if entry is None or (req.token is not None and req.token != entry.token):
+            if (req.pipeline_id, req.producer) in self.core.jobs:
+                routes = self._routes.setdefault((req.pipeline_id, req.producer), {})
+                routes[req.consumer] = req.agent_id
+                raise ServiceError(
+                    "unavailable", f"{req.producer} has not finished; it is sent when it does"
+                )
+            raise ServiceError("not_found", f"no retained output of {req.producer}")
+        self.store.route(req.pipeline_id, req.producer, req.consumer, req.agent_id)
+        self._refused.discard((req.pipeline_id, req.producer, req.consumer))
+        self.stats["fetches_served"] += 1
+        return await self._transfer(entry, req.consumer)
+
+    async def on_ack(self, ack: DataAck) -> DataAck:
+        if ack.ok and ack.producer is not None:
+            done = self.store.ack(ack.pipeline_id, ack.producer, ack.consumer, ack.token)
+            if done is not None:
+                self._forget([done])
+                await self._notify()
+        return ack
+
+    def cancel(self, pipeline_id: str, task_ids: list[str] | None) -> None:
+        self._forget(self.store.drop_pipeline(pipeline_id, task_ids))
+        for key in [k for k in self._routes if k[0] == pipeline_id]:
+            if task_ids is None or key[1] in task_ids:
+                del self._routes[key]
+
+    # -- consumer side --------------------------------------------------------------------------
+    async def accept(self, transfer: DataTransfer) -> DataAck:
+        """An output arrived (inline or by reference): check it, then hand it to the job."""
+        key = (transfer.pipeline_id, transfer.consumer)
+        if key not in self.core.jobs:
+            if self.core.finished(key):
+                return self._ack(transfer, True, "already consumed")
+            return self._ack(transfer, False, "no such job")
+        if transfer.object_key is None:
+            assert transfer.data is not None
+            data = transfer.data
+        else:
+            if self.js is None:
+                return self._ack(transfer, False, "object store unreachable")
+            try:
+                data = await self.objects.get(self.js, transfer.object_key)
+            except Exception as exc:
+                return self._ack(
+                    transfer, False, f"object {transfer.object_key} unreadable: {exc!r}"[:2048]
+                )
+            self.stats["objects_fetched"] += 1
+        ack = self._deliver(transfer, data)
+        await self._notify()
+        return ack
+
+    def _ack(self, transfer: DataTransfer, ok: bool, reason: str = "") -> DataAck:
+        return DataAck(
+            pipeline_id=transfer.pipeline_id,
+            consumer=transfer.consumer,
+            ok=ok,
+            reason=reason,
+            producer=transfer.producer,
+            token=transfer.token,
+        )
+
+    def _deliver(self, transfer: DataTransfer, data: bytes) -> DataAck:
+        problem = check_payload(data, transfer.sha256, transfer.size)
+        if problem is not None:
+            self.stats["rejected"] += 1
+            log.warning(
+                "refused %s/%s -> %s: %s",
+                transfer.pipeline_id,
+                transfer.producer,
+                transfer.consumer,
+                problem,
+            )
+            return self._ack(transfer, False, problem)
+        got = self.core.deliver(transfer, data)
+        if got.ok:
+            self.stats["inputs"] += 1
+            self.on_input()
+        return self._ack(transfer, got.ok, got.reason)
+
+    def fetch_missing(
+        self, jobs: list[Job], *, ready_only: bool = False, force: bool = False
+    ) -> None:
+        """Ask producers for inputs of committed jobs that have not arrived.
+
+        `ready_only`: just those the orchestrator says exist already (at commit); `force`:
+        now, whatever the backoff says (after a re-offer or a reconnect).
+        """
+        now = time.monotonic()
+        for job in jobs:
+            if not job.committed or job.state != "accepted":
+                continue
+            for inp in job.offer.inputs:
+                if inp.task_id in job.inputs or (ready_only and not inp.ready):
+                    continue
+                flight = (job.offer.pipeline_id, inp.task_id, job.offer.task.id)
+                if flight in self._fetching:
+                    continue
+                due, _ = self._next_fetch.get(flight, (now + SWEEP_S, SWEEP_S))
+                if flight not in self._next_fetch and not (force or ready_only):
+                    self._next_fetch[flight] = (due, SWEEP_S)  # first sweep: give the push time
+                    continue
+                if not force and not ready_only and now < due:
+                    continue
+                _backoff(self._next_fetch, flight)
+                self._fetching.add(flight)
+                self.spawn(self._fetch(job, inp.task_id, inp.agent_id, flight))
+
+    async def _fetch(
+        self, job: Job, producer: str, agent_id: str, flight: tuple[str, str, str]
+    ) -> None:
+        pid, consumer = job.offer.pipeline_id, job.offer.task.id
+        try:
+            if agent_id == self.agent_id:
+                entry = self.store.get(pid, producer)
+                if entry is not None:
+                    self.store.route(pid, producer, consumer, self.agent_id)
+                    await self._push(entry, consumer, self.agent_id)
+                return
+            if not self.online:
+                return
+            assert self.nc is not None
+            req = FetchRequest(
+                pipeline_id=pid, producer=producer, consumer=consumer, agent_id=self.agent_id
+            )
+            try:
+                transfer = await request(
+                    self.nc, subjects.fetch(agent_id), req, DataTransfer, timeout=5.0
+                )
+            except RemoteError as exc:
+                log.debug("fetch %s/%s from %s: %s", pid, producer, agent_id, exc)
+                return
+            except (TimeoutError, nats.errors.Error) as exc:
+                log.debug("fetch %s/%s from %s failed: %s", pid, producer, agent_id, exc)
+                return
+            ack = await self.accept(transfer)
+            self.stats["fetched"] += ack.ok
+            await self.nc.publish(subjects.data_ack(agent_id), encode(ack))
+        finally:
+            self._fetching.discard(flight)
+
+    # -- upkeep ---------------------------------------------------------------------------------
+    async def sweep(self, *, force: bool = False) -> None:
+        """Expire old outputs, retry unsent pushes, re-ask for missing inputs."""
+        expired = self.store.expire()
+        if expired:
+            log.info("retention: %d outputs expired", len(expired))
+            self._forget(expired)
+            await self._notify()
+        jobs = self.core.jobs
+        self._next_fetch = {k: v for k, v in self._next_fetch.items() if (k[0], k[2]) in jobs}
+        self._next_push = {k: v for k, v in self._next_push.items() if k[:2] in self.store.entries}
+        if not self.online:
+            return
+        now = time.monotonic()
+        for entry in list(self.store.entries.values()):
+            due = [
+                c
+                for c in entry.unacked()
+                if force or self._next_push.get((*entry.key, c), (0.0, 0.0))[0] <= now
+            ]
+            if due:
+                self.spawn(self.push_all(entry))
+        self.fetch_missing(list(jobs.values()), force=force)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)  # upkeep cadence, not synchronisation
+            await self.sweep()

@@ -1,0 +1,232 @@
+"""The data plane over a real nats-server: large outputs through the object store with their
+sha256 checked, and retained outputs fetched again by a consumer placed later."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from edge_agent.core import Job
+from edge_agent.dataplane import object_key
+from edge_agent.executors import Output
+from edge_agent.service import Agent
+from orchestrator.service import Orchestrator
+from schemas import subjects
+from schemas.codec import decode, encode
+from schemas.events import TaskEvent
+from schemas.pipeline import PipelineSpec, TaskSpec
+from schemas.placement import (
+    CommitCommand,
+    ConsumerRef,
+    DataAck,
+    DataTransfer,
+    InputRef,
+    OfferReply,
+    TaskOffer,
+)
+from schemas.rpc import request
+from tests.harness import agent_config
+
+pytestmark = pytest.mark.integration
+BIG = 3 * 1024 * 1024 + 123  # several chunks, above the inline limit
+
+
+class InputsAgent(Agent):
+    """A real agent that notes the sha256 of every input its tasks ran with."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.seen: dict[tuple[str, str], dict[str, tuple[int, str]]] = {}
+
+    async def _run(self, job: Job) -> Output:
+        self.seen[job.key] = {
+            p: (len(d), hashlib.sha256(d).hexdigest()) for p, d in job.inputs.items()
+        }
+        return await super()._run(job)
+
+
+async def _agents(url: str, *ids: str, **cfg: Any) -> list[InputsAgent]:
+    out = []
+    for aid in ids:
+        a = InputsAgent(url, agent_config("s", "edge", cpu_slots=2, **cfg), calibrate=False)
+        a.agent_id = a.core.agent_id = aid
+        out.append(a)
+    return out
+
+
+async def _wait(cond: asyncio.Condition, pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout), cond:
+        await cond.wait_for(pred)
+
+
+def _syn(out: int, seconds: float = 0.01) -> dict[str, object]:
+    return {"kind": "synthetic", "mode": "sleep", "seconds": seconds, "output_bytes": out}
+
+
+async def test_large_output_crosses_the_object_store_checked(nats_url: str) -> None:
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    prod, cons = await _agents(nats_url, "prod", "cons", object_chunk_bytes=256 * 1024)
+    for a in (prod, cons):
+        await a.start()
+    try:
+        assert await orch.wait_for_agents(2, 10.0) == 2
+        spec = PipelineSpec.model_validate(
+            {
+                "name": "big",
+                "tasks": [
+                    {"id": "src", "run": _syn(BIG), "output_bytes": BIG,
+                     "requires": {"pinned_agent": "prod"}},
+                    {"id": "sink", "run": _syn(0), "deps": ["src"],
+                     "requires": {"pinned_agent": "cons"}},
+                ],
+            }
+        )  # fmt: skip
+        await orch.submit_spec(spec, pipeline_id="big-1")
+        run = await orch.wait_terminal("big-1", 20.0)
+        assert run.state == "succeeded", run.reason
+        want = (BIG, hashlib.sha256(bytes(BIG)).hexdigest())
+        assert cons.seen[("big-1", "sink")] == {"src": want}
+        assert prod.data.stats["objects_put"] == 1
+        assert cons.data.stats["objects_fetched"] == 1 and cons.data.stats["rejected"] == 0
+        # the only consumer confirmed: the producer keeps nothing any more
+        await _wait(prod.data.changed, lambda: len(prod.data.store) == 0)
+    finally:
+        for a in (prod, cons):
+            await a.stop()
+        await orch.stop()
+
+
+async def test_a_tampered_object_is_refused_with_a_reason(nats_url: str) -> None:
+    (cons,) = await _agents(nats_url, "cons", object_chunk_bytes=256 * 1024)
+    await cons.start()
+    nc = await nats.connect(nats_url)
+    try:
+        offer = TaskOffer(
+            pipeline_id="tp",
+            agent_id="cons",
+            incarnation=cons.incarnation,
+            device_id=cons.devices[0].device_id,
+            token=1,
+            task=TaskSpec.model_validate({"id": "sink", "run": _syn(0), "deps": ["src"]}),
+            inputs=[InputRef(task_id="src", agent_id="prod")],
+        )
+        assert (await request(nc, subjects.offer("cons"), offer, OfferReply)).accepted
+        good = bytes(range(256)) * (BIG // 256)
+        key = object_key("tp", "src", 1)
+        js = nc.jetstream()
+        await cons.data.objects.put(js, key, good)
+        info = await (await cons.data.objects.bucket(js)).get_info(key)
+        assert info.size == len(good) and info.chunks == 12  # 3 MiB in 256 KiB chunks
+        await cons.data.objects.put(js, key, b"\xff" + good[1:])  # overwritten by someone
+        transfer = DataTransfer(
+            pipeline_id="tp",
+            producer="src",
+            consumer="sink",
+            token=1,
+            object_key=key,
+            size=len(good),
+            sha256=hashlib.sha256(good).hexdigest(),
+        )
+        ack = await request(nc, subjects.data("cons"), transfer, DataAck, timeout=10)
+        assert not ack.ok and ack.reason.startswith("sha256 mismatch")
+        assert "src" not in cons.core.jobs[("tp", "sink")].inputs  # the consumer saw nothing
+        assert cons.data.stats["rejected"] == 1
+        await cons.data.objects.put(js, key, good)  # the real bytes pass
+        ack = await request(nc, subjects.data("cons"), transfer, DataAck, timeout=10)
+        assert ack.ok, ack.reason
+        assert len(cons.core.jobs[("tp", "sink")].inputs["src"]) == len(good)
+    finally:
+        await nc.close()
+        await cons.stop()
+
+
+async def test_a_consumer_placed_later_fetches_the_retained_output(nats_url: str) -> None:
+    """The producer finished and its consumer's first agent is gone: the consumer is offered
+    to another agent, which fetches the output; the producer then lets it go."""
+    a, b, c = await _agents(nats_url, "node-a", "node-b", "node-c")
+    for x in (a, b, c):
+        await x.start()
+    nc = await nats.connect(nats_url)
+    finished: dict[str, asyncio.Event] = {"src": asyncio.Event(), "sink": asyncio.Event()}
+
+    async def on_event(msg: Msg) -> None:
+        ev = decode(msg.data, TaskEvent)
+        if ev.state == "succeeded":
+            finished[ev.task_id].set()
+
+    await nc.subscribe(f"{subjects.EVENTS}.task.rp.*", cb=on_event)
+    pid = "rp"
+
+    def offer(agent: Agent, task: dict[str, object], **kw: Any) -> TaskOffer:
+        return TaskOffer(
+            pipeline_id=pid,
+            agent_id=agent.agent_id,
+            incarnation=agent.incarnation,
+            device_id=agent.devices[0].device_id,
+            token=5,
+            task=TaskSpec.model_validate(task),
+            **kw,
+        )
+
+    async def place(agent: Agent, x: TaskOffer) -> None:
+        assert (await request(nc, subjects.offer(agent.agent_id), x, OfferReply)).accepted
+        cmd = CommitCommand(pipeline_id=pid, task_ids=[x.task.id])
+        await request(nc, subjects.commit(agent.agent_id), cmd, CommitCommand)
+
+    try:
+        src = offer(
+            a,
+            {"id": "src", "run": _syn(5000)},
+            consumers=[ConsumerRef(task_id="sink", agent_id="node-b")],
+        )
+        await place(a, src)  # node-b never got (or lost) the sink
+        async with asyncio.timeout(10):
+            await finished["src"].wait()
+        await _wait(a.data.changed, lambda: a.data.store.get(pid, "src") is not None)
+        retained = a.data.store.get(pid, "src")
+        assert retained is not None and retained.unacked() == {"sink": "node-b"}
+        sink = offer(
+            c,
+            {"id": "sink", "run": _syn(0), "deps": ["src"]},
+            inputs=[InputRef(task_id="src", agent_id="node-a", ready=True)],
+        )
+        await place(c, sink)  # re-placed on node-c: it fetches from node-a
+        async with asyncio.timeout(10):
+            await finished["sink"].wait()
+        assert c.seen[(pid, "sink")] == {"src": (5000, hashlib.sha256(bytes(5000)).hexdigest())}
+        assert a.data.stats["fetches_served"] == 1 and c.data.stats["fetched"] == 1
+        # node-c's receipt was the last one outstanding: node-a lets the output go
+        await _wait(a.data.changed, lambda: a.data.store.get(pid, "src") is None)
+        assert b.data.stats["inputs"] == 0
+    finally:
+        await nc.close()
+        for x in (a, b, c):
+            await x.stop()
+
+
+async def test_cancel_releases_retained_outputs(nats_url: str) -> None:
+    (a,) = await _agents(nats_url, "solo")
+    await a.start()
+    nc = await nats.connect(nats_url)
+    try:
+        entry, _ = a.data.store.put("cp", "src", 1, b"x" * 10, {"sink": "elsewhere"})
+        assert entry is not None
+        from schemas.placement import CancelCommand
+
+        cmd = CancelCommand(pipeline_id="cp", reason="user")
+        await request(nc, subjects.cancel("solo"), cmd, CancelCommand)
+        assert a.data.store.get("cp", "src") is None
+        # a late receipt for a released output is harmless
+        ack = DataAck(pipeline_id="cp", consumer="sink", ok=True, producer="src", token=1)
+        await nc.publish(subjects.data_ack("solo"), encode(ack))
+        await nc.flush()
+    finally:
+        await nc.close()
+        await a.stop()
