@@ -98,6 +98,7 @@ class Orchestrator:
         self.predictor = Predictor()
         self.prediction_errors = ErrorStats()
         self.history: History | None = None
+        self._stopping = asyncio.Event()
 
     def _now(self) -> float:
         return time.monotonic()
@@ -125,6 +126,7 @@ class Orchestrator:
         try:
             loaded = await self.history.start()
             log.info("predictor: %d correction tracks loaded", loaded)
+            self._spawn(self.history.run(self._stopping))
         except Exception as exc:  # a missing history costs accuracy, not availability
             log.warning("predictor history unavailable: %s", exc)
         try:
@@ -178,6 +180,10 @@ class Orchestrator:
         task.add_done_callback(self._tasks.discard)
 
     async def stop(self) -> None:
+        self._stopping.set()
+        if self.history is not None:
+            with contextlib.suppress(Exception):
+                await self.history.flush()  # what was learned since the last window
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
@@ -274,7 +280,7 @@ class Orchestrator:
             run.spec_by_id[ev.task_id], key, spec, ev.duration_s, self.wall()
         )
         if changed is not None and self.history is not None:
-            self._spawn(self.history.save(*changed))
+            self.history.mark(*changed)  # written by the history loop, once per window
 
     async def _publish_pipeline(self, run: PipelineRun) -> None:
         assert self.nc is not None

@@ -3,6 +3,7 @@ hot path, read back on start so a restarted orchestrator keeps what it learned."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -15,6 +16,8 @@ from orchestrator.predictor.correction import Corrections, Track
 
 log = logging.getLogger("mars.predictor")
 BUCKET = "MARS_PREDICTOR"
+#: Longest a learned correction waits before it is written to KV.
+FLUSH_EVERY_S = 1.0
 
 
 def kv_key(sig: str, device: str) -> str:
@@ -29,6 +32,37 @@ class History:
         self.bucket = bucket
         self.kv: Any = None
         self.writes = 0
+        #: tracks changed since the last flush: a busy orchestrator sees the same (task,
+        #: device) finish many times a second, and one write per flush window is enough
+        self.dirty: set[tuple[str, str]] = set()
+        self.changed = asyncio.Event()
+
+    def mark(self, sig: str, device: str) -> None:
+        """Note a changed track; `flush` writes it (once, however often it changed)."""
+        self.dirty.add((sig, device))
+        self.changed.set()
+
+    async def flush(self) -> int:
+        """Write every track marked since the last flush; returns how many were written."""
+        todo, self.dirty = self.dirty, set()
+        self.changed.clear()
+        for sig, device in sorted(todo):
+            await self.save(sig, device)
+        return len(todo)
+
+    async def run(self, stopped: asyncio.Event, every_s: float = FLUSH_EVERY_S) -> None:
+        """Flush at most every `every_s` while there is something to write, and once at stop."""
+        while not stopped.is_set():
+            waits = [asyncio.ensure_future(e.wait()) for e in (self.changed, stopped)]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if not stopped.is_set():
+                with contextlib.suppress(TimeoutError):  # gather a window's worth of changes
+                    await asyncio.wait_for(stopped.wait(), every_s)
+            await self.flush()
 
     async def start(self) -> int:
         """Open (or create) the bucket and load every track; returns how many."""

@@ -23,8 +23,11 @@ from schemas import (
     CancelCommand,
     CancelRequest,
     CommitCommand,
+    DataAck,
     DataTransfer,
+    DrainCommand,
     ErrorEnvelope,
+    FetchRequest,
     ListReply,
     ListRequest,
     StatusRequest,
@@ -46,6 +49,9 @@ SUBJECTS = [
     subjects.commit(AGENT),
     subjects.cancel(AGENT),
     subjects.data(AGENT),
+    subjects.fetch(AGENT),
+    subjects.data_ack(AGENT),
+    subjects.drain(AGENT),
 ]
 MODELS: dict[str, type[WireModel]] = {
     subjects.SUBMIT: SubmitRequest,
@@ -57,6 +63,9 @@ MODELS: dict[str, type[WireModel]] = {
     subjects.commit(AGENT): CommitCommand,
     subjects.cancel(AGENT): CancelCommand,
     subjects.data(AGENT): DataTransfer,
+    subjects.fetch(AGENT): FetchRequest,
+    subjects.data_ack(AGENT): DataAck,
+    subjects.drain(AGENT): DrainCommand,
 }
 HOSTILE = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
