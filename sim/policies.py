@@ -1,0 +1,279 @@
+"""Placement policies the simulator compares, all on the same scheduler core.
+
+A policy plans one pipeline on the cluster as it is now: the cluster's per-slot busy windows
+hold everything other pipelines have running or queued there, and `Occupancy` adds per-device
+summaries of the same (booked seconds, earliest free slot).
+
+Why the baselines are re-stated here: the core's `round_robin`, `least_loaded` and
+`weighted_random` see only the pipeline they are given -- their load starts at zero for every
+call and the cursor at device 0 -- which is right for one plan but not for a cluster scheduler
+that keeps placing pipelines. The classes below run the same selection rules through the
+core's own `ListState` bookkeeping, with the load and the cursor carried across calls, as
+Kubernetes' LeastAllocated score and a spreading scheduler do. `earliest_start` already sees
+the busy windows, so it is used as is.
+
+Big clusters: `portfolio` and `heft` plan on about `candidates` devices, picked by the core's
+pre-filter on a copy of the cluster where each device is busy until its first free slot (so a
+fast but fully booked device does not crowd out an idle one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orchestrator.scheduling import (
+    Cluster,
+    CostModel,
+    Placement,
+    Plan,
+    TaskGraph,
+    earliest_start,
+    heft,
+    portfolio,
+)
+from orchestrator.scheduling.baseline_state import ListState
+from orchestrator.scheduling.baselines import DECAY, SMOOTHING
+from orchestrator.scheduling.prefilter import prefilter_indices
+
+
+@dataclass(frozen=True, slots=True)
+class Occupancy:
+    """Per device of the planning cluster: seconds of other pipelines' work booked after
+    `now`, and the earliest time (>= now) one of its slots is free."""
+
+    now: float
+    load: NDArray[np.float64]
+    free_at: NDArray[np.float64]
+
+
+class Policy(Protocol):
+    name: str
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan: ...
+
+
+def with_busy(cluster: Cluster, busy: Mapping[int, tuple[tuple[float, float], ...]]) -> Cluster:
+    """`cluster` with device-wide busy windows on some devices, sharing its arrays (as
+    `Cluster.with_slot_busy` does for per-slot windows; only `devices` differs)."""
+    out = object.__new__(Cluster)
+    for name in Cluster.__slots__:
+        setattr(out, name, getattr(cluster, name))
+    devices = list(cluster.devices)
+    for i, windows in busy.items():
+        devices[i] = replace(devices[i], busy=windows)
+    out.devices = tuple(devices)
+    return out
+
+
+def candidate_cluster(
+    graph: TaskGraph,
+    cluster: Cluster,
+    cost: CostModel,
+    k: int,
+    *,
+    fixed: Mapping[str, Placement],
+    now: float,
+    occ: Occupancy,
+) -> Cluster:
+    """About `k` devices worth planning on (the core's pre-filter, ranking each device as
+    if busy until its first free slot); `cluster` itself when it is that small."""
+    if len(cluster) <= k:
+        return cluster
+    waiting = np.flatnonzero(occ.free_at > now).tolist()
+    ranked = with_busy(cluster, {d: ((now, float(occ.free_at[d])),) for d in waiting})
+    idx = prefilter_indices(graph, ranked, cost, k, fixed=fixed, now=now)
+    return Cluster([cluster.devices[d] for d in idx.tolist()])
+
+
+@dataclass(slots=True)
+class Portfolio:
+    """Our scheduler: the core's portfolio (HEFT, PEFT, CPOP and variants; best plan kept)."""
+
+    budget_s: float = 0.05
+    candidates: int = 64
+    name: str = "portfolio"
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        sub = candidate_cluster(
+            graph, cluster, cost, self.candidates, fixed=fixed, now=now, occ=occ
+        )
+        return portfolio(graph, sub, cost, fixed=fixed, now=now, budget_s=self.budget_s)
+
+
+@dataclass(slots=True)
+class Heft:
+    """Plain HEFT with insertion, on the same candidate devices as the portfolio."""
+
+    candidates: int = 64
+    name: str = "heft"
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        sub = candidate_cluster(
+            graph, cluster, cost, self.candidates, fixed=fixed, now=now, occ=occ
+        )
+        return heft(graph, sub, cost, fixed=fixed, now=now)
+
+
+@dataclass(slots=True)
+class EarliestStart:
+    """Dask-like: each task where it can start first (the core's `earliest_start`)."""
+
+    name: str = "earliest-start"
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        return earliest_start(graph, cluster, cost, fixed=fixed, now=now)
+
+
+@dataclass(slots=True)
+class RoundRobin:
+    """Each task to the next usable device after the previous choice, the cursor kept
+    across pipelines (YARN/Kubernetes-style spreading)."""
+
+    cursor: int = 0
+    name: str = "round-robin"
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        st = ListState(graph, cluster, cost, fixed, now)
+        m = len(cluster)
+        for i in st.order:
+            usable = st.usable(i)
+            start = self.cursor % m
+            d = next(c % m for c in range(start, start + m) if usable[c % m])
+            st.place_on(i, d, st.ready(i))
+            self.cursor = d + 1
+        return st.plan(self.name)
+
+
+@dataclass(slots=True)
+class LeastLoaded:
+    """The "traditional" scheduler: each task to the usable device with the least booked
+    compute per slot, counting every pipeline's work (Kubernetes LeastAllocated), blind to
+    data movement."""
+
+    name: str = "least-loaded"
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        st = ListState(graph, cluster, cost, fixed, now)
+        slots = np.asarray(cluster.slots, dtype=np.float64)
+        booked = st.fixed_load() + occ.load
+        for i in st.order:
+            per_slot = np.where(st.usable(i), booked / slots, np.inf)
+            d = int(per_slot.argmin())
+            st.place_on(i, d, st.ready(i))
+            booked[d] += st.w[i, d]
+        return st.plan(self.name)
+
+
+@dataclass(slots=True)
+class WeightedRandom:
+    """Load-weighted random sharding (weights 1/(load + 0.1), loads decaying by 0.9 per
+    placement), with every pipeline's booked work as the starting load; seeded."""
+
+    seed: int = 0
+    name: str = "weighted-random"
+    rng: np.random.Generator | None = None
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        if self.rng is None:
+            self.rng = np.random.default_rng(self.seed)
+        st = ListState(graph, cluster, cost, fixed, now)
+        load = st.fixed_load() + occ.load
+        for i in st.order:
+            weights = np.where(st.usable(i), 1.0 / (load + SMOOTHING), 0.0)
+            cum = np.cumsum(weights)
+            u = float(self.rng.random()) * float(cum[-1])
+            d = min(int(np.searchsorted(cum, u, side="right")), len(cum) - 1)
+            while weights[d] == 0.0:
+                d -= 1
+            st.place_on(i, d, st.ready(i))
+            load *= DECAY
+            load[d] += st.w[i, d]
+        return st.plan(self.name)
+
+
+POLICIES = ("portfolio", "heft", "least-loaded", "round-robin", "weighted-random", "earliest-start")
+
+
+def make_policy(name: str, *, seed: int = 0, candidates: int = 64) -> Policy:
+    """A fresh policy by name (state such as a round-robin cursor starts anew)."""
+    if name == "portfolio":
+        return Portfolio(candidates=candidates)
+    if name == "heft":
+        return Heft(candidates=candidates)
+    if name == "least-loaded":
+        return LeastLoaded()
+    if name == "round-robin":
+        return RoundRobin()
+    if name == "weighted-random":
+        return WeightedRandom(seed=seed)
+    if name == "earliest-start":
+        return EarliestStart()
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
