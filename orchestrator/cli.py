@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sim.run import add_arguments as add_sim_run_arguments
+
 DEFAULT_URL = os.environ.get("MARS_NATS_URL", "nats://127.0.0.1:4222")
 
 
@@ -263,6 +265,50 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
     return _run_until_signal(main)
 
 
+def cmd_sim_run(args: argparse.Namespace) -> int:
+    from sim.run import run
+
+    return run(args)
+
+
+def cmd_sim_up(args: argparse.Namespace) -> int:
+    from sim.launcher import SimError, describe, up
+
+    try:
+        state = up(args.topology, args.dir, timeout=args.timeout, verbose=args.verbose)
+    except (SimError, OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(describe(state))
+    return 0
+
+
+def cmd_sim_down(args: argparse.Namespace) -> int:
+    from sim.launcher import SimError, down
+
+    try:
+        stopped = down(args.dir, grace=args.grace)
+    except SimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"stopped {len(stopped)} processes" + "".join(f"\n  {s}" for s in stopped))
+    return 0
+
+
+def cmd_sim_link(args: argparse.Namespace) -> int:
+    from sim.launcher import SimError, link_control
+
+    try:
+        links = link_control(args.dir, args.op, args.agent)
+    except (SimError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, ln in links.items():
+        state = "CUT" if ln["cut"] else "up"
+        print(f"{name:<16} port={ln['port']} {state:<3} conns={ln['connections']} {ln['profile']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mars", description=__doc__)
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
@@ -345,6 +391,25 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--site-count", type=int, default=4, help="sites the agents spread over")
     sa.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval (s)")
     sa.set_defaults(fn=cmd_sim_agents)
+    sr = sim_sub.add_parser("run", help="discrete-event simulation scenario (docs/sim.md)")
+    add_sim_run_arguments(sr)
+    sr.set_defaults(fn=cmd_sim_run)
+    su = sim_sub.add_parser(
+        "up", help="start nats-server, orchestrator and agents behind emulated links (docs/sim.md)"
+    )
+    su.add_argument("topology", help="topology YAML (e.g. sim/topologies/small.yaml)")
+    su.add_argument("--dir", default=".mars-sim", help="run directory: state, configs, logs")
+    su.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for agents")
+    su.set_defaults(fn=cmd_sim_up)
+    sd = sim_sub.add_parser("down", help="stop everything `mars sim up` started")
+    sd.add_argument("--dir", default=".mars-sim")
+    sd.add_argument("--grace", type=float, default=10.0, help="seconds before SIGKILL")
+    sd.set_defaults(fn=cmd_sim_down)
+    sl = sim_sub.add_parser("link", help="cut, restore or show an agent's emulated link")
+    sl.add_argument("op", choices=["cut", "restore", "show"])
+    sl.add_argument("agent", nargs="?", help="agent id (default: every link)")
+    sl.add_argument("--dir", default=".mars-sim")
+    sl.set_defaults(fn=cmd_sim_link)
     return p
 
 

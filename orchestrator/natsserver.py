@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -44,6 +45,25 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+#: Accounts of the embedded server: clients without credentials land in APP (JetStream on);
+#: SYS is the system account, and APP imports its own connect/disconnect advisories so an
+#: orchestrator sees a crashed agent's connection close at once (see docs/recovery.md).
+ACCOUNTS_CONF = """accounts {
+  SYS {
+    users: [{user: "sys", password: "%(password)s"}]
+    exports: [{stream: "$SYS.ACCOUNT.APP.>"}]
+  }
+  APP {
+    jetstream: enabled
+    users: [{user: "mars", password: "%(password)s"}]
+    imports: [{stream: {account: SYS, subject: "$SYS.ACCOUNT.APP.>"}}]
+  }
+}
+system_account: SYS
+no_auth_user: mars
+"""
+
+
 class EmbeddedNats:
     """Start a JetStream-enabled nats-server on a free loopback port; stop it on exit."""
 
@@ -69,8 +89,13 @@ class EmbeddedNats:
 
     def start(self) -> EmbeddedNats:
         Path(self.store_dir).mkdir(parents=True, exist_ok=True)
+        conf = Path(self.store_dir) / "accounts.conf"
+        if not conf.exists():  # kept across restarts on the same store
+            conf.write_text(ACCOUNTS_CONF % {"password": secrets.token_hex(16)})
+            conf.chmod(0o600)
         args = [
             find_binary(),
+            "-c", str(conf),
             "-a", self.host,
             "-p", str(self.port),
             "-js",

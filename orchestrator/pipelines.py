@@ -80,6 +80,10 @@ class PipelineRun:
     conflicts: int = 0
     rejections: int = 0
     cas_retries: int = 0
+    #: Exactly once (see orchestrator/results.py) and recoveries (orchestrator/recovery.py).
+    results_committed: int = 0
+    results_dropped: int = 0
+    recoveries: int = 0
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -121,10 +125,12 @@ class PipelineRun:
             return None
         t = self._clock(now)
         if ev.state == "accepted":
-            task.state = "accepted"
+            if task.state in ("pending", "offered"):  # a replayed event never winds a task back
+                task.state = "accepted"
         elif ev.state == "started":
+            if task.state != "started":  # a replayed start keeps the first start time
+                task.started_s = t
             task.state = "started"
-            task.started_s = t
         elif ev.state in ("succeeded", "failed", "cancelled"):
             task.state = ev.state
             task.finished_s = t
@@ -165,6 +171,11 @@ class PipelineRun:
             rejections=self.rejections,
             cas_retries=self.cas_retries,
             prediction_error_pct=self.prediction_error_pct(),
+            duplicate_events=min(self.duplicate_events, 1 << 31),
+            stale_events=min(self.stale_events, 1 << 31),
+            results_committed=self.results_committed,
+            results_dropped=self.results_dropped,
+            recoveries=self.recoveries,
         )
 
     def prediction_error_pct(self) -> float | None:

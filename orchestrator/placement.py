@@ -96,11 +96,18 @@ class Placer:
     def _evictable(w: BookingWindow, eff: float, now: float) -> bool:
         return w.preemptible and effective_priority(w.priority, w.submitted, now) < eff
 
-    async def place(self, run: PipelineRun, only: set[str] | None = None) -> None:
-        """Place `only` these tasks (default: all), everything else staying where it is."""
+    async def place(
+        self,
+        run: PipelineRun,
+        only: set[str] | None = None,
+        exclude: set[tuple[str, str]] | None = None,
+    ) -> None:
+        """Place `only` these tasks (default: all), everything else staying where it is;
+        never a task on a device of `exclude`'s (task, device) pairs."""
         o = self.o
         spec = run.spec
         st = Round(t0=run.t0 if run.t0 else o.wall())
+        st.excluded.update(exclude or ())
         run.t0 = st.t0
         if only is not None:
             st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}

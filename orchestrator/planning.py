@@ -200,5 +200,12 @@ def plan_pipeline(
     if excluded:
         cost.excluded = set(excluded)
     live_fixed = {t: p for t, p in (fixed or {}).items() if p.device_id in cluster}
+    # The core needs fixed tasks closed under predecessors. A task held fixed (running or done)
+    # whose producer is gone with a dead device, or is being re-run, is planned again here as
+    # a stand-in: the caller keeps its real placement and neither books nor offers it.
+    deps = {t.id: t.deps for t in spec.tasks}
+    while drop := [t for t in live_fixed if any(d not in live_fixed for d in deps[t])]:
+        for t in drop:
+            del live_fixed[t]
     plan = portfolio(graph, cluster, cost, fixed=live_fixed, now=rel_now, budget_s=budget_s)
     return Planned(plan, graph, cluster, cost)

@@ -19,11 +19,14 @@ from nats.js.api import RetentionPolicy, StreamConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.micro.request import Request
 
+from orchestrator.adaptive import Adaptive
+from orchestrator.failover import OWNER_LEASE_S, Failover
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, Placer
 from orchestrator.planning import PLAN_BUDGET_S
 from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
+from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.scheduling import Placement, Unschedulable
@@ -75,6 +78,7 @@ class Orchestrator:
         lease_s: float = LEASE_S,
         name: str | None = None,
         plan_budget_s: float = PLAN_BUDGET_S,
+        owner_lease_s: float = OWNER_LEASE_S,
     ) -> None:
         self.nats_url = nats_url
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
@@ -92,6 +96,12 @@ class Orchestrator:
         self.cluster_changed = asyncio.Event()
         self.lease_s = lease_s
         self.placer = Placer(self)
+        #: Pipeline ownership leases, resumable records, adoption (orchestrator/failover.py).
+        self.failover = Failover(self, lease_s=owner_lease_s)
+        #: Re-plans on late tasks and slowed devices when the gain rule says so (adaptive.py).
+        self.adaptive = Adaptive(self)
+        #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
+        self.recovery = Recovery(self)
         self.evictions_seen = 0
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.
@@ -117,6 +127,8 @@ class Orchestrator:
             name="mars-orchestrator",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            disconnected_cb=self._on_nats_down,
+            reconnected_cb=self._on_nats_up,
         )
         nc = self.nc
         js = self.js = nc.jetstream()
@@ -135,6 +147,7 @@ class Orchestrator:
             with contextlib.suppress(Exception):
                 await js.create_key_value(bucket=PIPELINES_BUCKET, history=1)
             self._pipes_kv = await js.key_value(PIPELINES_BUCKET)
+        await self.failover.start()
         with contextlib.suppress(Exception):
             await js.add_stream(
                 StreamConfig(
@@ -145,6 +158,7 @@ class Orchestrator:
                     max_bytes=256 * 1024 * 1024,
                 )
             )
+        await self.recovery.start()
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
         await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_task_event)
@@ -169,10 +183,18 @@ class Orchestrator:
         await nc.flush()
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
+        self._spawn(self.failover.run())
+        await self.adaptive.start()
         # long-lived objects made at start need no more GC scans; fewer full collections
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
+
+    async def _on_nats_down(self) -> None:
+        self.recovery.observer_lost()
+
+    async def _on_nats_up(self) -> None:
+        self.recovery.observer_back()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -191,6 +213,8 @@ class Orchestrator:
                 await t
         if self.store is not None:
             await self.store.stop()
+        await self.failover.stop()
+        self.adaptive.stop()
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await self._service.stop()
@@ -218,8 +242,11 @@ class Orchestrator:
         if msg.subject != subjects.advert(adv.agent_id):
             log.debug("dropped advert for %s sent on %s", adv.agent_id, msg.subject)
             return
+        if self.recovery.is_buried(adv.agent_id, adv.incarnation):
+            return  # an incarnation a newer one replaced (a zombie behind a healed partition)
         if self.view.on_advert(adv, self._now()):
             log.info("agent %s joined (%s, %s)", adv.agent_id, adv.site, adv.tier)
+        self.recovery.on_advert(adv, self._now())
         self.cluster_changed.set()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
@@ -229,6 +256,7 @@ class Orchestrator:
             return
         if msg.subject == subjects.heartbeat(hb.agent_id):
             self.view.on_heartbeat(hb, self._now())
+            self.recovery.on_heartbeat(hb, self._now())
 
     async def wait_for_agents(self, n: int, timeout: float) -> int:
         """Wait until `n` agents are alive (event-driven); returns how many are."""
@@ -249,10 +277,11 @@ class Orchestrator:
         except DecodeError:
             return
         run = self.pipelines.get(ev.pipeline_id)
-        if run is None:
-            return
+        if run is None or not self.failover.may_act(run.pipeline_id):
+            return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
         ignored = run.duplicate_events + run.stale_events
         new_state = run.apply(ev, self._now())
+        await self.recovery.after_event(run, ev, run.duplicate_events + run.stale_events == ignored)
         if ev.state == "succeeded" and run.duplicate_events + run.stale_events == ignored:
             self._learn(run, ev)
         if new_state is not None:
@@ -261,6 +290,8 @@ class Orchestrator:
             if run.terminal:
                 await self._finished(run)  # persisted before anyone hears it ended
             await self._publish_pipeline(run)
+        elif ev.state == "succeeded":
+            self.failover.progress(run)  # a finished task: what a new owner resumes from
         async with self._changed:
             self._changed.notify_all()
 
@@ -301,6 +332,9 @@ class Orchestrator:
             if existing.spec != req.pipeline:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self._submit_reply(existing)
+        elsewhere = await self.failover.claim(pid, req.pipeline)  # the ownership lease
+        if elsewhere is not None:
+            return elsewhere
         run = PipelineRun(
             pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner
         )
@@ -412,9 +446,9 @@ class Orchestrator:
         await self.persist(run)
 
     async def persist(self, run: PipelineRun) -> None:
-        """Pipeline state in KV, so any replica can answer `status` for it."""
-        with contextlib.suppress(Exception):
-            await self._pipes_kv.put(run.pipeline_id, encode(run.status(self._now())))
+        """Pipeline state in KV, so any replica can answer `status` for it, and the record a
+        replica adopting it resumes from (fenced by the ownership lease)."""
+        await self.failover.persist(run)
 
     async def _renew_loop(self) -> None:
         """Extend our live pipelines' reservations; a dead orchestrator stops doing this and

@@ -78,6 +78,14 @@ class StatusReply(WireModel):
     cas_retries: Annotated[int, Field(ge=0, le=1 << 31)] = 0
     #: Mean |predicted - actual| / actual over finished tasks (percent); None before any.
     prediction_error_pct: NonNegFloat | None = None
+    #: Exactly once: task events dropped as repeats or as coming from a superseded placement,
+    #: results committed (once per task, by CAS in KV `MARS_RESULTS`) and results dropped there.
+    duplicate_events: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    stale_events: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    results_committed: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    results_dropped: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    #: Times tasks were re-placed after their agent died or cancelled them itself.
+    recoveries: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
 class ListRequest(WireModel):

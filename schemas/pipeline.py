@@ -95,6 +95,9 @@ class TaskSpec(WireModel):
     #: Declared size of this task's output, sent to each consumer.
     output_bytes: Bytes = 0
     deps: Annotated[list[Ident], Field(max_length=MAX_DEPS)] = Field(default_factory=list)
+    #: False: once placed, adaptive re-scheduling never moves this task (state on a device,
+    #: licensing, a pinned accelerator); recovery from a dead device still may.
+    migratable: bool = True
 
 
 class PipelineSpec(WireModel):

@@ -23,6 +23,13 @@ EVENTS = f"{PREFIX}.events"
 ALL_TASK_EVENTS = f"{EVENTS}.task.>"
 ALL_PIPELINE_EVENTS = f"{EVENTS}.pipeline.>"
 EVENTS_STREAM = "MARS_EVENTS"
+#: What orchestrators conclude about agents: suspect, dead, partition (`ClusterEvent`).
+CLUSTER_EVENTS = f"{EVENTS}.cluster"
+#: KV bucket of committed task results, key `<pipeline>.<task>` (`TaskResult`, created once).
+RESULTS_BUCKET = "MARS_RESULTS"
+#: The server's connect/disconnect advisories, when the account imports them from the system
+#: account (the embedded server's does; see docs/recovery.md).
+CONN_ADVISORIES = "$SYS.ACCOUNT.*.>"
 
 
 def advert(agent_id: str) -> str:

@@ -1,0 +1,600 @@
+"""Adaptive re-scheduling: when the plan stops matching reality, move work only if it pays.
+
+Triggers: a critical-path task running later than predicted by `late_threshold` (default 30%),
+a device's calibrated speed dropping by `drift_threshold` or more (default 15%; from
+`CalibrationDrift` notices or an advert's new figure), and a higher-priority arrival (handled
+by preemption; only logged here). Each trigger is priced the same way, by pure functions:
+
+    gain = makespan if we keep the current assignment (re-timed with what we now know)
+         - makespan of a re-plan of the unstarted work with everything else fixed (HEFT)
+    cost = transfer of already-produced inputs to each moved task's new device
+         + progress lost by each running task restarted elsewhere + a per-move overhead
+
+and work moves only when `gain > 2 * cost`. Non-migratable tasks never move. Every decision is
+logged (structured log and the pipeline's `placement_log`) with both numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orchestrator.pipelines import PipelineRun
+from orchestrator.placement import PlacementFailed, descendants
+from orchestrator.planning import SpecCostModel, to_graph, with_bookings
+from orchestrator.reservations.store import device_key
+from orchestrator.scheduling import (
+    BatchCostModel,
+    Cluster,
+    CostModel,
+    Device,
+    Placement,
+    Task,
+    TaskGraph,
+    Unschedulable,
+    heft,
+)
+from orchestrator.scheduling.transfer import TransferTable
+from schemas import subjects
+from schemas.agent import AgentAdvert, CalibrationDrift
+from schemas.codec import DecodeError, decode
+from schemas.events import TaskEvent
+from schemas.placement import DataTransfer, EvictNotice, FetchRequest
+from schemas.rpc import request
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
+    from orchestrator.service import Orchestrator
+
+log = logging.getLogger("mars.adaptive")
+GAIN_FACTOR = 2.0
+LATE_THRESHOLD = 0.30
+DRIFT_THRESHOLD = 0.15
+#: Offer + commit + cancel round trips a move costs even without data to ship.
+MOVE_OVERHEAD_S = 0.02
+
+
+# -- the rule (pure) ------------------------------------------------------------------------------
+def worth_moving(gain_s: float, cost_s: float, factor: float = GAIN_FACTOR) -> bool:
+    """Re-plan only when the makespan saved exceeds `factor` times the cost of moving work."""
+    return math.isfinite(gain_s) and gain_s > factor * max(0.0, cost_s)
+
+
+def is_late(elapsed_s: float, predicted_s: float, threshold: float = LATE_THRESHOLD) -> bool:
+    return predicted_s > 0.0 and elapsed_s > predicted_s * (1.0 + threshold)
+
+
+def speed_dropped(before: float, after: float, threshold: float = DRIFT_THRESHOLD) -> bool:
+    return before > 0.0 and after <= before * (1.0 - threshold)
+
+
+@dataclass(frozen=True)
+class Decision:
+    pipeline_id: str
+    trigger: str
+    gain_s: float
+    cost_s: float
+    replan: bool
+    moved: tuple[str, ...] = ()
+    makespan_keep_s: float = 0.0
+    makespan_replan_s: float = 0.0
+    why: str = ""
+    factor: float = GAIN_FACTOR
+
+    def line(self) -> str:
+        return (
+            f"adaptive: trigger={self.trigger} gain_s={self.gain_s:.3f} cost_s={self.cost_s:.3f} "
+            f"factor={self.factor:g} decision={'replan' if self.replan else 'keep'} "
+            f"moved={','.join(self.moved) or '-'} makespan_keep_s={self.makespan_keep_s:.3f} "
+            f"makespan_replan_s={self.makespan_replan_s:.3f}"
+            + (f" ({self.why})" if self.why else "")
+        )
+
+
+class ScaledCost:
+    """The planning cost model with some devices slower by a factor, non-migratable tasks held
+    on their device and some (task, device) pairs ruled out; same answers per pair and batch."""
+
+    def __init__(
+        self,
+        base: BatchCostModel,
+        slower: Mapping[str, float],
+        pinned: Mapping[str, str],
+        banned: frozenset[tuple[str, str]] = frozenset(),
+    ) -> None:
+        self.base, self.slower, self.pinned, self.banned = base, slower, pinned, banned
+
+    def _ruled_out(self, task_id: str, device_id: str) -> bool:
+        pin = self.pinned.get(task_id)
+        return (pin is not None and pin != device_id) or (task_id, device_id) in self.banned
+
+    def compute_time(self, task: Task, device: Device) -> float:
+        if self._ruled_out(task.id, device.id):
+            return math.inf
+        return self.base.compute_time(task, device) * self.slower.get(device.id, 1.0)
+
+    def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
+        return self.base.transfer_time(nbytes, src, dst)
+
+    def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
+        out = np.array(self.base.compute_matrix(tasks, cluster), dtype=np.float64)
+        for j, d in enumerate(cluster.devices):
+            f = self.slower.get(d.id)
+            if f is not None:
+                out[:, j] *= f
+        for i, t in enumerate(tasks):
+            for j, d in enumerate(cluster.devices):
+                if self._ruled_out(t.id, d.id):
+                    out[i, j] = math.inf
+        return out
+
+    def transfer_table(self, cluster: Cluster) -> TransferTable:
+        return self.base.transfer_table(cluster)
+
+
+def _earliest(dev: Device, slot: int, start: float, dur: float) -> float:
+    """First start >= `start` where [s, s + dur) misses the slot's busy windows."""
+    s = start
+    for bs, be in sorted(dev.windows(slot)):
+        if s + dur <= bs or be <= s:
+            continue
+        s = max(s, be)
+    return s
+
+
+def retime(
+    graph: TaskGraph,
+    cluster: Cluster,
+    cost: CostModel,
+    current: Mapping[str, Placement],
+    fixed: Mapping[str, Placement],
+    now: float,
+) -> dict[str, Placement]:
+    """The current assignment (device, slot, order) with times recomputed under `cost`."""
+    out = dict(fixed)
+    free: dict[tuple[str, int], float] = {}
+    for p in fixed.values():
+        free[(p.device_id, p.slot)] = max(free.get((p.device_id, p.slot), 0.0), p.finish)
+    topo = {i: k for k, i in enumerate(graph.topo)}
+    pending = sorted(
+        (t for t in current if t not in fixed),
+        key=lambda t: (current[t].start, topo[graph.index[t]]),
+    )
+    while pending:  # a start order that breaks precedence (never from a valid plan) still ends
+        progressed = False
+        for tid in list(pending):
+            preds = [graph.ids[i] for i, _ in graph.preds[graph.index[tid]]]
+            if any(d not in out for d in preds):
+                continue
+            p = current[tid]
+            dev = cluster.device(p.device_id)
+            ready = now
+            for i, nbytes in graph.preds[graph.index[tid]]:
+                d = out[graph.ids[i]]
+                src = cluster.device(d.device_id)
+                ready = max(ready, d.finish + cost.transfer_time(nbytes, src, dev))
+            dur = cost.compute_time(graph.task(tid), dev)
+            start = _earliest(dev, p.slot, max(ready, free.get((dev.id, p.slot), 0.0)), dur)
+            out[tid] = Placement(tid, dev.id, p.slot, start, start + dur)
+            free[(dev.id, p.slot)] = start + dur
+            pending.remove(tid)
+            progressed = True
+        if not progressed:
+            raise ValueError(f"cannot re-time {pending}: predecessors never placed")
+    return out
+
+
+def makespan(placements: Mapping[str, Placement]) -> float:
+    return max((p.finish for p in placements.values()), default=0.0)
+
+
+@dataclass(frozen=True)
+class Situation:
+    """A pipeline as it stands: plan, facts so far, and what the trigger taught us."""
+
+    graph: TaskGraph
+    cluster: Cluster
+    cost: BatchCostModel
+    #: The current assignment of every task (plan times).
+    current: Mapping[str, Placement]
+    #: Finished tasks at their actual times, running ones from their start to their projection.
+    done: Mapping[str, Placement]
+    running: Mapping[str, Placement]
+    #: Seconds each running task has run (lost if it is restarted elsewhere).
+    elapsed: Mapping[str, float]
+    now: float
+    #: Device -> how much slower than the model thinks (1.0: as modelled).
+    slower: Mapping[str, float] = field(default_factory=dict)
+    #: Tasks that must not move.
+    pinned: frozenset[str] = frozenset()
+    #: Running tasks that may be restarted elsewhere (e.g. on a slowed device).
+    restartable: frozenset[str] = frozenset()
+    overhead_s: float = MOVE_OVERHEAD_S
+
+
+@dataclass(frozen=True)
+class Option:
+    gain_s: float
+    cost_s: float
+    moved: dict[str, Placement]
+    keep_s: float
+    replan_s: float
+
+    def net(self, factor: float = GAIN_FACTOR) -> float:
+        return self.gain_s - factor * self.cost_s
+
+
+def move_cost(
+    s: Situation, cost: CostModel, plan: Mapping[str, Placement], moved: Mapping[str, Placement]
+) -> float:
+    """What moving costs on top of the plan: each moved task's inputs shipped to its new
+    device, the progress of a restarted task thrown away, and a per-move overhead."""
+    total = 0.0
+    for tid, new in moved.items():
+        dev = s.cluster.device(new.device_id)
+        for i, nbytes in s.graph.preds[s.graph.index[tid]]:
+            src = plan[s.graph.ids[i]]
+            total += cost.transfer_time(nbytes, s.cluster.device(src.device_id), dev)
+        total += s.elapsed.get(tid, 0.0) + s.overhead_s
+    return total
+
+
+def keep_makespan(s: Situation) -> float:
+    """When the pipeline ends if nothing moves, given what we now know."""
+    cost = ScaledCost(s.cost, s.slower, {})
+    fixed = {**s.done, **s.running}
+    return makespan(retime(s.graph, s.cluster, cost, s.current, fixed, s.now))
+
+
+def _option(s: Situation, restart: frozenset[str]) -> Option:
+    unstarted = {t for t in s.current if t not in s.done and t not in s.running}
+    replanned = unstarted | restart
+    pinned = {t: s.current[t].device_id for t in replanned if t in s.pinned}
+    banned = frozenset((t, s.current[t].device_id) for t in restart)
+    cost = ScaledCost(s.cost, s.slower, pinned, banned)
+    fixed = {**s.done, **{t: p for t, p in s.running.items() if t not in restart}}
+    keep = keep_makespan(s)
+    plan = heft(s.graph, s.cluster, cost, fixed=fixed, now=s.now)
+    moved = {
+        t: p for t, p in plan.placements.items()
+        if t in replanned and p.device_id != s.current[t].device_id
+    }  # fmt: skip
+    price = move_cost(s, cost, plan.placements, moved)
+    return Option(keep - plan.makespan, price, moved, keep, plan.makespan)
+
+
+def evaluate(s: Situation, factor: float = GAIN_FACTOR) -> Option:
+    """The better of: re-plan the unstarted work; also restart the restartable running tasks
+    elsewhere. Nothing pinned ever moves."""
+    best = _option(s, frozenset())
+    restart = frozenset(t for t in s.restartable if t not in s.pinned)
+    if restart:
+        try:
+            alt = _option(s, restart)
+        except Unschedulable:  # nowhere else it may run (pinned to its agent, say)
+            return best
+        if alt.moved and (not best.moved or alt.net(factor) > best.net(factor)):
+            best = alt
+    return best
+
+
+def decide(pipeline_id: str, trigger: str, s: Situation, factor: float = GAIN_FACTOR) -> Decision:
+    opt = evaluate(s, factor)
+    if not opt.moved:
+        return Decision(
+            pipeline_id, trigger, opt.gain_s, 0.0, False, (), opt.keep_s, opt.replan_s,
+            "a re-plan moves nothing", factor,
+        )  # fmt: skip
+    ok = worth_moving(opt.gain_s, opt.cost_s, factor)
+    return Decision(
+        pipeline_id, trigger, opt.gain_s, opt.cost_s, ok, tuple(sorted(opt.moved)), opt.keep_s,
+        opt.replan_s, "", factor,
+    )  # fmt: skip
+
+
+# -- the shell ------------------------------------------------------------------------------------
+@dataclass
+class Trigger:
+    kind: str
+    detail: str
+    #: Device -> how much slower than when the plan was made (running work's projection).
+    than_planned: dict[str, float]
+    #: Device -> its new measured GFLOP/s (the model is corrected to it if it lags behind).
+    speeds: dict[str, float] = field(default_factory=dict)
+    #: A late task: its projected remaining time overrides the model's.
+    late_task: str | None = None
+
+
+class Adaptive:
+    def __init__(
+        self,
+        orch: Orchestrator,
+        *,
+        late_threshold: float = LATE_THRESHOLD,
+        drift_threshold: float = DRIFT_THRESHOLD,
+        factor: float = GAIN_FACTOR,
+        overhead_s: float = MOVE_OVERHEAD_S,
+    ) -> None:
+        self.o = orch
+        self.late_threshold, self.drift_threshold = late_threshold, drift_threshold
+        self.factor, self.overhead_s = factor, overhead_s
+        self.decisions: list[Decision] = []
+        self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
+        self._speeds: dict[str, float] = {}
+        #: Decisions are taken one at a time (they take milliseconds; moves go through the
+        #: placement loop, itself serialised per replica).
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        nc = self.o.nc
+        assert nc is not None
+        await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_task_event)
+        await nc.subscribe(subjects.ALL_DRIFT, cb=self._on_drift)
+        await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
+        await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
+
+    def stop(self) -> None:
+        for h in self._timers.values():
+            h.cancel()
+        self._timers.clear()
+
+    # -- triggers ---------------------------------------------------------------------------------
+    async def _on_task_event(self, msg: Msg) -> None:
+        try:
+            ev = decode(msg.data, TaskEvent)
+        except DecodeError:
+            return
+        key = (ev.pipeline_id, ev.task_id, ev.token)
+        if ev.state != "started":
+            h = self._timers.pop(key, None)
+            if h is not None:
+                h.cancel()
+            return
+        run = self.o.pipelines.get(ev.pipeline_id)
+        tr = run.tasks.get(ev.task_id) if run is not None else None
+        if tr is None or tr.token != ev.token or not tr.predicted_s or key in self._timers:
+            return
+        delay = tr.predicted_s * (1.0 + self.late_threshold)
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._late, key)
+
+    def _late(self, key: tuple[str, str, int]) -> None:
+        self._timers.pop(key, None)
+        pid, tid, token = key
+        run = self.o.pipelines.get(pid)
+        if run is None or run.terminal:
+            return
+        tr = run.tasks[tid]
+        if tr.state != "started" or tr.token != token or not tr.predicted_s or not tr.device_id:
+            return
+        elapsed = self._elapsed(run, tid)
+        due = tr.predicted_s * (1.0 + self.late_threshold)
+        if elapsed <= due:  # our clock started a little before the run's: look again then
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_later(due - elapsed + 1e-3, self._late, key)
+            return
+        dev = f"{tr.agent_id}:{tr.device_id}"
+        ratio = elapsed / tr.predicted_s
+        trig = Trigger(
+            "late",
+            f"{tid}@{dev} {elapsed:.2f}s vs {tr.predicted_s:.2f}s predicted",
+            {dev: ratio},
+            late_task=tid,
+        )
+        self.o._spawn(self.consider(run, trig))
+
+    async def _on_drift(self, msg: Msg) -> None:
+        try:
+            note = decode(msg.data, CalibrationDrift)
+        except DecodeError:
+            return
+        if msg.subject != subjects.drift(note.agent_id):
+            return
+        key = f"{note.agent_id}:{note.device_id}"
+        if self._speeds.get(key) != note.current:  # not seen in an advert already
+            self._speeds[key] = note.current
+            self._dropped(key, note.previous, note.current, "drift notice")
+
+    async def _on_advert(self, msg: Msg) -> None:
+        try:
+            adv = decode(msg.data, AgentAdvert)
+        except DecodeError:
+            return
+        if msg.subject != subjects.advert(adv.agent_id):
+            return
+        for d in adv.devices:
+            key = f"{adv.agent_id}:{d.device_id}"
+            before = self._speeds.get(key)
+            self._speeds[key] = d.gflops
+            if before is not None and before != d.gflops:
+                self._dropped(key, before, d.gflops, "advert")
+
+    def _dropped(self, dev: str, before: float, after: float, source: str) -> None:
+        """A device got slower: price a re-plan for every pipeline with work left on it."""
+        if not speed_dropped(before, after, self.drift_threshold):
+            return
+        detail = f"{dev} {before:g}->{after:g} GFLOP/s, {source}"
+        for run in list(self.o.pipelines.values()):
+            if not run.terminal and any(
+                f"{tr.agent_id}:{tr.device_id}" == dev and tr.state != "succeeded"
+                for tr in run.tasks.values()
+            ):
+                trig = Trigger("drift", detail, {dev: before / after}, {dev: after})
+                self.o._spawn(self.consider(run, trig))
+
+    async def _on_evict(self, msg: Msg) -> None:
+        with contextlib.suppress(DecodeError):
+            note = decode(msg.data, EvictNotice)
+            if note.pipeline_id in self.o.pipelines:
+                log.info(
+                    "adaptive: trigger=priority(%s by %s) decision=preempt "
+                    "(handled by the eviction path)",
+                    note.device,
+                    note.by_pipeline,
+                )
+
+    # -- deciding and acting ----------------------------------------------------------------------
+    def _elapsed(self, run: PipelineRun, tid: str) -> float:
+        tr = run.tasks[tid]
+        if run.committed_at is None or tr.started_s is None:
+            return 0.0
+        return max(0.0, self.o.mono() - run.committed_at - tr.started_s)
+
+    def situation(self, run: PipelineRun, trig: Trigger) -> Situation | None:
+        """The pipeline on the scheduler's model (None when a device of it is gone: that is
+        recovery's business, not adaptation's)."""
+        o = self.o
+        if run.committed_at is None or not run.placements:
+            return None
+        mono, wall = o.mono(), o.wall()
+        cluster, links = o.view.snapshot(mono)
+        if set(run.placements) != set(run.tasks) or any(
+            p.device_id not in cluster for p in run.placements.values()
+        ):
+            return None
+        devices = {d.id: o.view.device_spec(d.id)[1] for d in cluster.devices}
+        pid = run.pipeline_id
+        cluster = with_bookings(
+            cluster, o.store.snapshot(), run.t0, lambda w: w.pipeline_id != pid, wall
+        )
+        tiers = {d.id: d.tier for d in cluster.devices}
+        cost = SpecCostModel(run.spec, devices, links, o.predictor, tiers)
+        now = max(0.0, wall - run.t0)
+        since_commit = mono - run.committed_at  # seconds on the run's own clock
+        done: dict[str, Placement] = {}
+        running: dict[str, Placement] = {}
+        elapsed: dict[str, float] = {}
+        for tid, tr in run.tasks.items():
+            p = run.placements[tid]
+            if tr.state == "succeeded" and tr.started_s is not None and tr.finished_s is not None:
+                start = now - (since_commit - tr.started_s)
+                end = max(start, now - (since_commit - tr.finished_s))
+                done[tid] = Placement(tid, p.device_id, p.slot, start, end)
+            elif tr.state == "started" and tr.started_s is not None:
+                ran = max(0.0, since_commit - tr.started_s)
+                predicted = tr.predicted_s or (p.finish - p.start)
+                if tid == trig.late_task:
+                    left = max(ran - predicted, 0.0)  # the overrun so far, once more
+                else:
+                    left = max(predicted * trig.than_planned.get(p.device_id, 1.0) - ran, 0.0)
+                running[tid] = Placement(tid, p.device_id, p.slot, now - ran, now + left)
+                elapsed[tid] = ran
+        # the planning model reads the cluster view: correct it where it lags behind
+        slower: dict[str, float] = {}
+        for dev, after in trig.speeds.items():
+            modelled = devices[dev].gflops if dev in devices else after
+            slower[dev] = max(1.0, modelled / after)
+        if trig.late_task is not None:  # nothing but the overrun says the device is slow
+            slower.update(trig.than_planned)
+        # Never moved: non-migratable tasks, and tasks whose inputs were already shipped to
+        # their device (agents drop an output once its consumer has it). A running task may
+        # restart elsewhere only if it has no inputs to lose.
+        shipped = {
+            t.id for t in run.spec.tasks
+            if t.id not in running and t.id not in done
+            and any(run.tasks[d].state == "succeeded" for d in t.deps)
+        }  # fmt: skip
+        pinned = frozenset(t.id for t in run.spec.tasks if not t.migratable) | shipped
+        restartable = frozenset(
+            t
+            for t, p in running.items()
+            if p.device_id in trig.than_planned and not run.spec_by_id[t].deps
+        )
+        return Situation(
+            to_graph(run.spec), cluster, cost, dict(run.placements), done, running, elapsed,
+            now, slower, pinned, restartable, self.overhead_s,
+        )  # fmt: skip
+
+    async def consider(self, run: PipelineRun, trig: Trigger) -> Decision | None:
+        pid = run.pipeline_id
+        async with self._lock:
+            if run.terminal or self.o.pipelines.get(pid) is not run:
+                return None
+            if not self.o.failover.may_act(pid):
+                return None
+            try:
+                s = self.situation(run, trig)
+                if s is None:
+                    return None
+                if trig.late_task is not None and not self._critical(run, trig, s):
+                    log.debug("adaptive: %s is late but off the critical path", trig.detail)
+                    return None
+                d = decide(pid, f"{trig.kind}({trig.detail})", s, self.factor)
+            except Exception as exc:
+                log.warning("adaptive: pricing %s for %s failed: %s", trig.kind, pid, exc)
+                return None
+            self.decisions.append(d)
+            del self.decisions[:-1000]
+            log.info("pipeline=%s %s", pid, d.line())
+            run.note(d.line())
+            if d.replan:
+                await self._move(run, s, d)
+            await self.o.persist(run)
+        async with self.o._changed:
+            self.o._changed.notify_all()
+        return d
+
+    def _critical(self, run: PipelineRun, trig: Trigger, s: Situation) -> bool:
+        """Does the late task's overrun push the pipeline's end out at all?"""
+        on_time = self.situation(run, Trigger(trig.kind, trig.detail, {}))
+        return on_time is None or keep_makespan(s) > keep_makespan(on_time) + 1e-6
+
+    async def _move(self, run: PipelineRun, s: Situation, d: Decision) -> None:
+        """Carry the decision out through the placement loop: the moved tasks and everything
+        downstream of them not yet started, each held to the device the decision chose."""
+        o = self.o
+        opt = evaluate(s, self.factor)
+        todo = {t for t in descendants(run, opt.moved) if run.tasks[t].state != "succeeded"}
+        todo -= {t for t in todo if t in s.running and t not in opt.moved}
+        target = {t: (opt.moved.get(t) or s.current[t]).device_id for t in todo}
+        exclude = {(t, dev.id) for t in todo for dev in s.cluster.devices if dev.id != target[t]}
+        old = {t: run.placements[t] for t in todo}
+        try:
+            await o.placer.place(run, only=todo, exclude=exclude)
+        except PlacementFailed as exc:
+            run.note(f"adaptive: re-placing {', '.join(sorted(todo))} failed: {exc}")
+            return
+        away = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
+        gone = {
+            t: p for t, p in away.items() if p.device_id.split(":", 1)[0] != run.tasks[t].agent_id
+        }  # fmt: skip
+        await o.cancel_tasks(run, gone, "moved by adaptive re-scheduling")
+        now = o.wall()
+        for dev in sorted({p.device_id for p in away.values()}):
+            tids = [t for t, p in away.items() if p.device_id == dev]
+            with contextlib.suppress(Exception):
+                await o.store.release(device_key(*dev.split(":", 1)), run.pipeline_id, now, tids)
+        await o._commit_all(run, todo)
+        await self._reroute(run, away)
+        run.note(f"adaptive: moved {', '.join(sorted(away)) or 'nothing'}")
+
+    async def _reroute(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
+        """A running producer was told where its consumers were when it was offered: ask its
+        agent, for each moved consumer, to send the output to the new place when it is done."""
+        nc = self.o.nc
+        assert nc is not None
+        for tid in sorted(moved):
+            tr = run.tasks[tid]
+            for dep in run.spec_by_id[tid].deps:
+                prod = run.tasks[dep]
+                if prod.state != "started" or not prod.agent_id or not tr.agent_id:
+                    continue
+                req = FetchRequest(
+                    pipeline_id=run.pipeline_id,
+                    producer=dep,
+                    consumer=tid,
+                    agent_id=tr.agent_id,
+                    token=prod.token,
+                )
+                # "not finished, sent when it is" is the expected answer; a finished producer
+                # serves the new consumer's own fetch instead
+                with contextlib.suppress(Exception):
+                    await request(nc, subjects.fetch(prod.agent_id), req, DataTransfer, timeout=2.0)

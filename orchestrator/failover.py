@@ -1,0 +1,360 @@
+"""Orchestrator fail-over: persist what resuming takes, renew ownership, adopt the orphaned.
+
+Every replica runs one loop (every `renew_s`): renew the leases of its pipelines (a lost CAS
+means another replica took one over: drop it and stop acting on it), notice a reconnect to
+NATS (then catch up on task events from the `MARS_EVENTS` stream it may have missed while
+away), and adopt pipelines whose owner stopped renewing. Adopting = take the lease by CAS
+(exactly one replica wins), rebuild the run from `MARS_RUNS`, replay the pipeline's task events
+from the stream through the normal event path (event ids and fencing tokens make replay
+idempotent), re-place unfinished tasks whose agents are gone, and carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import KeyWrongLastSequenceError
+
+from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, to_record
+from orchestrator.pipelines import PipelineRun
+from orchestrator.placement import PlacementFailed, descendants
+from orchestrator.reservations.store import device_key
+from schemas import subjects
+from schemas.api import StatusRequest, SubmitReply
+from schemas.codec import encode
+from schemas.pipeline import PipelineSpec
+from schemas.rpc import ServiceError
+
+if TYPE_CHECKING:
+    from orchestrator.service import Orchestrator
+
+log = logging.getLogger("mars.failover")
+#: Ownership lease, its renewal cadence, and the margin either side of expiry for clock skew.
+OWNER_LEASE_S = 3.0
+OWNER_RENEW_S = 1.0
+OWNER_GRACE_S = 0.5
+REPLAY_BATCH = 256
+FINISHED_KEPT = 10_000
+
+
+class Failover:
+    def __init__(
+        self,
+        orch: Orchestrator,
+        *,
+        lease_s: float = OWNER_LEASE_S,
+        renew_s: float = OWNER_RENEW_S,
+        grace_s: float = OWNER_GRACE_S,
+    ) -> None:
+        if not 0 < renew_s < lease_s - grace_s:
+            raise ValueError("need 0 < renew_s < lease_s - grace_s")
+        self.o = orch
+        self.lease_s, self.renew_s, self.grace_s = lease_s, renew_s, grace_s
+        self.leases: Leases = None  # type: ignore[assignment]  # set in start()
+        self.runs: RunStore = None  # type: ignore[assignment]
+        #: Per pipeline: record revision we wrote, events known applied, adoptions so far.
+        self._rev: dict[str, int] = {}
+        self._seq: dict[str, int] = {}
+        self._adoptions: dict[str, int] = {}
+        self._spec_saved: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._want: dict[str, int] = {}
+        self._done: dict[str, int] = {}
+        self._adopting: set[str] = set()
+        #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
+        self._finished: dict[str, None] = {}
+        self._loop: asyncio.Task[Any] | None = None
+        self.adopted = 0
+        self.lost = 0
+        self.fenced_writes = 0
+        self.replayed = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        o = self.o
+        self.leases = Leases(
+            o.js, o.owner, lease_s=self.lease_s, grace_s=self.grace_s, mono=o.mono, wall=o.wall
+        )
+        self.runs = RunStore(o.js)
+        await self.leases.start()
+        await self.runs.start()
+
+    async def stop(self) -> None:
+        if self.leases is not None:
+            await self.leases.stop()
+
+    # -- ownership ------------------------------------------------------------------------------
+    def may_act(self, pid: str) -> bool:
+        """The fence: act on a pipeline only while holding its lease."""
+        return self.leases is not None and self.leases.may_act(pid)
+
+    async def claim(self, pid: str, spec: PipelineSpec) -> SubmitReply | None:
+        """Own a new pipeline (None), or answer a re-submit of an id someone else owns."""
+        try:
+            await self.leases.claim(pid)
+            return None
+        except LeaseTaken as taken:
+            owner = taken.lease.owner if taken.lease else "another replica"
+        except Exception as exc:
+            raise ServiceError("unavailable", f"cannot claim pipeline {pid}: {exc}") from exc
+        known = await self.runs.spec(pid)
+        if known is not None and known != spec:
+            raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
+        try:
+            st = await self.o.status(StatusRequest(pipeline_id=pid))
+        except ServiceError as exc:
+            raise ServiceError("conflict", f"pipeline {pid} is being placed by {owner}") from exc
+        return SubmitReply(
+            pipeline_id=pid,
+            state=st.state,
+            algorithm=st.algorithm,
+            makespan_s=st.planned_makespan_s,
+            plan=st.plan,
+        )
+
+    # -- persistence ----------------------------------------------------------------------------
+    def progress(self, run: PipelineRun) -> None:
+        """A change worth persisting off the event path (writes coalesce per pipeline)."""
+        self.o._spawn(self.persist(run))
+
+    async def persist(self, run: PipelineRun) -> None:
+        """Status for `status`, and the resumable record by CAS under our epoch. Calls that
+        queue behind a write which already covered them return at once."""
+        pid = run.pipeline_id
+        if not self.may_act(pid):
+            if not (run.terminal and pid in self._finished):
+                self.fenced_writes += 1
+                log.debug("not persisting %s: lease not held", pid)
+            return
+        ticket = self._want[pid] = self._want.get(pid, 0) + 1
+        lock = self._locks.setdefault(pid, asyncio.Lock())
+        async with lock:
+            if self._done.get(pid, 0) >= ticket:
+                return
+            self._done[pid] = self._want.get(pid, ticket)
+            try:
+                await self._write(run)
+            except Exception as exc:
+                log.warning("persisting %s failed: %s", pid, exc)
+        if pid in self._finished and self._locks.get(pid) is lock and not lock.locked():
+            del self._locks[pid]
+
+    async def _write(self, run: PipelineRun) -> None:
+        pid, o = run.pipeline_id, self.o
+        if pid in self._finished:
+            return  # its final state is written already
+        if pid not in self._spec_saved:
+            await self.runs.save_spec(pid, run.spec)
+            self._spec_saved.add(pid)
+        for _ in range(3):
+            if not self.may_act(pid):
+                self.fenced_writes += 1
+                return
+            rec = to_record(
+                run,
+                epoch=self.leases.epoch(pid),
+                events_seq=self._seq.get(pid, 0),
+                adoptions=self._adoptions.get(pid, 0),
+                mono=o.mono(),
+                wall=o.wall(),
+            )
+            try:
+                self._rev[pid] = await self.runs.write(rec, self._rev.get(pid))
+                break
+            except KeyWrongLastSequenceError:
+                cur = await self.runs.record(pid)
+                if cur is not None and cur[0].epoch > rec.epoch:
+                    self._lose(pid, f"record written under epoch {cur[0].epoch}")
+                    return
+                if cur is not None:
+                    self._rev[pid] = cur[1]  # an earlier life of ours wrote it: take it over
+        else:
+            return
+        await o._pipes_kv.put(pid, _encode_status(run, o.mono()))
+        if run.terminal:
+            await self.leases.release(pid)
+            self._finished[pid] = None
+            while len(self._finished) > FINISHED_KEPT:
+                self._finished.pop(next(iter(self._finished)))
+            self._forget(pid)
+
+    def _forget(self, pid: str) -> None:
+        """A finished pipeline needs no bookkeeping here any more (its lock stays while
+        someone waits on it)."""
+        for d in (self._want, self._done, self._rev, self._seq, self._adoptions):
+            d.pop(pid, None)
+        self._spec_saved.discard(pid)
+
+    def _lose(self, pid: str, why: str) -> None:
+        """Another replica owns this pipeline now: forget it here, act on it no more."""
+        self.lost += 1
+        self.leases.held.pop(pid, None)
+        run = self.o.pipelines.pop(pid, None)
+        log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
+        if run is not None:
+            run.note(f"{self.o.owner} lost the ownership lease ({why})")
+
+    # -- the loop -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Renew, catch up after reconnects, adopt; one pass every `renew_s`."""
+        self._loop = asyncio.current_task()
+        nc = self.o.nc
+        assert nc is not None
+        reconnects = nc.stats["reconnects"]
+        while True:
+            await asyncio.sleep(self.renew_s)  # renewal cadence, not synchronisation
+            try:
+                lost, resumed = await self.leases.renew_all()
+                for pid in lost:
+                    self._lose(pid, "renewal lost the CAS race")
+                catch_up = set(resumed)
+                if nc.stats["reconnects"] != reconnects:
+                    reconnects = nc.stats["reconnects"]
+                    catch_up |= set(self.leases.held)
+                    await self.leases.watch()
+                for pid in sorted(catch_up):
+                    self.o._spawn(self.catch_up(pid))
+                for pid, lease, rev in self.leases.expired():
+                    if pid not in self._adopting:
+                        self._adopting.add(pid)
+                        self.o._spawn(self.adopt(pid, lease, rev))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("ownership pass failed: %s", exc)
+
+    def suspend(self) -> None:
+        """Stop renewing and adopting, as a partitioned or frozen replica would (fail-over
+        drills and tests); the leases then lapse and other replicas take the pipelines."""
+        if self._loop is not None:
+            self._loop.cancel()
+
+    async def catch_up(self, pid: str) -> None:
+        """Apply task events this replica may have missed while disconnected."""
+        run = self.o.pipelines.get(pid)
+        if run is None or run.terminal:
+            return
+        n = await self.replay(run)
+        if n:
+            run.note(f"caught up on {n} task events from the stream after a reconnect")
+            await self.o.persist(run)
+
+    async def adopt(self, pid: str, lease: Any, revision: int) -> None:
+        try:
+            await self._adopt(pid, lease, revision)
+        except Exception as exc:
+            log.warning("adopting %s failed: %s", pid, exc)
+        finally:
+            self._adopting.discard(pid)
+
+    async def _adopt(self, pid: str, lease: Any, revision: int) -> None:
+        o = self.o
+        epoch = await self.leases.take(pid, lease, revision)
+        if epoch is None:
+            return  # another replica won the CAS
+        found = await self.runs.record(pid)
+        spec = await self.runs.spec(pid)
+        if found is None or spec is None:
+            log.warning("adopted %s but it has no resumable record; giving it up", pid)
+            await self.leases.release(pid)
+            return
+        rec, rev = found
+        if rec.state in ("succeeded", "failed", "cancelled", "unschedulable"):
+            await self.leases.release(pid)
+            return
+        run = from_record(rec, spec, owner=o.owner, mono=o.mono(), wall=o.wall())
+        self._rev[pid], self._seq[pid] = rev, rec.events_seq
+        self._adoptions[pid] = rec.adoptions + 1
+        self._spec_saved.add(pid)
+        self.adopted += 1
+        run.note(f"adopted by {o.owner} from {lease.owner} (epoch {epoch})")
+        o._remember(run)
+        n = await self.replay(run)
+        log.info("adopted pipeline %s from %s (epoch %d, %d events)", pid, lease.owner, epoch, n)
+        await self._renew_bookings(run)
+        if not run.terminal:
+            await self.replace_lost(run)
+            await o.persist(run)
+        async with o._changed:
+            o._changed.notify_all()
+
+    async def _renew_bookings(self, run: PipelineRun) -> None:
+        """The dead owner's last renewal may be old: extend the windows at once."""
+        o, now = self.o, self.o.wall()
+        for key in sorted({device_key(*d.split(":", 1)) for d in run.devices()}):
+            with contextlib.suppress(Exception):
+                await o.store.renew(key, {run.pipeline_id}, now + o.lease_s, now)
+
+    async def replace_lost(self, run: PipelineRun) -> None:
+        """Unfinished tasks on agents this replica does not see alive go elsewhere."""
+        o = self.o
+        alive = {e.advert.agent_id for e in o.view.alive(o.mono())}
+        lost = {
+            tid for tid, tr in run.tasks.items()
+            if tr.state not in ("succeeded", "failed", "cancelled") and tr.agent_id not in alive
+        }  # fmt: skip
+        if not lost:
+            return
+        todo = {t for t in descendants(run, lost) if run.tasks[t].state != "succeeded"}
+        try:
+            await o.placer.place(run, only=todo)
+        except PlacementFailed as exc:
+            run.note(f"re-placing tasks of agents gone during fail-over failed: {exc}")
+            return
+        await o._commit_all(run, todo)
+        run.note(f"re-placed after fail-over (agents gone): {', '.join(sorted(todo))}")
+
+    # -- replay ---------------------------------------------------------------------------------
+    async def replay(self, run: PipelineRun) -> int:
+        """Feed the pipeline's task events after the last known sequence through the normal
+        event path; returns how many were read. Repeats are not counted as duplicates."""
+        o, pid = self.o, run.pipeline_id
+        after = self._seq.get(pid, 0)
+        name = f"replay-{uuid.uuid4().hex[:12]}"
+        cfg = ConsumerConfig(
+            name=name,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL,
+            opt_start_seq=after + 1 if after else None,
+            ack_policy=AckPolicy.NONE,
+            filter_subject=f"{subjects.EVENTS}.task.{pid}.>",
+            inactive_threshold=10.0,
+            mem_storage=True,
+        )
+        info = await o.js.add_consumer(subjects.EVENTS_STREAM, config=cfg)
+        n = 0
+        try:
+            sub = await o.js.pull_subscribe_bind(name=name, stream=subjects.EVENTS_STREAM)
+            pending = info.num_pending
+            while pending > 0:
+                try:
+                    msgs = await sub.fetch(min(pending, REPLAY_BATCH), timeout=5.0)
+                except nats.errors.TimeoutError:
+                    log.warning("replay of %s stopped with %d events pending", pid, pending)
+                    break
+                for msg in msgs:
+                    dup, stale = run.duplicate_events, run.stale_events
+                    await o._on_task_event(msg)
+                    # an event seen before is a replay here, not a duplicate delivery
+                    run.duplicate_events = min(run.duplicate_events, dup)
+                    run.stale_events = min(run.stale_events, stale)
+                    meta = msg.metadata
+                    self._seq[pid] = max(self._seq.get(pid, 0), meta.sequence.stream)
+                    pending = meta.num_pending
+                    n += 1
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        finally:
+            with contextlib.suppress(Exception):
+                await o.js.delete_consumer(subjects.EVENTS_STREAM, name)
+        self.replayed += n
+        return n
+
+
+def _encode_status(run: PipelineRun, now: float) -> bytes:
+    return encode(run.status(now))

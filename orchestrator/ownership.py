@@ -1,0 +1,388 @@
+"""Pipeline ownership as a lease in JetStream KV, and the record a new owner resumes from.
+
+A replica that takes a submit creates `MARS_OWNERS/<pipeline>` = {owner, expires, epoch}; it
+renews by compare-and-set on the key's revision. A replica acts on a pipeline (applies results,
+persists, re-places) only while its lease is locally valid: until `lease_s - grace_s` after the
+renewal it last sent. Others adopt a lease only `grace_s` after it expired on their clock, by
+CAS again, so exactly one wins and bumps the epoch; the loser of a renewal race has lost the
+pipeline and stops. A finished pipeline's lease stays (marked done) so a re-submit of its id
+is recognised, and the bucket's TTL sweeps it a day later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+
+from orchestrator.pipelines import PipelineRun, TaskRun
+from orchestrator.scheduling import Placement
+from schemas.codec import DecodeError, decode, encode
+from schemas.failover import (
+    OWNERS_BUCKET,
+    RUNS_BUCKET,
+    OwnerLease,
+    PipelineRecord,
+    PlacedTask,
+    TaskRecord,
+    run_key,
+    spec_key,
+)
+from schemas.pipeline import PipelineSpec
+
+log = logging.getLogger("mars.ownership")
+#: Done leases, records and specs are swept this long after their last write.
+KEEP_S = 24 * 3600.0
+#: Counters other modules keep on a run that a new owner should carry on from.
+EXTRA_COUNTERS = ("results_committed", "results_dropped", "recoveries")
+
+
+class LeaseTaken(Exception):
+    """Another replica holds (or held) this pipeline id."""
+
+    def __init__(self, lease: OwnerLease | None) -> None:
+        super().__init__(lease.owner if lease else "unknown owner")
+        self.lease = lease
+
+
+@dataclass
+class Held:
+    epoch: int
+    revision: int
+    #: Monotonic instant until which this replica may act on the pipeline.
+    valid_until: float
+    #: Local validity ran out (renewals failed); the next successful renewal resumes it.
+    lapsed: bool = False
+
+
+async def open_bucket(js: Any, bucket: str, *, history: int = 1, ttl: float | None = None) -> Any:
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:
+        with contextlib.suppress(Exception):  # a concurrent replica may create it first
+            await js.create_key_value(bucket=bucket, history=history, ttl=ttl)
+        return await js.key_value(bucket)
+
+
+class Leases:
+    def __init__(
+        self,
+        js: Any,
+        owner: str,
+        *,
+        lease_s: float,
+        grace_s: float,
+        mono: Callable[[], float],
+        wall: Callable[[], float],
+    ) -> None:
+        self.js, self.owner = js, owner
+        self.lease_s, self.grace_s = lease_s, grace_s
+        self.mono, self.wall = mono, wall
+        self.kv: Any = None
+        self.held: dict[str, Held] = {}
+        #: Every live lease in the bucket as last seen: pipeline -> (lease, revision).
+        self.seen: dict[str, tuple[OwnerLease, int]] = {}
+        self._watcher: Any = None
+        self._watch_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.kv = await open_bucket(self.js, OWNERS_BUCKET, ttl=KEEP_S)
+        await self.watch()
+
+    async def watch(self) -> None:
+        """(Re)start the watched copy of the bucket (after a reconnect, too)."""
+        await self._stop_watch()
+        self._watcher = await self.kv.watchall()
+        while True:  # initial values end with a None marker
+            entry = await self._watcher.updates(timeout=5)
+            if entry is None:
+                break
+            self._apply(entry)
+        self._watch_task = asyncio.create_task(self._watch())
+
+    async def _stop_watch(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._watch_task
+            self._watch_task = None
+        if self._watcher is not None:
+            with contextlib.suppress(Exception):
+                await self._watcher.stop()
+            self._watcher = None
+
+    async def stop(self) -> None:
+        await self._stop_watch()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                entry = await self._watcher.updates(timeout=60)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                continue  # idle timeout
+            if entry is not None:
+                self._apply(entry)
+
+    def _apply(self, entry: Any) -> None:
+        if entry.operation in ("DEL", "PURGE") or not entry.value:
+            self.seen.pop(entry.key, None)
+            return
+        cur = self.seen.get(entry.key)
+        if cur is not None and cur[1] >= entry.revision:
+            return
+        try:
+            lease = decode(entry.value, OwnerLease)
+        except DecodeError:
+            return
+        if lease.expires <= 0.0:  # done: nothing to adopt, nothing to keep in memory
+            self.seen.pop(entry.key, None)
+        else:
+            self.seen[entry.key] = (lease, entry.revision)
+
+    def _lease(self, pid: str, epoch: int) -> OwnerLease:
+        return OwnerLease(
+            pipeline_id=pid, owner=self.owner[:256], expires=self.wall() + self.lease_s, epoch=epoch
+        )
+
+    def _hold(self, pid: str, epoch: int, revision: int, sent: float) -> None:
+        self.held[pid] = Held(epoch, revision, sent + self.lease_s - self.grace_s)
+
+    async def read(self, pid: str) -> tuple[OwnerLease, int] | None:
+        try:
+            entry = await self.kv.get(pid)
+        except KeyNotFoundError:
+            return None
+        try:
+            return decode(entry.value, OwnerLease), int(entry.revision)
+        except DecodeError:
+            return None
+
+    async def claim(self, pid: str) -> None:
+        """Own a new pipeline id; raises LeaseTaken when the id is (or was) someone's."""
+        sent = self.mono()
+        try:
+            rev = await self.kv.create(pid, encode(self._lease(pid, 1)))
+        except KeyWrongLastSequenceError:
+            cur = await self.read(pid)
+            raise LeaseTaken(cur[0] if cur else None) from None
+        self._hold(pid, 1, int(rev), sent)
+
+    async def take(self, pid: str, lease: OwnerLease, revision: int) -> int | None:
+        """Adopt an expired lease by CAS; the new epoch, or None when someone else won."""
+        sent = self.mono()
+        epoch = lease.epoch + 1
+        try:
+            rev = await self.kv.update(pid, encode(self._lease(pid, epoch)), last=revision)
+        except KeyWrongLastSequenceError:
+            return None
+        self._hold(pid, epoch, int(rev), sent)
+        return epoch
+
+    def may_act(self, pid: str) -> bool:
+        h = self.held.get(pid)
+        return h is not None and self.mono() < h.valid_until
+
+    def epoch(self, pid: str) -> int:
+        h = self.held.get(pid)
+        return h.epoch if h is not None else 0
+
+    async def renew_all(self) -> tuple[list[str], list[str]]:
+        """Renew every held lease; returns (lost to another replica, resumed after a lapse)."""
+        pids = list(self.held)
+        outcomes = await asyncio.gather(*(self._renew(p) for p in pids), return_exceptions=True)
+        lost, resumed = [], []
+        for pid, out in zip(pids, outcomes, strict=True):
+            if out == "lost":
+                lost.append(pid)
+            elif out == "resumed":
+                resumed.append(pid)
+        return lost, resumed
+
+    async def _renew(self, pid: str) -> str:
+        h = self.held.get(pid)
+        if h is None:
+            return "gone"
+        sent = self.mono()
+        if sent >= h.valid_until:
+            h.lapsed = True
+        try:
+            rev = await self.kv.update(pid, encode(self._lease(pid, h.epoch)), last=h.revision)
+        except KeyWrongLastSequenceError:
+            cur = await self.read(pid)
+            if cur is not None and cur[0].owner == self.owner and cur[0].epoch == h.epoch:
+                h.revision = cur[1]  # our own write landed but its ack was lost: retry next tick
+                return "kept"
+            self.held.pop(pid, None)
+            return "lost"
+        except Exception as exc:  # offline: validity lapses on its own
+            log.debug("renewing the lease of %s failed: %s", pid, exc)
+            return "failed"
+        if self.held.get(pid) is not h:
+            return "gone"  # released meanwhile
+        h.revision, h.valid_until = int(rev), sent + self.lease_s - self.grace_s
+        if h.lapsed:
+            h.lapsed = False
+            return "resumed"
+        return "ok"
+
+    async def release(self, pid: str) -> None:
+        """A finished pipeline: keep its lease as done (no one adopts it, its id stays taken)."""
+        h = self.held.pop(pid, None)
+        if h is None:
+            return
+        done = OwnerLease(pipeline_id=pid, owner=self.owner[:256], expires=0.0, epoch=h.epoch)
+        with contextlib.suppress(Exception):
+            await self.kv.update(pid, encode(done), last=h.revision)
+
+    def expired(self) -> list[tuple[str, OwnerLease, int]]:
+        """Leases of others (or of a previous life of ours) past expiry plus grace."""
+        now = self.wall()
+        return [
+            (pid, lease, rev)
+            for pid, (lease, rev) in self.seen.items()
+            if pid not in self.held and now > lease.expires + self.grace_s
+        ]
+
+
+class RunStore:
+    """`MARS_RUNS`: each pipeline's spec (written once) and resumable record (written by CAS)."""
+
+    def __init__(self, js: Any) -> None:
+        self.js = js
+        self.kv: Any = None
+
+    async def start(self) -> None:
+        self.kv = await open_bucket(self.js, RUNS_BUCKET, ttl=KEEP_S)
+
+    async def save_spec(self, pid: str, spec: PipelineSpec) -> None:
+        with contextlib.suppress(KeyWrongLastSequenceError):  # written before: specs never change
+            await self.kv.create(spec_key(pid), encode(spec))
+
+    async def spec(self, pid: str) -> PipelineSpec | None:
+        try:
+            return decode((await self.kv.get(spec_key(pid))).value, PipelineSpec)
+        except (KeyNotFoundError, DecodeError):
+            return None
+
+    async def record(self, pid: str) -> tuple[PipelineRecord, int] | None:
+        try:
+            entry = await self.kv.get(run_key(pid))
+            return decode(entry.value, PipelineRecord), int(entry.revision)
+        except (KeyNotFoundError, DecodeError):
+            return None
+
+    async def write(self, rec: PipelineRecord, last: int | None) -> int:
+        """Create the record, or replace revision `last` (KeyWrongLastSequenceError if moved)."""
+        key, data = run_key(rec.pipeline_id), encode(rec)
+        rev = await (self.kv.create(key, data) if last is None else self.kv.update(key, data, last))
+        return int(rev)
+
+
+def to_record(
+    run: PipelineRun, *, epoch: int, events_seq: int, adoptions: int, mono: float, wall: float
+) -> PipelineRecord:
+    """What a new owner needs, with monotonic instants mapped onto the booking clock."""
+
+    def on_wall(t: float | None) -> float | None:
+        return None if t is None else max(0.0, wall - (mono - t))
+
+    return PipelineRecord(
+        pipeline_id=run.pipeline_id,
+        name=run.spec.name,
+        owner=run.owner[:256],
+        epoch=epoch,
+        state=run.state,
+        reason=run.reason[:2048],
+        algorithm=run.algorithm[:256],
+        planned_makespan_s=max(0.0, run.planned_makespan_s),
+        plan=run.plan,
+        placements=[
+            PlacedTask(
+                task_id=t, device_id=p.device_id, slot=p.slot, start=p.start, finish=p.finish
+            )
+            for t, p in run.placements.items()
+        ],
+        tasks=[
+            TaskRecord(status=run.tasks[t.id].status(), token=run.tasks[t.id].token)
+            for t in run.spec.tasks
+        ],
+        placement_log=list(run.placement_log),
+        submitted_wall=run.submitted_wall or max(0.0, wall - (mono - run.submitted_at)),
+        t0=run.t0,
+        committed_wall=on_wall(run.committed_at),
+        finished_wall=on_wall(run.finished_at),
+        conflicts=run.conflicts,
+        rejections=run.rejections,
+        cas_retries=run.cas_retries,
+        stale_events=run.stale_events,
+        duplicate_events=run.duplicate_events,
+        counters={c: int(getattr(run, c)) for c in EXTRA_COUNTERS if hasattr(run, c)},
+        events_seq=events_seq,
+        adoptions=adoptions,
+    )
+
+
+def from_record(
+    rec: PipelineRecord, spec: PipelineSpec, *, owner: str, mono: float, wall: float
+) -> PipelineRun:
+    """Rebuild a pipeline on this replica's clocks (no event ids: replay dedupes by state)."""
+
+    def on_mono(t: float | None) -> float | None:
+        return None if t is None else mono - (wall - t)
+
+    tasks: dict[str, TaskRun] = {}
+    for tr in rec.tasks:
+        s = tr.status
+        tasks[s.task_id] = TaskRun(
+            task_id=s.task_id,
+            state=s.state,
+            agent_id=s.agent_id,
+            device_id=s.device_id,
+            token=tr.token,
+            started_s=s.started_s,
+            finished_s=s.finished_s,
+            duration_s=s.duration_s,
+            predicted_s=s.predicted_s,
+            output_bytes=s.output_bytes,
+            result=s.result,
+            error=s.error,
+        )
+    for t in spec.tasks:
+        tasks.setdefault(t.id, TaskRun(t.id))
+    run = PipelineRun(
+        rec.pipeline_id,
+        spec,
+        submitted_at=mono - (wall - rec.submitted_wall),
+        state=rec.state,
+        reason=rec.reason,
+        algorithm=rec.algorithm,
+        planned_makespan_s=rec.planned_makespan_s,
+        plan=list(rec.plan),
+        committed_at=on_mono(rec.committed_wall),
+        finished_at=on_mono(rec.finished_wall),
+        tasks=tasks,
+        stale_events=rec.stale_events,
+        duplicate_events=rec.duplicate_events,
+        submitted_wall=rec.submitted_wall,
+        t0=rec.t0,
+        owner=owner,
+        placements={
+            p.task_id: Placement(p.task_id, p.device_id, p.slot, p.start, p.finish)
+            for p in rec.placements
+        },
+        placement_log=list(rec.placement_log),
+        conflicts=rec.conflicts,
+        rejections=rec.rejections,
+        cas_retries=rec.cas_retries,
+    )
+    for name, value in rec.counters.items():
+        if name in EXTRA_COUNTERS and hasattr(run, name):
+            setattr(run, name, value)
+    return run

@@ -1,0 +1,513 @@
+"""Failure detection and recovery: the asyncio shell around `orchestrator.health`.
+
+Inputs: adverts and heartbeats (via the orchestrator), the server's connect/disconnect
+advisories (`$SYS.ACCOUNT.<acc>.CONNECT|DISCONNECT`, when the account imports them), a timer
+that wakes at the tracker's next deadline, and task events. On a death it releases the dead
+agent's reservations and re-places, incrementally, every unfinished task it held plus each
+finished task whose output is gone with it (or was already handed over to a consumer that now
+must run again), keeping everything else fixed. The same path re-places a task its agent
+cancelled on its own (drain deadline, shutdown). Succeeded results are committed exactly once
+(`orchestrator.results`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import nats
+from nats.aio.msg import Msg
+
+from orchestrator.health import (
+    DEFAULT_FLOOD_FRACTION,
+    DEFAULT_FLOOD_MIN,
+    DEFAULT_PARTITION_TIMEOUT_S,
+    Effect,
+    HealthTracker,
+    Partition,
+    Recover,
+    Transition,
+)
+from orchestrator.reservations import book as rules
+from orchestrator.reservations.store import device_key
+from orchestrator.results import ResultLedger
+from schemas import subjects
+from schemas.agent import AgentAdvert, Heartbeat
+from schemas.bookings import DeviceBookings
+from schemas.codec import encode
+from schemas.events import TaskEvent
+from schemas.placement import CancelCommand, DataTransfer, FetchRequest
+from schemas.recovery import ClusterEvent, ClusterEventKind
+from schemas.rpc import RemoteError, request
+
+if TYPE_CHECKING:
+    from orchestrator.pipelines import PipelineRun
+    from orchestrator.service import Orchestrator
+
+log = logging.getLogger("mars.recovery")
+AGENT_CLIENT_PREFIX = "mars-agent-"
+#: How long the orchestrator waits for a producer's agent to say it still holds an output.
+PROBE_TIMEOUT_S = 0.5
+#: Longest advisory payload read (the server's are a few hundred bytes).
+MAX_ADVISORY_BYTES = 64 * 1024
+#: Task states that still have to (re)run when their agent is gone.
+UNFINISHED = ("pending", "offered", "accepted", "started", "cancelled")
+WAITING = ("pending", "offered", "accepted")
+#: A re-placement that found no capacity is retried this often, and given up after this long
+#: (the pipeline then fails with the reason).
+STUCK_RETRY_S = 5.0
+STUCK_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Stuck:
+    cancelled: bool
+    gone: set[str]
+    why: str
+    incarnation: str | None
+    since: float
+    tried: float
+
+
+#: After this orchestrator reconnects to NATS, how long agents have to come back before
+#: missed heartbeats count again (agents reconnect with jittered backoff capped at 8 s).
+OBSERVER_GRACE_S = 10.0
+
+
+class Recovery:
+    def __init__(
+        self,
+        orch: Orchestrator,
+        *,
+        flood_fraction: float = DEFAULT_FLOOD_FRACTION,
+        flood_min: int = DEFAULT_FLOOD_MIN,
+        partition_timeout_s: float = DEFAULT_PARTITION_TIMEOUT_S,
+    ) -> None:
+        self.o = orch
+        self.health = HealthTracker(
+            orch.view.misses,
+            flood_fraction=flood_fraction,
+            flood_min=flood_min,
+            partition_timeout_s=partition_timeout_s,
+        )
+        self.ledger: ResultLedger | None = None
+        self.stats: Counter[str] = Counter()
+        #: (agent, incarnation) -> pipeline -> tasks moved away from it; cancelled there if
+        #: that incarnation turns up again (a healed silent partition).
+        self.moved: dict[tuple[str, str], dict[str, set[str]]] = {}
+        self._wake = asyncio.Event()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._commits: dict[str, set[asyncio.Task[None]]] = {}
+        #: agent -> (server, client id) of its newest connection, from CONNECT advisories.
+        self._conns: dict[str, tuple[str, int]] = {}
+        #: Pipelines whose re-placement found no capacity, retried every STUCK_RETRY_S.
+        self._stuck: dict[str, Stuck] = {}
+        self.stuck_timeout_s = STUCK_TIMEOUT_S
+        #: agent -> incarnations superseded by a newer one (a zombie behind a healed partition
+        #: must not take the agent id back).
+        self.buried: dict[str, list[str]] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        o = self.o
+        assert o.nc is not None
+        self.ledger = ResultLedger(o.js, o.owner)
+        await self.ledger.start()
+        await o.nc.subscribe(subjects.CONN_ADVISORIES, cb=self._on_advisory)
+        o._spawn(self._loop())
+
+    async def _loop(self) -> None:
+        """Tick the tracker at its next deadline (or when woken by a new member)."""
+        while True:
+            self._apply(self.health.tick(self.o.mono()))
+            due = min(self.health.next_check(), self._retry_stuck(self.o.mono()))
+            wait = min(max(due - self.o.mono(), 0.0) + 1e-3, 1.0)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def on_advert(self, adv: AgentAdvert, now: float) -> None:
+        self._apply(self.health.join(adv.agent_id, adv.incarnation, adv.heartbeat_interval_s, now))
+        self._wake.set()
+
+    def is_buried(self, agent_id: str, incarnation: str) -> bool:
+        return incarnation in self.buried.get(agent_id, ())
+
+    def observer_lost(self) -> None:
+        """This orchestrator's own NATS connection dropped: no liveness verdicts meanwhile."""
+        self.health.observer_lost()
+        log.warning("lost NATS: agent liveness verdicts paused")
+
+    def observer_back(self) -> None:
+        """Reconnected: agents get OBSERVER_GRACE_S to reconnect on their own backoff."""
+        self.health.observer_back(self.o.mono(), OBSERVER_GRACE_S)
+        self._wake.set()
+        log.warning("NATS is back: agents judged again after %.0f s", OBSERVER_GRACE_S)
+
+    def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
+        self._apply(self.health.beat(hb.agent_id, hb.incarnation, now))
+
+    async def _on_advisory(self, msg: Msg) -> None:
+        tokens = msg.subject.split(".")
+        if len(tokens) != 4 or tokens[3] not in ("CONNECT", "DISCONNECT"):
+            return
+        if len(msg.data) > MAX_ADVISORY_BYTES:
+            return
+        try:
+            adv = json.loads(msg.data)
+            client = adv["client"]
+            name = str(client.get("name", ""))
+            conn = (str(adv.get("server", {}).get("id", "")), int(client["id"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        if not name.startswith(AGENT_CLIENT_PREFIX):
+            return
+        agent_id = name[len(AGENT_CLIENT_PREFIX) :]
+        if tokens[3] == "CONNECT":
+            self._conns[agent_id] = conn
+            return
+        if self._conns.get(agent_id, conn) != conn:
+            return  # an older connection closing after its reconnect: the agent is fine
+        self._conns.pop(agent_id, None)
+        self.stats["disconnect_advisories"] += 1
+        self._apply(self.health.disconnected(agent_id, None, self.o.mono()))
+
+    async def after_event(self, run: PipelineRun, ev: TaskEvent, applied: bool) -> None:
+        """Called for every task event once the pipeline state machine has seen it."""
+        if applied and ev.state == "succeeded":
+            task = asyncio.create_task(self._commit(run, ev))
+            pending = self._commits.setdefault(run.pipeline_id, set())
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        elif applied and ev.state == "cancelled" and not run.terminal:
+            # the agent gave the task up on its own (drain deadline, shutdown): run it elsewhere
+            why = f"{ev.agent_id} cancelled {ev.task_id} itself ({ev.error or 'no reason'})"
+            self.o._spawn(self._recover_run(run, {ev.task_id}, set(), why))
+        if run.terminal:
+            await self.settle(run.pipeline_id)
+
+    async def settle(self, pipeline_id: str) -> None:
+        """Wait until every result commit of this pipeline is done."""
+        pending = self._commits.pop(pipeline_id, set())
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _commit(self, run: PipelineRun, ev: TaskEvent) -> None:
+        assert self.ledger is not None
+        outcome = await self.ledger.commit(ev)
+        if outcome == "committed":
+            run.results_committed += 1
+        elif outcome != "error":
+            run.results_dropped += 1
+            self.stats[f"results_{outcome}"] += 1
+            log.info("result of %s/%s not committed: %s", ev.pipeline_id, ev.task_id, outcome)
+
+    # -- effects --------------------------------------------------------------------------------
+    def _apply(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Transition):
+                self._on_transition(e)
+            elif isinstance(e, Recover):
+                self.o._spawn(self.recover_agent(e))
+            else:
+                self._on_partition(e)
+
+    def _on_transition(self, e: Transition) -> None:
+        kinds: dict[str, ClusterEventKind] = {
+            "suspect": "agent_suspect",
+            "alive": "agent_alive",
+            "dead": "agent_dead",
+        }
+        # suspicion that clears by itself is routine; deaths and returns from death are not
+        level = {"dead": logging.WARNING, "suspect": logging.DEBUG}.get(e.new, logging.INFO)
+        if e.new == "alive" and e.old == "suspect":
+            level = logging.DEBUG
+        log.log(level, "agent %s: %s -> %s (%s)", e.agent_id, e.old, e.new, e.cause)
+        self.stats[f"to_{e.new}"] += 1
+        if e.new == "dead" and e.cause == "new_incarnation":
+            gone = self.buried.setdefault(e.agent_id, [])
+            gone.append(e.incarnation)
+            del gone[:-8]
+        if e.new == "dead":
+            entry = self.o.view.agents.get(e.agent_id)
+            if entry is not None and entry.advert.incarnation == e.incarnation:
+                entry.last_seen = float("-inf")  # out of planning now, not after the timeout
+        elif e.new == "alive" and e.cause == "rejoined":
+            self.o._spawn(self._withdraw_moved(e.agent_id, e.incarnation))
+        self.o.cluster_changed.set()
+        self._publish(ClusterEvent(kind=kinds[e.new], agents=[e.agent_id], cause=e.cause))
+
+    def _on_partition(self, e: Partition) -> None:
+        n, fleet = len(e.agents), len(self.health.members)
+        if e.started:
+            self.stats["partitions"] += 1
+            why = (
+                f"{n} of {fleet} agents lost at once ({', '.join(e.agents[:20])}): "
+                "suspected partition, re-placement paused"
+            )
+            log.warning(why)
+        else:
+            why = f"partition over ({e.cause}); recovering {n} agents still dead"
+            log.warning(why)
+        for run in self.o.pipelines.values():
+            if not run.terminal and any(tr.agent_id in e.agents for tr in run.tasks.values()):
+                run.note(why)
+        kind: ClusterEventKind = "partition_suspected" if e.started else "partition_ended"
+        self._publish(ClusterEvent(kind=kind, agents=list(e.agents), cause=e.cause, reason=why))
+
+    def _publish(self, ev: ClusterEvent) -> None:
+        nc = self.o.nc
+        if nc is None or not nc.is_connected:
+            return
+        ev = ev.model_copy(update={"orchestrator": self.o.owner[:256]})
+        self.o._spawn(self._send(subjects.CLUSTER_EVENTS, encode(ev)))
+
+    async def _send(self, subject: str, data: bytes) -> None:
+        nc = self.o.nc
+        if nc is not None:
+            with contextlib.suppress(Exception):
+                await nc.publish(subject, data)
+
+    # -- recovery -------------------------------------------------------------------------------
+    async def recover_agent(self, rec: Recover) -> None:
+        """A dead agent: give its reservations back, re-place what it held."""
+        self.stats["recoveries"] += 1
+        runs = [
+            r
+            for r in list(self.o.pipelines.values())
+            if not r.terminal and any(tr.agent_id == rec.agent_id for tr in r.tasks.values())
+        ]
+        why = f"agent {rec.agent_id} dead ({rec.cause})"
+        self.o._spawn(self._release_agent(rec.agent_id, runs))
+        await asyncio.gather(
+            *(self._recover_run(r, None, {rec.agent_id}, why, rec.incarnation) for r in runs)
+        )
+
+    async def _release_agent(self, agent_id: str, runs: list[PipelineRun]) -> None:
+        """Drop this replica's windows on the dead agent's devices (others' expire or are
+        dropped by their owners' recovery)."""
+        keys = {
+            device_key(*p.device_id.split(":", 1))
+            for r in runs
+            for p in r.placements.values()
+            if p.device_id.split(":", 1)[0] == agent_id
+        }
+        owner, now = self.o.owner, self.o.wall()
+
+        def drop(b: DeviceBookings) -> rules.AddResult:
+            kept = [w for w in rules.live(b.windows, now) if w.owner != owner]
+            return rules.AddResult(True, DeviceBookings(device=b.device, windows=kept))
+
+        for key in sorted(keys):
+            try:
+                await self.o.store.transact(key, drop)
+            except Exception as exc:
+                log.warning("releasing %s failed (the windows will expire): %s", key, exc)
+
+    def _lock(self, pipeline_id: str) -> asyncio.Lock:
+        lock = self._locks.get(pipeline_id)
+        if lock is None:
+            lock = self._locks[pipeline_id] = asyncio.Lock()
+        return lock
+
+    async def _recover_run(
+        self,
+        run: PipelineRun,
+        seeds: set[str] | None,
+        gone: set[str],
+        why: str,
+        incarnation: str | None = None,
+    ) -> None:
+        """Re-place `seeds` (default: the unfinished tasks on the `gone` agents) and whatever
+        must run again to feed them, everything else fixed. When nothing can take them, the
+        tasks stay where they were (an agent that comes back, or a new incarnation replaying
+        its journal, may still finish them) and the attempt is repeated now and then."""
+        async with self._lock(run.pipeline_id):
+            if run.terminal or not self.o.failover.may_act(run.pipeline_id):
+                self._stuck.pop(run.pipeline_id, None)
+                return  # finished, or another replica owns it now
+            if seeds is None:
+                seeds = {
+                    t
+                    for t, tr in run.tasks.items()
+                    if tr.agent_id in gone and tr.state in UNFINISHED
+                }
+            else:  # every task its agent gave up so far, in one re-plan
+                seeds = {t for t, tr in run.tasks.items() if tr.state == "cancelled"}
+            redo = await self._closure(run, seeds, gone)
+            if not redo:
+                self._stuck.pop(run.pipeline_id, None)
+                return
+            saved = {
+                t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
+            }
+            for t in redo:
+                tr = run.tasks[t]
+                tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
+            try:
+                await self.o.placer.place(run, only=redo)
+            except Exception as exc:  # PlacementFailed, or nothing left to plan on at all
+                for t, (state, agent, token) in saved.items():
+                    tr = run.tasks[t]
+                    tr.state, tr.agent_id, tr.token = state, agent, token
+                self._wait_for_capacity(run, redo, seeds is not None, gone, why, incarnation, exc)
+            else:
+                self._stuck.pop(run.pipeline_id, None)
+                if incarnation is not None:
+                    for agent in gone:
+                        moved = self.moved.setdefault((agent, incarnation), {})
+                        moved.setdefault(run.pipeline_id, set()).update(
+                            t for t, (_, a, _) in saved.items() if a == agent
+                        )
+                await self.o._commit_all(run, redo)
+                run.recoveries += 1
+                self.stats["tasks_replaced"] += len(redo)
+                reruns = sorted(t for t in redo if t not in seeds)
+                run.note(
+                    f"{why}: re-placed {', '.join(sorted(seeds))}"
+                    + (f"; re-running {', '.join(reruns)} (outputs lost)" if reruns else "")
+                )
+                log.info("%s: %s re-placed %s", run.pipeline_id, why, sorted(redo))
+        await self.o.persist(run)
+        async with self.o._changed:
+            self.o._changed.notify_all()
+
+    def _wait_for_capacity(
+        self,
+        run: PipelineRun,
+        redo: set[str],
+        cancelled: bool,
+        gone: set[str],
+        why: str,
+        incarnation: str | None,
+        exc: Exception,
+    ) -> None:
+        now = self.o.mono()
+        first = self._stuck.get(run.pipeline_id)
+        since = first.since if first is not None else now
+        self._stuck[run.pipeline_id] = Stuck(cancelled, gone, why, incarnation, since, now)
+        if first is None:
+            run.note(
+                f"{why}: cannot re-place {', '.join(sorted(redo))} now "
+                f"({type(exc).__name__}: {str(exc)[:500]}); they stay put and are retried"
+            )
+            log.warning("%s: %s; cannot re-place %s: %s", run.pipeline_id, why, sorted(redo), exc)
+        self._wake.set()
+
+    def _still_gone(self, st: Stuck) -> bool:
+        if st.incarnation is None:
+            return True
+        for agent in st.gone:
+            m = self.health.members.get(agent)
+            if m is not None and m.incarnation == st.incarnation and m.state != "dead":
+                return False  # it came back: its tasks are fine where they are
+        return True
+
+    def _retry_stuck(self, now: float) -> float:
+        """Retry re-placements that found no capacity; returns when the next one is due."""
+        due = math.inf
+        for pid, st in list(self._stuck.items()):
+            run = self.o.pipelines.get(pid)
+            if run is None or run.terminal or not self._still_gone(st):
+                del self._stuck[pid]
+                continue
+            if now - st.since > self.stuck_timeout_s:
+                del self._stuck[pid]
+                why = f"{st.why}; no agent could take its tasks for {self.stuck_timeout_s:.0f} s"
+                self.o._spawn(self._fail(run, why))
+                continue
+            at = st.tried + STUCK_RETRY_S
+            if now >= at:
+                st.tried = now
+                seeds: set[str] | None = set() if st.cancelled else None
+                self.o._spawn(self._recover_run(run, seeds, st.gone, st.why, st.incarnation))
+                at = now + STUCK_RETRY_S
+            due = min(due, at)
+        return due
+
+    async def _fail(self, run: PipelineRun, reason: str) -> None:
+        o = self.o
+        run.finish("failed", reason, o.mono())
+        await o._cancel_on_agents(run, reason)
+        await o._finished(run)
+        await o._publish_pipeline(run)
+        async with o._changed:
+            o._changed.notify_all()
+
+    def _gone(self, agent_id: str | None, gone: set[str]) -> bool:
+        return agent_id is None or agent_id in gone or self.health.is_dead(agent_id)
+
+    async def _closure(self, run: PipelineRun, seeds: set[str], gone: set[str]) -> set[str]:
+        """`seeds` plus every finished task whose output a task that still has to run needs
+        and can no longer get: its agent is gone, or its agent no longer holds the output
+        (it was handed over, and acknowledged, to a consumer that must now run again)."""
+        redo = set(seeds)
+        probed: dict[tuple[str, str], bool] = {}
+        while True:
+            grew = False
+            asks: list[tuple[str, str]] = []
+            for t, tr in run.tasks.items():
+                if t in redo or tr.state != "succeeded":
+                    continue
+                needy = [c for c in run.children[t] if c in redo or run.tasks[c].state in WAITING]
+                if not needy:
+                    continue
+                if self._gone(tr.agent_id, gone):
+                    redo.add(t)
+                    grew = True
+                    continue
+                asks += [(t, c) for c in needy if c in redo and (t, c) not in probed]
+            if asks:
+                held = await asyncio.gather(*(self._retained(run, p, c) for p, c in asks))
+                for (p, c), ok in zip(asks, held, strict=True):
+                    probed[(p, c)] = ok
+                    if not ok and p not in redo:
+                        redo.add(p)
+                        grew = True
+            if not grew:
+                return redo
+
+    async def _retained(self, run: PipelineRun, producer: str, consumer: str) -> bool:
+        """Ask the producer's agent whether it still holds the output for `consumer` (it then
+        keeps it until the consumer's new placement fetches it)."""
+        nc, tr = self.o.nc, run.tasks[producer]
+        if nc is None or tr.agent_id is None:
+            return False
+        req = FetchRequest(
+            pipeline_id=run.pipeline_id,
+            producer=producer,
+            consumer=consumer,
+            agent_id=run.tasks[consumer].agent_id or tr.agent_id,
+            token=tr.token,
+        )
+        try:
+            await request(
+                nc, subjects.fetch(tr.agent_id), req, DataTransfer, timeout=PROBE_TIMEOUT_S
+            )
+            return True
+        except (TimeoutError, RemoteError, nats.errors.Error) as exc:
+            log.info("%s/%s not held by %s: %s", run.pipeline_id, producer, tr.agent_id, exc)
+            return False
+
+    async def _withdraw_moved(self, agent_id: str, incarnation: str) -> None:
+        """A dead-declared agent came back as the same incarnation: stop the work that was
+        moved away from it (its results would be stale anyway)."""
+        moved = self.moved.pop((agent_id, incarnation), {})
+        nc = self.o.nc
+        for pid, tids in sorted(moved.items()):
+            run = self.o.pipelines.get(pid)
+            stale = sorted(t for t in tids if run is None or run.tasks[t].agent_id != agent_id)
+            if stale and nc is not None:
+                cmd = CancelCommand(
+                    pipeline_id=pid, reason="re-placed while this agent was unreachable",
+                    task_ids=stale,
+                )  # fmt: skip
+                with contextlib.suppress(Exception):
+                    await nc.publish(subjects.cancel(agent_id), encode(cmd))

@@ -1,0 +1,134 @@
+"""Adaptive re-scheduling over a real nats-server: a device that slows down mid-pipeline gets
+its queued work moved away only when the gain rule says so, and never a non-migratable task."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.adaptive import GAIN_FACTOR, Decision
+from schemas import PipelineSpec
+from schemas.agent import CalibrationDrift
+from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from tests.integration.test_failover import EventTap
+
+pytestmark = pytest.mark.integration
+
+#: 1 MB takes 0.1 s + 1.0 s between the two sites.
+WAN = {"latency_ms": 100.0, "bandwidth_mbps": 8.0}
+
+
+def configs() -> dict[str, Any]:
+    def dev(kind: str, gflops: float) -> dict[str, Any]:
+        return {"device_id": f"{kind}0", "kind": kind, "gflops": gflops, "emulated": True}
+
+    return {
+        "a-cpu": agent_config("s1", "edge", probe_cpu=False, devices=[dev("cpu", 100.0)],
+                              links=[{"to_site": "s2", **WAN}]),
+        "c-npu": agent_config("s1", "edge", probe_cpu=False, devices=[dev("npu", 50.0)],
+                              links=[{"to_site": "s2", **WAN}]),
+        "b-cpu": agent_config("s2", "edge", probe_cpu=False, devices=[dev("cpu", 100.0)],
+                              links=[{"to_site": "s1", **WAN}]),
+    }  # fmt: skip
+
+
+def spec(migratable: bool = True) -> PipelineSpec:
+    """`work` needs `gate`'s 1 MB, made on the NPU at site s1, so the plan puts it on a-cpu
+    next to it; b-cpu, as fast but across the WAN (1.1 s for that 1 MB), is the alternative."""
+
+    def syn(seconds: float, out: int = 0, ref: float | None = None) -> dict[str, Any]:
+        return {"kind": "synthetic", "seconds": seconds, "output_bytes": out, "ref_gflops": ref}
+
+    return PipelineSpec.model_validate({"name": "adaptive", "tasks": [
+        {"id": "gate", "run": syn(1.5, 1_000_000), "requires": {"kinds": ["npu"]}},
+        {"id": "work", "run": syn(1.0, 0, 100.0), "requires": {"kinds": ["cpu"]},
+         "deps": ["gate"], "migratable": migratable},
+    ]})  # fmt: skip
+
+
+async def slow_down(agent: RecordingAgent, gflops: float) -> None:
+    """The agent's own drift path: a notice on its drift subject, then the new advert."""
+    dev = agent.devices[0]
+    notice = CalibrationDrift(
+        agent_id=agent.agent_id,
+        incarnation=agent.incarnation,
+        device_id=dev.device_id,
+        baseline=dev.gflops,
+        previous=dev.gflops,
+        current=gflops,
+        change=gflops / dev.gflops - 1.0,
+    )
+    await agent._on_drift([(dev.model_copy(update={"gflops": gflops}), notice)])
+
+
+async def run_with_drift(nats_url: str, gflops: float, migratable: bool = True) -> Any:
+    orch, agents = await start_cluster(nats_url, configs())
+    by_id = {a.agent_id: a for a in agents}
+    tap = EventTap()
+    try:
+        await tap.start(nats_url, "p")
+        reply = await orch.submit_spec(spec(migratable), "p")
+        assert {t.task_id: t.agent_id for t in reply.plan}["work"] == "a-cpu"
+        await tap.wait("gate", "started")  # work is queued on a-cpu, its input not made yet
+        await slow_down(by_id["a-cpu"], gflops)
+        await orch.wait_for(lambda: len(orch.adaptive.decisions) >= 1, 10.0)
+        run = await orch.wait_terminal("p", 30.0)
+        assert run.state == "succeeded", run.reason
+        where = {rec[1]: aid for aid, a in by_id.items() for rec in a.log}
+        assert sorted(rec[1] for a in agents for rec in a.log) == ["gate", "work"]
+        decisions: list[Decision] = list(orch.adaptive.decisions)
+        return decisions, where, run
+    finally:
+        await tap.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_much_slower_device_moves_its_queued_work(nats_url: str) -> None:
+    decisions, where, run = await run_with_drift(nats_url, 10.0)
+    [d] = decisions
+    assert d.trigger.startswith("drift(a-cpu:cpu0 100->10")
+    assert d.replan and d.moved == ("work",)
+    assert d.gain_s > GAIN_FACTOR * d.cost_s
+    assert d.cost_s > 1.0  # gate's 1 MB must cross the WAN
+    assert where["work"] == "b-cpu"
+    assert d.line() in run.placement_log
+
+
+async def test_a_small_gain_does_not_pay_for_the_move(nats_url: str) -> None:
+    decisions, where, run = await run_with_drift(nats_url, 40.0)
+    [d] = decisions
+    # moving would finish sooner, but not by twice what shipping gate's output costs
+    assert d.moved == ("work",) and not d.replan
+    assert 0.0 < d.gain_s <= GAIN_FACTOR * d.cost_s
+    assert where["work"] == "a-cpu"
+    assert any("decision=keep" in line for line in run.placement_log)
+
+
+async def test_a_non_migratable_task_is_never_moved(nats_url: str) -> None:
+    decisions, where, _ = await run_with_drift(nats_url, 10.0, migratable=False)
+    [d] = decisions
+    assert not d.replan and d.moved == ()
+    assert where["work"] == "a-cpu"
+
+
+async def test_a_task_running_late_is_priced_and_logged(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, configs())
+    a = next(x for x in agents if x.agent_id == "a-cpu")
+    # the device runs at a fifth of its advertised speed and says nothing (no drift notice)
+    dev = a.core.devices["cpu0"]
+    a.core.devices["cpu0"] = dev.model_copy(update={"gflops": 20.0})
+    try:
+        late = PipelineSpec.model_validate({"name": "late", "tasks": [
+            {"id": "lead", "requires": {"pinned_agent": "a-cpu"},
+             "run": {"kind": "synthetic", "seconds": 0.3, "ref_gflops": 100.0}},
+        ]})  # fmt: skip
+        await orch.submit_spec(late, "late-1")
+        await orch.wait_for(lambda: len(orch.adaptive.decisions) >= 1, 10.0)
+        [d] = orch.adaptive.decisions
+        assert d.trigger.startswith("late(lead@a-cpu:cpu0")
+        assert not d.replan  # pinned to its agent: nowhere else to go
+        run = await orch.wait_terminal("late-1", 10.0)
+        assert run.state == "succeeded" and d.line() in run.placement_log
+    finally:
+        await stop_cluster(orch, agents)

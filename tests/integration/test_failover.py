@@ -1,0 +1,212 @@
+"""Orchestrator fail-over over a real nats-server: a killed replica's pipeline is adopted and
+finished by another, a restarted nats-server loses no pipeline, a replica that lost its lease
+stops acting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from orchestrator import procs
+from orchestrator.client import Client
+from orchestrator.natsserver import EmbeddedNats
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec, TaskEvent, subjects
+from schemas.codec import decode
+from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, PipelineRecord, run_key
+from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def configs(n: int = 2) -> dict[str, Any]:
+    return {
+        f"ag{i}": agent_config("s", "edge", probe_cpu=False, devices=[
+            {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": 10.0, "emulated": True}])
+        for i in range(n)
+    }  # fmt: skip
+
+
+def chain(name: str, seconds: list[float]) -> PipelineSpec:
+    """t0 -> t1 -> ... plus a side branch off t0, each a sleep of the given length."""
+    tasks: list[dict[str, Any]] = []
+    for i, s in enumerate(seconds):
+        deps = [f"t{i - 1}"] if i else []
+        tasks.append({"id": f"t{i}", "run": {"kind": "synthetic", "seconds": s}, "deps": deps})
+    tasks.append({"id": "side", "run": {"kind": "synthetic", "seconds": 0.1}, "deps": ["t0"]})
+    return PipelineSpec.model_validate({"name": name, "tasks": tasks})
+
+
+class EventTap:
+    """A plain subscriber on a pipeline's task events: lets a test wait for one of them."""
+
+    def __init__(self) -> None:
+        self.seen: list[TaskEvent] = []
+        self.changed = asyncio.Condition()
+        self.nc: Any = None
+
+    async def start(self, url: str, pipeline_id: str) -> None:
+        self.nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+
+        async def on(msg: Any) -> None:
+            self.seen.append(decode(msg.data, TaskEvent))
+            async with self.changed:
+                self.changed.notify_all()
+
+        await self.nc.subscribe(f"{subjects.EVENTS}.task.{pipeline_id}.>", cb=on)
+        await self.nc.flush()
+
+    async def wait(self, task_id: str, state: str, timeout: float = 20.0) -> None:
+        async with asyncio.timeout(timeout), self.changed:
+            await self.changed.wait_for(
+                lambda: any(e.task_id == task_id and e.state == state for e in self.seen)
+            )
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            await self.nc.close()
+
+
+def ran_once(agents: list[RecordingAgent], pipeline_id: str, spec: PipelineSpec) -> None:
+    ran = sorted(rec[1] for a in agents for rec in a.log if rec[0] == pipeline_id)
+    assert ran == sorted(t.id for t in spec.tasks), ran
+
+
+async def kv_value(url: str, bucket: str, key: str) -> bytes:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        value = (await kv.get(key)).value
+        assert value is not None
+        return bytes(value)
+    finally:
+        await nc.close()
+
+
+@pytest.fixture
+def orch_log(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "orchestrator.log"
+
+
+async def test_killed_replica_pipeline_is_adopted_and_finished(
+    nats_url: str, orch_log: Path
+) -> None:
+    with orch_log.open("wb") as log:
+        proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
+    agents = [
+        RecordingAgent(nats_url, c, agent_id=a, calibrate=False) for a, c in configs().items()
+    ]
+    client = await Client.connect(nats_url)
+    tap, survivor = EventTap(), None
+    try:
+        for a in agents:
+            await a.start()
+        # only the doomed replica serves the API yet: the submit is its pipeline
+        assert await client.wait_for_agents(2, timeout=30.0) == 2
+        spec = chain("doomed", [0.2, 0.6, 2.5, 0.5])
+        await tap.start(nats_url, "killed-1")
+        reply = await client.submit(spec, pipeline_id="killed-1")
+        assert reply.state == "running"
+        survivor = Orchestrator(nats_url, name="survivor")
+        await survivor.start()
+        assert await survivor.wait_for_agents(2, 10.0) == 2
+        await tap.wait("t1", "started")
+        proc.send_signal(signal.SIGKILL)  # kill -9: no lease released, nothing flushed
+        proc.wait(10)
+        run = await survivor.wait_terminal("killed-1", 40.0)
+        assert run.state == "succeeded", run.reason
+        assert run.owner == "survivor"
+        assert survivor.failover.adopted == 1
+        assert any("adopted by survivor" in line for line in run.placement_log)
+        # every task ran once, and its one result is what the survivor holds
+        ran_once(agents, "killed-1", spec)
+        assert all(tr.state == "succeeded" and tr.result for tr in run.tasks.values())
+        st = await client.status("killed-1")
+        assert st.state == "succeeded" and st.owner == "survivor"
+        rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("killed-1")), PipelineRecord)
+        assert rec.epoch == 2 and rec.adoptions == 1 and rec.state == "succeeded"
+        lease = decode(await kv_value(nats_url, OWNERS_BUCKET, "killed-1"), OwnerLease)
+        assert lease.owner == "survivor" and lease.expires == 0.0  # done: nobody adopts it
+    finally:
+        procs.stop_all([proc])
+        await tap.close()
+        await client.close()
+        for a in agents:
+            await a.stop()
+        if survivor is not None:
+            await survivor.stop()
+
+
+async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) -> None:
+    url = nats_server.url
+    # three agents: losing them all at once reads as a partition (re-placement paused), which
+    # is what a server restart looks like from the orchestrator
+    orch, agents = await start_cluster(url, configs(3))
+    tap = EventTap()
+    try:
+        spec = chain("restart", [0.2, 0.8, 0.8, 0.3])
+        await tap.start(url, "restart-1")
+        reply = await orch.submit_spec(spec, "restart-1")
+        assert reply.state == "running"
+        await tap.wait("t1", "started")
+        # the server goes away mid-pipeline, then comes back on the same port and store
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.wait_for(agents[0].offline.wait(), 10.0)
+        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
+        await asyncio.to_thread(nats_server.start)
+        run = await orch.wait_terminal("restart-1", 40.0)
+        assert run.state == "succeeded", run.reason
+        assert all(tr.state == "succeeded" for tr in run.tasks.values())
+        rec = decode(await kv_value(url, RUNS_BUCKET, run_key("restart-1")), PipelineRecord)
+        assert rec.state == "succeeded" and rec.owner == orch.owner
+        # and the state survived on disk: a pipeline submitted after the restart works too
+        again = await orch.submit_spec(chain("after", [0.05, 0.05]), "restart-2")
+        assert again.state == "running"
+        assert (await orch.wait_terminal("restart-2", 20.0)).state == "succeeded"
+    finally:
+        await tap.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
+    first, agents = await start_cluster(nats_url, configs())
+    second = Orchestrator(nats_url, name="second")
+    await second.start()
+    tap = EventTap()
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        spec = chain("fenced", [0.2, 2.0, 0.3])
+        await tap.start(nats_url, "fenced-1")
+        await first.submit_spec(spec, "fenced-1")
+        await tap.wait("t1", "started")
+        stale = first.pipelines["fenced-1"]
+        first.failover.suspend()  # frozen or partitioned: it stops renewing
+        # the second replica takes the pipeline over once the lease has expired
+        await second.wait_for(lambda: "fenced-1" in second.pipelines, 20.0)
+        assert not first.failover.may_act("fenced-1")
+        run = await second.wait_terminal("fenced-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        # the old owner applied nothing after losing the lease, and may write nothing
+        assert not stale.terminal
+        before = first.failover.fenced_writes
+        await first.persist(stale)
+        assert first.failover.fenced_writes == before + 1
+        rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("fenced-1")), PipelineRecord)
+        assert rec.owner == "second" and rec.state == "succeeded" and rec.epoch == 2
+        # when it wakes up its renewal loses the CAS race: it drops the pipeline
+        lost, _ = await first.failover.leases.renew_all()
+        assert lost == ["fenced-1"]
+        assert "fenced-1" not in first.failover.leases.held
+        ran_once(agents, "fenced-1", spec)
+    finally:
+        await tap.close()
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)

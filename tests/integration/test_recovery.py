@@ -1,0 +1,293 @@
+"""Failure detection and recovery over a real nats-server: kill -9, silent links, new
+incarnations, agents that give work back; every result committed exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+import yaml
+from nats.aio.msg import Msg
+
+from orchestrator.pipelines import PipelineRun
+from orchestrator.procs import spawn
+from orchestrator.results import result_key
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec, subjects
+from schemas.codec import decode
+from schemas.recovery import ClusterEvent, TaskResult
+from sim.linkemu import LinkProxy
+from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+#: Survivors are half as fast as the victim, so the planner puts the work on the victim.
+SLOW = {"probe_cpu": False, "probe_gpus": False, "probe_accelerators": False}
+
+
+def device(gflops: float, slots: int = 2) -> dict[str, Any]:
+    return {"device_id": "cpu0", "kind": "cpu", "gflops": gflops, "slots": slots,
+            "emulated": True, "memory_mb": 4096.0}  # fmt: skip
+
+
+def survivors() -> dict[str, Any]:
+    return {f"s{i}": agent_config("edge", "edge", **SLOW, devices=[device(100.0)]) for i in (1, 2)}
+
+
+def victim_config(**kw: Any) -> dict[str, Any]:
+    return {"site": "edge", "tier": "edge", **SLOW, "devices": [device(200.0, 4)],
+            "link_probe_every_s": 0, "recalibrate_every_s": 0, "heartbeat_interval_s": 0.5,
+            **kw}  # fmt: skip
+
+
+def diamond(name: str, seconds: float = 1.0, out: int = 2000) -> PipelineSpec:
+    """src -> a, b, c -> join; each `seconds` on a 100-GFLOP/s device, half on the victim."""
+
+    def syn(s: float) -> dict[str, Any]:
+        return {"kind": "synthetic", "seconds": s, "ref_gflops": 100.0, "output_bytes": out}
+
+    tasks = [
+        {"id": "src", "run": syn(seconds / 2)},
+        *({"id": x, "run": syn(seconds), "deps": ["src"]} for x in ("a", "b", "c")),
+        {"id": "join", "run": syn(seconds / 2), "deps": ["a", "b", "c"]},
+    ]
+    return PipelineSpec.model_validate({"name": name, "tasks": tasks})
+
+
+class ClusterEvents:
+    """Every cluster event with the local monotonic time it arrived."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, ClusterEvent]] = []
+        self.changed = asyncio.Condition()
+        self.nc: Any = None
+
+    async def start(self, url: str) -> None:
+        self.nc = await nats.connect(url)
+        await self.nc.subscribe(subjects.CLUSTER_EVENTS, cb=self._on)
+        await self.nc.flush()
+
+    async def _on(self, msg: Msg) -> None:
+        self.seen.append((time.monotonic(), decode(msg.data, ClusterEvent)))
+        async with self.changed:
+            self.changed.notify_all()
+
+    def find(self, kind: str, agent: str) -> tuple[float, ClusterEvent] | None:
+        return next(((t, e) for t, e in self.seen if e.kind == kind and agent in e.agents), None)
+
+    async def wait(self, kind: str, agent: str, timeout: float) -> tuple[float, ClusterEvent]:
+        async with asyncio.timeout(timeout), self.changed:
+            await self.changed.wait_for(lambda: self.find(kind, agent) is not None)
+        got = self.find(kind, agent)
+        assert got is not None
+        return got
+
+    async def stop(self) -> None:
+        await self.nc.close()
+
+
+def on_agent(run: PipelineRun, agent: str, state: str) -> bool:
+    return any(tr.agent_id == agent and tr.state == state for tr in run.tasks.values())
+
+
+async def results(url: str, run: PipelineRun) -> dict[str, list[TaskResult]]:
+    """Every revision of every task's committed result."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.RESULTS_BUCKET)
+        out: dict[str, list[TaskResult]] = {}
+        for tid in run.tasks:
+            try:
+                hist = await kv.history(result_key(run.pipeline_id, tid))
+            except Exception:
+                hist = []
+            out[tid] = [decode(e.value, TaskResult) for e in hist if e.value]
+        return out
+    finally:
+        await nc.close()
+
+
+async def assert_exactly_once(url: str, run: PipelineRun) -> None:
+    assert run.state == "succeeded", run.reason
+    committed = await results(url, run)
+    assert {t: len(v) for t, v in committed.items()} == {t: 1 for t in run.tasks}
+    assert run.results_committed == len(run.tasks)
+    st = run.status(0.0)
+    assert st.results_committed == len(run.tasks)
+    assert st.recoveries >= 1
+
+
+def start_victim(url: str, tmp: Path, agent_id: str, **kw: Any) -> subprocess.Popen[bytes]:
+    cfg = tmp / f"{agent_id}.yaml"
+    cfg.write_text(yaml.safe_dump(victim_config(**kw)))
+    log = open(tmp / f"{agent_id}.log", "ab")  # noqa: SIM115  # the child holds it
+    return spawn(["agent", "--nats", url, "--config", str(cfg), "--id", agent_id], log=log)
+
+
+async def test_kill_9_mid_pipeline_recovers_and_commits_each_result_once(
+    nats_url: str, tmp_path: Path
+) -> None:
+    orch, agents = await start_cluster(nats_url, survivors())
+    events = ClusterEvents()
+    await events.start(nats_url)
+    proc = start_victim(nats_url, tmp_path, "victim")
+    try:
+        assert await orch.wait_for_agents(3, timeout=30.0) == 3
+        reply = await orch.submit_spec(diamond("kill9"), pipeline_id="kill9")
+        run = orch.pipelines[reply.pipeline_id]
+        assert any(p.agent_id == "victim" for p in reply.plan), reply.plan
+        # kill it while it runs a task, its first output already handed on
+        await orch.wait_for(
+            lambda: run.tasks["src"].state == "succeeded" and on_agent(run, "victim", "started"),
+            timeout=20.0,
+        )
+        src_ran_on = run.tasks["src"].agent_id
+        on_victim = {t for t, tr in run.tasks.items() if tr.agent_id == "victim"}
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        at, ev = await events.wait("agent_dead", "victim", timeout=10.0)
+        assert ev.cause == "disconnect"  # the server's advisory, not the heartbeat timeout
+        assert at - killed < 1.0
+        await orch.wait_terminal(run.pipeline_id, timeout=30.0)
+        await assert_exactly_once(nats_url, run)
+        # whatever was unfinished on the victim ran on a survivor
+        ran = {rec[1] for a in agents for rec in a.log if rec[0] == run.pipeline_id}
+        unfinished = {t for t in on_victim if run.tasks[t].agent_id != "victim"}
+        assert unfinished and unfinished <= ran
+        assert all(run.tasks[t].agent_id in ("s1", "s2") for t in unfinished)
+        assert any("agent victim dead (disconnect)" in line for line in run.placement_log)
+        if src_ran_on == "victim":  # its output died with it: it ran again, committed once
+            assert any("re-running src" in line for line in run.placement_log)
+            assert "src" in ran and run.results_dropped >= 1
+            first = (await results(nats_url, run))["src"][0]
+            assert first.agent_id == "victim" and first.token != run.tasks["src"].token
+        # its reservations are gone
+        assert not [
+            w
+            for k, c in orch.store.snapshot().items()
+            if k.startswith("dev.victim.")
+            for w in c.book.windows
+            if w.pipeline_id == run.pipeline_id
+        ]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        await events.stop()
+        await stop_cluster(orch, agents)
+
+
+async def start_behind(url: str, proxy_target: str, agent_id: str) -> tuple[LinkProxy, Any]:
+    host, port = proxy_target.rsplit("//", 1)[1].split(":")
+    proxy = LinkProxy(host, int(port))
+    await proxy.start()
+    cfg = agent_config("edge", "edge", **SLOW, devices=[device(200.0, 4)])
+    agent = RecordingAgent(proxy.url, cfg, agent_id=agent_id, calibrate=False)
+    await agent.start()
+    return proxy, agent
+
+
+async def test_silent_link_is_detected_within_interval_times_misses_and_recovered(
+    nats_url: str,
+) -> None:
+    orch, agents = await start_cluster(nats_url, survivors())
+    events = ClusterEvents()
+    await events.start(nats_url)
+    proxy, victim = await start_behind(nats_url, nats_url, "victim")
+    try:
+        assert await orch.wait_for_agents(3, timeout=10.0) == 3
+        run = await _submit(orch, "silent")
+        await orch.wait_for(lambda: on_agent(run, "victim", "started"), timeout=20.0)
+        on_victim = {
+            t for t, tr in run.tasks.items() if tr.agent_id == "victim" and tr.state != "succeeded"
+        }
+        proxy.cut()  # TCP stays open; no byte crosses
+        cut = time.monotonic()
+        at, ev = await events.wait("agent_dead", "victim", timeout=10.0)
+        assert ev.cause == "heartbeat"
+        interval = victim.config.heartbeat_interval_s
+        window = interval * orch.view.misses
+        assert window - interval - 0.05 <= at - cut <= window + 0.5
+        await orch.wait_for(lambda: run.recoveries >= 1, timeout=10.0)
+        # the link heals mid-pipeline: what the victim did meanwhile arrives, and is stale
+        proxy.restore()
+        await orch.wait_for(lambda: run.stale_events >= 1, timeout=10.0)
+        await orch.wait_terminal(run.pipeline_id, timeout=30.0)
+        await assert_exactly_once(nats_url, run)
+        assert all(run.tasks[t].agent_id in ("s1", "s2") for t in on_victim)
+        await events.wait("agent_alive", "victim", timeout=10.0)
+    finally:
+        await victim.stop()
+        await proxy.stop()
+        await events.stop()
+        await stop_cluster(orch, agents)
+
+
+async def _submit(orch: Orchestrator, pid: str) -> PipelineRun:
+    reply = await orch.submit_spec(diamond(pid), pipeline_id=pid)
+    assert any(p.agent_id == "victim" for p in reply.plan), reply.plan
+    return orch.pipelines[pid]
+
+
+async def test_new_incarnation_is_a_new_agent_and_the_old_ones_work_is_stale(
+    nats_url: str,
+) -> None:
+    orch, agents = await start_cluster(nats_url, survivors())
+    events = ClusterEvents()
+    await events.start(nats_url)
+    proxy, zombie = await start_behind(nats_url, nats_url, "victim")
+    reborn: RecordingAgent | None = None
+    try:
+        assert await orch.wait_for_agents(3, timeout=10.0) == 3
+        run = await _submit(orch, "reborn")
+        await orch.wait_for(lambda: on_agent(run, "victim", "started"), timeout=20.0)
+        old = {t: tr.token for t, tr in run.tasks.items() if tr.agent_id == "victim"}
+        proxy.cut()
+        # the agent restarts (new incarnation, same id) long before its heartbeats are missed
+        cfg = agent_config("edge", "edge", **SLOW, devices=[device(200.0, 4)])
+        reborn = RecordingAgent(nats_url, cfg, agent_id="victim", calibrate=False)
+        await reborn.start()
+        _, ev = await events.wait("agent_dead", "victim", timeout=10.0)
+        assert ev.cause == "new_incarnation"
+        await orch.wait_for(lambda: run.recoveries >= 1, timeout=10.0)
+        # the zombie comes back: its adverts do not take the id back, its events are stale
+        proxy.restore()
+        await orch.wait_for(lambda: run.stale_events >= 1, timeout=10.0)
+        await orch.wait_terminal(run.pipeline_id, timeout=30.0)
+        await assert_exactly_once(nats_url, run)
+        # nothing placed on the old incarnation survived under its old token
+        assert all(run.tasks[t].token != tok for t, tok in old.items() if tok)
+        assert orch.view.agents["victim"].advert.incarnation == reborn.incarnation
+        # the new incarnation only ever ran work placed on it
+        for pid, tid, *_ in reborn.log:
+            assert pid != run.pipeline_id or run.tasks[tid].agent_id == "victim"
+    finally:
+        if reborn is not None:
+            await reborn.stop()
+        await zombie.stop()
+        await proxy.stop()
+        await events.stop()
+        await stop_cluster(orch, agents)
+
+
+async def test_task_the_agent_cancels_itself_is_placed_again(nats_url: str) -> None:
+    configs = {**survivors(), "victim": agent_config("edge", "edge", **SLOW,
+                                                     devices=[device(200.0, 4)])}  # fmt: skip
+    orch, agents = await start_cluster(nats_url, configs)
+    victim = next(a for a in agents if a.agent_id == "victim")
+    try:
+        run = await _submit(orch, "drained")
+        await orch.wait_for(lambda: on_agent(run, "victim", "started"), timeout=20.0)
+        victim.drain(deadline_s=0.05)  # the deadline passes: the agent cancels its work
+        await orch.wait_terminal(run.pipeline_id, timeout=30.0)
+        await assert_exactly_once(nats_url, run)
+        assert any("cancelled" in line and "itself" in line for line in run.placement_log)
+    finally:
+        await stop_cluster(orch, agents)

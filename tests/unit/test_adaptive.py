@@ -1,0 +1,133 @@
+"""Adaptive re-scheduling's pure parts: the gain rule, the triggers' thresholds, re-timing and
+the what-if decision on hand-made situations."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.adaptive import (
+    GAIN_FACTOR,
+    Situation,
+    decide,
+    is_late,
+    retime,
+    speed_dropped,
+    worth_moving,
+)
+from orchestrator.scheduling import Cluster, Device, Link, LinkCostModel, Placement, Task, TaskGraph
+from orchestrator.scheduling import heft as heft_plan
+
+secs = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@given(gain=st.floats(allow_nan=True, allow_infinity=True), cost=secs)
+def test_rule_is_gain_over_twice_the_cost(gain: float, cost: float) -> None:
+    expect = math.isfinite(gain) and gain > GAIN_FACTOR * cost
+    assert worth_moving(gain, cost) is expect
+
+
+@given(gain=secs, cost=secs, more=st.floats(min_value=0.0, max_value=1e6))
+def test_rule_is_monotone(gain: float, cost: float, more: float) -> None:
+    if worth_moving(gain, cost):
+        assert worth_moving(gain + more, cost)  # more gain never turns a yes into a no
+        assert worth_moving(gain, max(0.0, cost - more))  # nor does a cheaper move
+
+
+@given(cost=secs, gain=st.floats(max_value=0.0, allow_nan=False))
+def test_no_gain_never_moves(cost: float, gain: float) -> None:
+    assert not worth_moving(gain, cost)
+
+
+def test_thresholds() -> None:
+    assert not is_late(1.29, 1.0) and is_late(1.31, 1.0)
+    assert not is_late(5.0, 0.0)  # nothing predicted: nothing to be late against
+    assert speed_dropped(100.0, 85.0) and not speed_dropped(100.0, 86.0)
+    assert not speed_dropped(100.0, 120.0)
+
+
+# -- what-if ---------------------------------------------------------------------------------------
+FAST = Link(latency_s=0.001, bandwidth_Bps=1e9)
+SLOW = Link(latency_s=0.1, bandwidth_Bps=1e6)
+
+
+def world(
+    input_bytes: float, link: Link, ids: str = "abc"
+) -> tuple[TaskGraph, Cluster, LinkCostModel, dict[str, Placement]]:
+    """A chain (a -> b -> c), each 1 s of work, planned on the faster device `x:d` at site A;
+    `y:d` at site B is a little slower. `a`'s output (`input_bytes`) feeds `b`."""
+    graph = TaskGraph(
+        [Task(t, 1.0) for t in ids],
+        {(s, d): input_bytes if s == "a" else 0.0 for s, d in itertools.pairwise(ids)},
+    )
+    cluster = Cluster([Device("x:d", "x", "A", speed=1.0), Device("y:d", "y", "B", speed=0.8)])
+    cost = LinkCostModel({("A", "B"): link})
+    plan = heft_plan(graph, cluster, cost)
+    assert {p.device_id for p in plan.placements.values()} == {"x:d"}
+    return graph, cluster, cost, dict(plan.placements)
+
+
+def after_a(
+    slower: float, input_bytes: float, link: Link, pinned: frozenset[str], ids: str = "abc"
+) -> Situation:
+    """`a` finished at 1.0; now is 1.0 and device x just got `slower` times slower."""
+    graph, cluster, cost, plan = world(input_bytes, link, ids)
+    return Situation(
+        graph, cluster, cost, plan, {"a": plan["a"]}, {}, {}, 1.0,
+        slower={"x:d": slower}, pinned=pinned,
+    )  # fmt: skip
+
+
+def test_retime_of_a_plan_under_its_own_costs_keeps_its_times() -> None:
+    graph, cluster, cost, plan = world(1000.0, FAST)
+    again = retime(graph, cluster, cost, plan, {}, 0.0)
+    for t, p in plan.items():
+        assert math.isclose(again[t].finish, p.finish) and again[t].device_id == p.device_id
+
+
+def test_a_much_slower_device_with_a_cheap_move_replans() -> None:
+    d = decide("p", "drift", after_a(5.0, 1000.0, FAST, frozenset()))
+    assert d.replan and set(d.moved) == {"b", "c"}
+    assert d.gain_s > GAIN_FACTOR * d.cost_s > 0.0
+    assert math.isclose(d.makespan_keep_s, 11.0)  # b and c at 5 s each after a
+    assert "decision=replan" in d.line() and f"gain_s={d.gain_s:.3f}" in d.line()
+
+
+def test_an_expensive_input_move_keeps_the_plan_unless_the_gain_covers_it() -> None:
+    # moving b saves time, but shipping a's 2 MB output over 1 MB/s (2.1 s) costs more
+    d = decide("p", "drift", after_a(5.0, 2e6, SLOW, frozenset(), "ab"))
+    assert d.moved == ("b",) and not d.replan
+    assert 0.0 < d.gain_s <= GAIN_FACTOR * d.cost_s
+    assert math.isclose(d.cost_s, 2.1 + 0.02)
+    assert "decision=keep" in d.line()
+    # ten times slower: the same move now pays for itself twice over
+    d = decide("p", "drift", after_a(10.0, 2e6, SLOW, frozenset(), "ab"))
+    assert d.moved == ("b",) and d.replan
+
+
+def test_a_small_slowdown_moves_nothing() -> None:
+    d = decide("p", "drift", after_a(1.1, 1000.0, FAST, frozenset()))
+    assert not d.replan and d.moved == ()
+
+
+def test_non_migratable_tasks_never_move() -> None:
+    d = decide("p", "drift", after_a(5.0, 1000.0, FAST, frozenset({"b", "c"})))
+    assert not d.replan and d.moved == ()
+    d = decide("p", "drift", after_a(5.0, 1000.0, FAST, frozenset({"b"})))
+    assert "b" not in d.moved
+
+
+def test_a_running_task_may_restart_elsewhere_paying_its_progress() -> None:
+    graph, cluster, cost, plan = world(1000.0, FAST)
+    # b runs since 1.0 on x, now 1.5; x got 20x slower: b would need 19 more seconds there
+    s = Situation(
+        graph, cluster, cost, plan, {"a": plan["a"]},
+        {"b": Placement("b", "x:d", 0, 1.0, 1.0 + 20.0)}, {"b": 0.5}, 1.5,
+        slower={"x:d": 20.0}, restartable=frozenset({"b"}),
+    )  # fmt: skip
+    d = decide("p", "drift", s)
+    assert d.replan and "b" in d.moved
+    assert d.cost_s >= 0.5  # the half second b had run is lost
