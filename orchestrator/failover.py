@@ -23,7 +23,6 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, to_record
 from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import PlacementFailed, descendants
 from orchestrator.reservations.store import device_key
 from schemas import subjects
 from schemas.api import StatusRequest, SubmitReply
@@ -41,6 +40,8 @@ OWNER_RENEW_S = 1.0
 OWNER_GRACE_S = 0.5
 REPLAY_BATCH = 256
 FINISHED_KEPT = 10_000
+#: Attempts at writing a pipeline's record before giving up (about a minute of backoff).
+PERSIST_RETRIES = 40
 
 
 class Failover:
@@ -65,6 +66,7 @@ class Failover:
         self._spec_saved: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
         self._want: dict[str, int] = {}
+        self._retries: dict[str, int] = {}
         self._done: dict[str, int] = {}
         self._adopting: set[str] = set()
         #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
@@ -134,16 +136,35 @@ class Failover:
             return
         ticket = self._want[pid] = self._want.get(pid, 0) + 1
         lock = self._locks.setdefault(pid, asyncio.Lock())
+        failed = False
         async with lock:
             if self._done.get(pid, 0) >= ticket:
                 return
+            before = self._done.get(pid, 0)
             self._done[pid] = self._want.get(pid, ticket)
             try:
                 await self._write(run)
+                self._retries.pop(pid, None)
             except Exception as exc:
-                log.warning("persisting %s failed: %s", pid, exc)
-        if pid in self._finished and self._locks.get(pid) is lock and not lock.locked():
+                log.warning("persisting %s failed (will retry): %s", pid, exc)
+                self._done[pid] = before  # nothing was covered: the retry writes it all
+                failed = True
+        if failed:
+            self.o._spawn(self._persist_later(run))
+        elif pid in self._finished and self._locks.get(pid) is lock and not lock.locked():
             del self._locks[pid]
+
+    async def _persist_later(self, run: PipelineRun) -> None:
+        """A write that failed (NATS or JetStream unavailable for a moment, e.g. a server
+        restart) is retried with a growing delay: the record is what fail-over resumes from."""
+        pid = run.pipeline_id
+        n = self._retries[pid] = self._retries.get(pid, 0) + 1
+        if n > PERSIST_RETRIES:
+            log.error("giving up persisting %s after %d attempts", pid, n - 1)
+            self._retries.pop(pid, None)
+            return
+        await asyncio.sleep(min(0.2 * n, 2.0))  # back off before the next attempt
+        await self.persist(run)
 
     async def _write(self, run: PipelineRun) -> None:
         pid, o = run.pipeline_id, self.o
@@ -292,23 +313,17 @@ class Failover:
                 await o.store.renew(key, {run.pipeline_id}, now + o.lease_s, now)
 
     async def replace_lost(self, run: PipelineRun) -> None:
-        """Unfinished tasks on agents this replica does not see alive go elsewhere."""
+        """Unfinished tasks on agents this replica does not see alive go elsewhere, through
+        the same recovery path as a dead agent's (producers whose outputs died re-run too)."""
         o = self.o
         alive = {e.advert.agent_id for e in o.view.alive(o.mono())}
-        lost = {
-            tid for tid, tr in run.tasks.items()
-            if tr.state not in ("succeeded", "failed", "cancelled") and tr.agent_id not in alive
+        gone = {
+            tr.agent_id for tr in run.tasks.values()
+            if tr.agent_id and tr.agent_id not in alive
+            and tr.state not in ("succeeded", "failed", "cancelled")
         }  # fmt: skip
-        if not lost:
-            return
-        todo = {t for t in descendants(run, lost) if run.tasks[t].state != "succeeded"}
-        try:
-            await o.placer.place(run, only=todo)
-        except PlacementFailed as exc:
-            run.note(f"re-placing tasks of agents gone during fail-over failed: {exc}")
-            return
-        await o._commit_all(run, todo)
-        run.note(f"re-placed after fail-over (agents gone): {', '.join(sorted(todo))}")
+        if gone:
+            await o.recovery._recover_run(run, None, gone, "fail-over (agents gone)")
 
     # -- replay ---------------------------------------------------------------------------------
     async def replay(self, run: PipelineRun) -> int:

@@ -90,6 +90,28 @@ async def kv_value(url: str, bucket: str, key: str) -> bytes:
         await nc.close()
 
 
+async def settled_record(url: str, pid: str, timeout: float = 15.0) -> PipelineRecord:
+    """The pipeline's record once it says the pipeline ended (records are written after the
+    in-memory state changes, and retried while JetStream is still coming back)."""
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(RUNS_BUCKET)
+        watch = await kv.watch(run_key(pid))
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    entry = await watch.updates(timeout=timeout)
+                    if entry is None or entry.value is None:
+                        continue  # the end-of-history marker, or a delete
+                    rec = decode(bytes(entry.value), PipelineRecord)
+                    if rec.state in ("succeeded", "failed", "cancelled"):
+                        return rec
+        finally:
+            await watch.stop()
+    finally:
+        await nc.close()
+
+
 @pytest.fixture
 def orch_log(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "orchestrator.log"
@@ -164,7 +186,7 @@ async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) 
         run = await orch.wait_terminal("restart-1", 40.0)
         assert run.state == "succeeded", run.reason
         assert all(tr.state == "succeeded" for tr in run.tasks.values())
-        rec = decode(await kv_value(url, RUNS_BUCKET, run_key("restart-1")), PipelineRecord)
+        rec = await settled_record(url, "restart-1")
         assert rec.state == "succeeded" and rec.owner == orch.owner
         # and the state survived on disk: a pipeline submitted after the restart works too
         again = await orch.submit_spec(chain("after", [0.05, 0.05]), "restart-2")
