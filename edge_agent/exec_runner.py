@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -21,6 +22,10 @@ from schemas.pipeline import ExecRun
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 STDERR_TAIL = 2048
 CHUNK = 1 << 16
+#: Longest the runner waits for a killed process's pipes and exit status.
+REAP_S = 5.0
+
+log = logging.getLogger("mars.agent.exec")
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -36,6 +41,28 @@ async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> bytes:
             raise ExecutionError(f"output exceeded {limit} bytes; process killed")
         buf += chunk
     return bytes(buf)
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed process without hanging. On Python 3.11 `wait()` returns only once
+    every pipe has closed, and a stdout we stopped reading (output over the limit) is paused
+    with data in it: drain it to EOF first, and bound both steps (a descendant that escaped
+    the group kill could hold the pipe open)."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(REAP_S):
+            if proc.stdout is not None:
+                while await proc.stdout.read(CHUNK):
+                    pass
+    try:
+        async with asyncio.timeout(REAP_S):
+            await asyncio.shield(proc.wait())
+    except TimeoutError:
+        log.warning("exec pid %d: pipes still open after the kill; closing them", proc.pid)
+        transport = getattr(proc, "_transport", None)
+        if transport is not None:
+            transport.close()
+    except ProcessLookupError:
+        pass
 
 
 async def _tail(stream: asyncio.StreamReader, keep: int) -> bytes:
@@ -89,8 +116,7 @@ async def run_exec(
     finally:
         if proc is not None:
             _kill_group(proc)  # timeout, cancel, oversize, or children left behind
-            with contextlib.suppress(ProcessLookupError):
-                await asyncio.shield(proc.wait())
+            await _reap(proc)
         if err_task is not None:
             err_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

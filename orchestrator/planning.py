@@ -22,6 +22,7 @@ from orchestrator.scheduling import (
     Task,
     TaskGraph,
     TransferTable,
+    Unschedulable,
     portfolio,
 )
 from schemas.agent import DeviceSpec
@@ -191,6 +192,8 @@ def plan_pipeline(
     """Plan on the live view (and the cached reservations); raises scheduling.Unschedulable
     with per-device reasons. Times in the plan are seconds after `t0`."""
     cluster, links = view.snapshot(now)
+    if not len(cluster):
+        raise Unschedulable({t.id: {} for t in spec.tasks})  # says: the cluster has no devices
     devices = {d.id: view.device_spec(d.id)[1] for d in cluster.devices}
     if bookings:
         cluster = with_bookings(cluster, bookings, t0, blocks, t0 + rel_now)

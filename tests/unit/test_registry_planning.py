@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from orchestrator.planning import with_bookings
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import Cached
@@ -73,3 +75,16 @@ def test_reservations_become_slot_busy_windows() -> None:
     )
     busy = sorted(out.devices[0].slot_busy)
     assert busy == [(0, 10.0, 12.0), (1, 0.0, 1.0)]
+
+
+def test_planning_on_an_empty_fleet_says_so() -> None:
+    from orchestrator.planning import plan_pipeline
+    from orchestrator.scheduling import Unschedulable
+    from schemas import PipelineSpec
+
+    spec = PipelineSpec.model_validate(
+        {"name": "p", "tasks": [{"id": "a", "run": {"kind": "synthetic", "seconds": 0.1}}]}
+    )
+    with pytest.raises(Unschedulable) as err:
+        plan_pipeline(spec, ClusterView(3), now=0.0)
+    assert "the cluster has no devices" in str(err.value)
