@@ -58,6 +58,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("mars.adaptive")
 GAIN_FACTOR = 2.0
 LATE_THRESHOLD = 0.30
+#: A task must also be at least this much past its prediction to count as late: below it,
+#: lateness is event and timer jitter, not a slow device (and a 2 ms task 1 ms late would
+#: otherwise price a re-plan hundreds of times a second on a busy orchestrator).
+LATE_FLOOR_S = 0.05
 DRIFT_THRESHOLD = 0.15
 #: Offer + commit + cancel round trips a move costs even without data to ship.
 MOVE_OVERHEAD_S = 0.02
@@ -363,8 +367,12 @@ class Adaptive:
         tr = run.tasks.get(ev.task_id) if run is not None else None
         if tr is None or tr.token != ev.token or not tr.predicted_s or key in self._timers:
             return
-        delay = tr.predicted_s * (1.0 + self.late_threshold)
+        delay = self._due(tr.predicted_s)
         self._timers[key] = asyncio.get_running_loop().call_later(delay, self._late, key)
+
+    def _due(self, predicted_s: float) -> float:
+        """Elapsed time after which a task is late: the relative threshold, with a floor."""
+        return max(predicted_s * (1.0 + self.late_threshold), predicted_s + LATE_FLOOR_S)
 
     def _late(self, key: tuple[str, str, int]) -> None:
         self._timers.pop(key, None)
@@ -376,7 +384,7 @@ class Adaptive:
         if tr.state != "started" or tr.token != token or not tr.predicted_s or not tr.device_id:
             return
         elapsed = self._elapsed(run, tid)
-        due = tr.predicted_s * (1.0 + self.late_threshold)
+        due = self._due(tr.predicted_s)
         if elapsed <= due:  # our clock started a little before the run's: look again then
             loop = asyncio.get_running_loop()
             self._timers[key] = loop.call_later(due - elapsed + 1e-3, self._late, key)
