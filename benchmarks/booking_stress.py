@@ -26,6 +26,7 @@ of every revision ever written to the reservation bucket.
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import contextlib
 import json
@@ -136,7 +137,10 @@ def log_dir(prefix: str) -> Iterator[Path]:
         progress(f"child process logs kept in {path}")
         raise
     else:
-        shutil.rmtree(path, ignore_errors=True)
+        if os.environ.get("MARS_KEEP_LOGS"):
+            progress(f"child process logs kept in {path} (MARS_KEEP_LOGS)")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 async def api_instances(nc: NATS, window_s: float = 0.3) -> int:

@@ -503,12 +503,14 @@ class Adaptive:
         if trig.late_task is not None:  # nothing but the overrun says the device is slow
             slower.update(trig.than_planned)
         # Never moved: non-migratable tasks, and tasks whose inputs were already shipped to
-        # their device (agents drop an output once its consumer has it). A running task may
-        # restart elsewhere only if it has no inputs to lose.
+        # their device or may be on their way (a producer that succeeded or is running: agents
+        # drop an output once its consumer has it, and a producer finishing while the move is
+        # carried out would ship to the old place). A running task may restart elsewhere only
+        # if it has no inputs to lose.
         shipped = {
             t.id for t in run.spec.tasks
             if t.id not in running and t.id not in done
-            and any(run.tasks[d].state == "succeeded" for d in t.deps)
+            and any(run.tasks[d].state in ("succeeded", "started") for d in t.deps)
         }  # fmt: skip
         pinned = frozenset(t.id for t in run.spec.tasks if not t.migratable) | shipped
         restartable = frozenset(
