@@ -65,6 +65,9 @@ LATE_FLOOR_S = 0.05
 DRIFT_THRESHOLD = 0.15
 #: Offer + commit + cancel round trips a move costs even without data to ship.
 MOVE_OVERHEAD_S = 0.02
+#: A consumer is not moved while one of its producers is projected to finish within this:
+#: the move (cancel, re-offer, reroute) must land before that producer ships its output.
+MOVE_RACE_S = 0.5
 
 
 # -- the rule (pure) ------------------------------------------------------------------------------
@@ -503,14 +506,18 @@ class Adaptive:
         if trig.late_task is not None:  # nothing but the overrun says the device is slow
             slower.update(trig.than_planned)
         # Never moved: non-migratable tasks, and tasks whose inputs were already shipped to
-        # their device or may be on their way (a producer that succeeded or is running: agents
-        # drop an output once its consumer has it, and a producer finishing while the move is
-        # carried out would ship to the old place). A running task may restart elsewhere only
-        # if it has no inputs to lose.
+        # their device or may be while the move is carried out (a producer that succeeded, or
+        # one running with less than MOVE_RACE_S projected to go: agents drop an output once
+        # its consumer has it, so a push to the old place mid-move would strand the task). A
+        # running task may restart elsewhere only if it has no inputs to lose.
         shipped = {
             t.id for t in run.spec.tasks
             if t.id not in running and t.id not in done
-            and any(run.tasks[d].state in ("succeeded", "started") for d in t.deps)
+            and any(
+                run.tasks[d].state == "succeeded"
+                or (d in running and running[d].finish - now < MOVE_RACE_S)
+                for d in t.deps
+            )
         }  # fmt: skip
         pinned = frozenset(t.id for t in run.spec.tasks if not t.migratable) | shipped
         restartable = frozenset(
