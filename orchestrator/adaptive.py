@@ -505,19 +505,22 @@ class Adaptive:
             slower[dev] = max(1.0, modelled / after)
         if trig.late_task is not None:  # nothing but the overrun says the device is slow
             slower.update(trig.than_planned)
+
         # Never moved: non-migratable tasks, and tasks whose inputs were already shipped to
-        # their device or may be while the move is carried out (a producer that succeeded, or
-        # one running with less than MOVE_RACE_S projected to go: agents drop an output once
-        # its consumer has it, so a push to the old place mid-move would strand the task). A
-        # running task may restart elsewhere only if it has no inputs to lose.
+        # their device or may be while the move is carried out: a producer that succeeded, or
+        # one projected to finish within MOVE_RACE_S (running, or queued to start that soon).
+        # Agents drop an output once its consumer has it, so a push to the old place mid-move
+        # would strand the moved task. A running task may restart elsewhere only if it has no
+        # inputs to lose.
+        def finishes_soon(d: str) -> bool:
+            if run.tasks[d].state == "succeeded":
+                return True
+            p = running.get(d) or run.placements.get(d)
+            return p is None or p.finish - now < MOVE_RACE_S
+
         shipped = {
             t.id for t in run.spec.tasks
-            if t.id not in running and t.id not in done
-            and any(
-                run.tasks[d].state == "succeeded"
-                or (d in running and running[d].finish - now < MOVE_RACE_S)
-                for d in t.deps
-            )
+            if t.id not in running and t.id not in done and any(map(finishes_soon, t.deps))
         }  # fmt: skip
         pinned = frozenset(t.id for t in run.spec.tasks if not t.migratable) | shipped
         restartable = frozenset(
