@@ -18,6 +18,7 @@ log = logging.getLogger("mars.predictor")
 BUCKET = "MARS_PREDICTOR"
 #: Longest a learned correction waits before it is written to KV.
 FLUSH_EVERY_S = 1.0
+KEYS_ATTEMPTS = 5
 
 
 def kv_key(sig: str, device: str) -> str:
@@ -72,10 +73,7 @@ class History:
             with contextlib.suppress(Exception):  # another replica may create it first
                 await self.js.create_key_value(bucket=self.bucket, history=1)
             self.kv = await self.js.key_value(self.bucket)
-        try:
-            keys = await self.kv.keys()
-        except NoKeysError:
-            return 0
+        keys = await self._keys()
         loaded = 0
         for k in keys:
             with contextlib.suppress(Exception):
@@ -84,6 +82,21 @@ class History:
                 self.corrections.put(d["sig"], d["device"], Track.from_dict(d["track"]))
                 loaded += 1
         return loaded
+
+    async def _keys(self) -> list[str]:
+        """Every key; `kv.keys()` can come back empty on a busy server while the bucket holds
+        values (its watch may end before the values arrive), so an empty answer is checked
+        against the bucket's own count and asked again."""
+        keys: list[str] = []
+        for _ in range(KEYS_ATTEMPTS):
+            try:
+                keys = list(await self.kv.keys())
+            except NoKeysError:
+                keys = []
+            if keys or (await self.kv.status()).values == 0:
+                return keys
+        log.warning("correction history: the bucket has values but listing its keys failed")
+        return keys
 
     async def save(self, sig: str, device: str) -> None:
         """Write one track as it is now (last writer wins: a track is one orchestrator's view)."""
