@@ -26,10 +26,10 @@ of every revision ever written to the reservation bucket.
 from __future__ import annotations
 
 import argparse
-import os
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 import shutil

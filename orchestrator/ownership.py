@@ -20,6 +20,7 @@ from typing import Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from orchestrator.kvwatch import follow
 from orchestrator.pipelines import PipelineRun, TaskRun
 from orchestrator.scheduling import Placement
 from schemas.codec import DecodeError, decode, encode
@@ -120,15 +121,7 @@ class Leases:
         await self._stop_watch()
 
     async def _watch(self) -> None:
-        while True:
-            try:
-                entry = await self._watcher.updates(timeout=60)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                continue  # idle timeout
-            if entry is not None:
-                self._apply(entry)
+        await follow(self._watcher, self._apply)
 
     def _apply(self, entry: Any) -> None:
         if entry.operation in ("DEL", "PURGE") or not entry.value:

@@ -33,6 +33,9 @@ from schemas.base import WireModel
 from schemas.codec import DecodeError, RemoteError, decode, decode_reply, encode, error_reply
 from schemas.errors import ErrorCode, ErrorEnvelope
 from schemas.events import PipelineEvent, TaskEvent
+
+#: The models whose JSON Schema `mars schema` publishes.
+from schemas.failover import OwnerLease, PipelineRecord
 from schemas.pipeline import (
     ExecRun,
     OnnxRun,
@@ -58,8 +61,9 @@ from schemas.placement import (
     RejectCode,
     TaskOffer,
 )
+from schemas.predictor import CorrectionRecord
+from schemas.recovery import ClusterEvent, TaskResult
 
-#: The models whose JSON Schema `mars schema` publishes.
 PUBLIC_MODELS: tuple[type[WireModel], ...] = (
     AgentAdvert,
     Heartbeat,
@@ -87,6 +91,12 @@ PUBLIC_MODELS: tuple[type[WireModel], ...] = (
     TaskEvent,
     PipelineEvent,
     ErrorEnvelope,
+    CalibrationDrift,
+    ClusterEvent,
+    TaskResult,
+    OwnerLease,
+    PipelineRecord,
+    CorrectionRecord,
 )
 
 __all__ = [

@@ -46,17 +46,6 @@ class Track:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Track:
-        return cls(
-            log_factor=float(d.get("log_factor", 0.0)),
-            n=int(d.get("n", 0)),
-            recent=[float(x) for x in d.get("recent", [])][-WINDOW:],
-            pending=[float(x) for x in d.get("pending", [])][-MAX_STREAK:],
-            rejected=int(d.get("rejected", 0)),
-            updated=float(d.get("updated", 0.0)),
-        )
-
 
 def is_outlier(recent: list[float], r: float) -> bool:
     """The MAD rule over the accepted window."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 from typing import Any
 
 from nats.js.errors import BucketNotFoundError, NoKeysError
 
 from orchestrator.predictor.correction import Corrections, Track
+from schemas.codec import DecodeError, decode, encode
+from schemas.predictor import CorrectionRecord, CorrectionTrack
 
 log = logging.getLogger("mars.predictor")
 BUCKET = "MARS_PREDICTOR"
@@ -76,11 +77,17 @@ class History:
         keys = await self._keys()
         loaded = 0
         for k in keys:
-            with contextlib.suppress(Exception):
+            try:
                 entry = await self.kv.get(k)
-                d = json.loads(entry.value)
-                self.corrections.put(d["sig"], d["device"], Track.from_dict(d["track"]))
-                loaded += 1
+                rec = decode(bytes(entry.value or b""), CorrectionRecord)
+            except DecodeError as exc:  # written by something else: skipped, said once
+                log.warning("correction %s unreadable (%s): %s", k, exc.code, exc.message)
+                continue
+            except Exception as exc:
+                log.warning("loading correction %s failed: %s", k, exc)
+                continue
+            self.corrections.put(rec.sig, rec.device, Track(**rec.track.model_dump()))
+            loaded += 1
         return loaded
 
     async def _keys(self) -> list[str]:
@@ -103,9 +110,11 @@ class History:
         track = self.corrections.get(sig, device)
         if self.kv is None or track is None:
             return
-        body = json.dumps({"sig": sig, "device": device, "track": track.to_dict()})
+        body = encode(
+            CorrectionRecord(sig=sig, device=device, track=CorrectionTrack(**track.to_dict()))
+        )
         try:
-            await self.kv.put(kv_key(sig, device), body.encode())
+            await self.kv.put(kv_key(sig, device), body)
             self.writes += 1
         except Exception as exc:
             log.warning("saving correction %s@%s failed: %s", sig, device, exc)

@@ -19,6 +19,7 @@ from typing import Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from orchestrator.kvwatch import follow
 from orchestrator.reservations import book as rules
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import DecodeError, decode, encode
@@ -98,15 +99,7 @@ class BookingStore:
                 await self._watcher.stop()
 
     async def _watch(self) -> None:
-        while True:
-            try:
-                entry = await self._watcher.updates(timeout=60)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                continue  # idle timeout
-            if entry is not None:
-                self._apply(entry)
+        await follow(self._watcher, self._apply)
 
     def _apply(self, entry: Any) -> None:
         key = entry.key

@@ -3,8 +3,6 @@ one learned from reported durations (real nats-server, real KV, real ONNX Runtim
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from orchestrator.pipelines import PipelineRun
@@ -12,7 +10,9 @@ from orchestrator.predictor.history import BUCKET, kv_key
 from orchestrator.predictor.model import task_signature
 from orchestrator.service import Orchestrator
 from schemas import AgentAdvert, PipelineSpec
+from schemas.codec import decode
 from schemas.events import TaskEvent
+from schemas.predictor import CorrectionRecord
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,10 @@ async def test_corrections_persist_and_reload(nats_url: str) -> None:
             entry = await watch.updates(timeout=5)
             assert entry is not None
             seen += 1
-            stored = json.loads(entry.value)
-            if stored["track"]["n"] == 4:
+            stored = decode(bytes(entry.value), CorrectionRecord)
+            if stored.track.n == 4:
                 break
-        assert stored["device"] == "a1:cpu" and seen < 4
+        assert stored.device == "a1:cpu" and seen < 4
         learned = a.predictor.estimate(SPEC.tasks, [ADVERT.devices[0]], ["a1:cpu"])
         assert learned.seconds[0, 0] == pytest.approx(0.03, rel=0.02)
         assert a.prediction_errors.n == 4
@@ -74,5 +74,25 @@ async def test_corrections_persist_and_reload(nats_url: str) -> None:
         est = b.predictor.estimate(SPEC.tasks, [ADVERT.devices[0]], ["a1:cpu"])
         assert est.seconds[0, 0] == pytest.approx(0.03, rel=0.02)
         assert est.factor[0, 0] != 1.0
+    finally:
+        await b.stop()
+
+
+async def test_an_unreadable_record_is_skipped_and_the_rest_loaded(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Hostile or foreign bytes in the bucket cost that one track, not the orchestrator."""
+    a = Orchestrator(nats_url, name="orch-a")
+    await a.start()
+    try:
+        kv = await a.js.key_value(BUCKET)
+        await kv.put("junk.0000000000000000", b"\xc1 not a record")
+    finally:
+        await a.stop()
+    b = Orchestrator(nats_url, name="orch-b")
+    await b.start()
+    try:
+        assert b.history is not None and b.predictor.corrections is not None
+        assert any("unreadable" in r.getMessage() for r in caplog.records)
     finally:
         await b.stop()

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.predictor.correction import Corrections, Track
+from schemas.predictor import CorrectionTrack
 
 ratios = st.floats(min_value=0.02, max_value=50.0)
 noise = st.lists(st.floats(min_value=-0.02, max_value=0.02), min_size=5, max_size=5)
@@ -50,5 +51,5 @@ def test_tracks_are_per_signature_and_device_and_round_trip() -> None:
     c.observe("s", "a", 1.0, 3.0, 5.0)
     assert c.factor("s", "b") == 1.0 and c.factor("t", "a") == 1.0
     t = c.get("s", "a")
-    assert t is not None and Track.from_dict(t.to_dict()) == t
+    assert t is not None and Track(**CorrectionTrack(**t.to_dict()).model_dump()) == t
     assert not c.observe("s", "a", 0.0, 1.0, 0.0)  # nothing to compare against
