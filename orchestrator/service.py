@@ -29,7 +29,7 @@ from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import BookingStore, device_key
-from orchestrator.scheduling import Placement, Unschedulable
+from orchestrator.scheduling import Placement, Unschedulable, compiled
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import (
@@ -122,6 +122,8 @@ class Orchestrator:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
+        # the compiled planning loop (when numba is installed) loads before the first request
+        compiled.warm_up()
         self.nc = await nats.connect(
             self.nats_url,
             name="mars-orchestrator",

@@ -14,6 +14,14 @@ SHARED = REPO.parent / "shared"
 DATASETS = SHARED / "datasets"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile the numba scheduling loop once (or load it from the disk cache) before any test
+    runs, so no timed test and no orchestrator subprocess pays the first compile."""
+    from orchestrator.scheduling import compiled
+
+    compiled.warm_up()
+
+
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(store_dir=str(tmp_path / "nats"))

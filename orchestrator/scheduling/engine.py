@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.scheduling import compiled
 from orchestrator.scheduling.constraints import Unschedulable, eligibility_matrix, ineligibility
 from orchestrator.scheduling.cost import CostModel, cost_arrays
 from orchestrator.scheduling.model import Cluster, TaskGraph
@@ -28,7 +29,7 @@ from orchestrator.scheduling.plan import Placement, Plan
 from orchestrator.scheduling.ranks import upward_rank_array
 from orchestrator.scheduling.smallrun import run_small
 from orchestrator.scheduling.timeline import ClusterSlots
-from orchestrator.scheduling.transfer import TransferTable
+from orchestrator.scheduling.transfer import LISTS_MAX, TransferTable
 
 
 def check_fixed(graph: TaskGraph, cluster: Cluster, fixed: Mapping[str, Placement]) -> None:
@@ -246,8 +247,9 @@ class ListScheduler:
         "where",
     )
 
-    def __init__(self, prep: Prepared, insertion: bool = True, lists: bool = True) -> None:
-        """`lists=False` keeps the numpy loop even on small clusters (for equivalence tests)."""
+    def __init__(self, prep: Prepared, insertion: bool = True, lists: bool | str = True) -> None:
+        """`lists=False` keeps the numpy loop even on small clusters, `lists="python"` the
+        Python list loop even where the compiled one is available (for equivalence tests)."""
         self.prep, self.insertion, self.lists = prep, insertion, lists
         cluster, graph = prep.cluster, prep.graph
         self.slots = ClusterSlots(cluster, prep.now, prep.fixed)
@@ -317,9 +319,15 @@ class ListScheduler:
         """Place every task not fixed: smallest `keys[i]` first among ready tasks (ties by
         topological position), each where `rule` says (default: earliest finish)."""
         prep = self.prep
-        small = prep.table.dense_lists() if rule is None and self.lists else None
-        if small is not None:
-            return run_small(self, keys, algorithm, small)
+        if rule is None and self.lists:
+            fast = compiled.runner() if self.lists is True else None
+            if fast is not None:
+                dense = prep.table.dense()
+                if dense is not None and len(dense[0]) <= LISTS_MAX:
+                    return fast(self, keys, algorithm, dense)
+            small = prep.table.dense_lists()
+            if small is not None:
+                return run_small(self, keys, algorithm, small)
         graph, is_fixed, topo_pos = prep.graph, prep.is_fixed, prep.topo_pos
         waiting = [0] * len(graph)
         heap: list[tuple[int, int, int]] = []

@@ -10,6 +10,7 @@ import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -88,6 +89,16 @@ class Link:
             raise ValueError("link needs latency_s >= 0 and bandwidth_Bps > 0")
 
 
+class GraphArrays(NamedTuple):
+    """The edges as index arrays (in `TaskGraph.edges` order) and each task's topological
+    position, for compiled loops."""
+
+    src: NDArray[np.int64]
+    dst: NDArray[np.int64]
+    nbytes: NDArray[np.float64]
+    topo_pos: NDArray[np.int64]
+
+
 class TaskGraph:
     """A validated DAG of tasks; edges map (src, dst) to the bytes src sends to dst.
 
@@ -95,7 +106,7 @@ class TaskGraph:
     (index, bytes) pairs and `topo` is a topological order that prefers lower indices.
     """
 
-    __slots__ = ("edges", "ids", "index", "preds", "succs", "tasks", "topo")
+    __slots__ = ("arrays", "edges", "ids", "index", "preds", "succs", "tasks", "topo")
 
     def __init__(self, tasks: Sequence[Task], edges: Mapping[tuple[str, str], float]) -> None:
         self.tasks: tuple[Task, ...] = tuple(tasks)
@@ -109,6 +120,7 @@ class TaskGraph:
         preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         self.edges: dict[tuple[str, str], float] = {}
+        pairs: list[tuple[int, int]] = []
         for (src, dst), nbytes in edges.items():
             for end in (src, dst):
                 if end not in self.index:
@@ -122,6 +134,7 @@ class TaskGraph:
             i, j = self.index[src], self.index[dst]
             succs[i].append((j, b))
             preds[j].append((i, b))
+            pairs.append((i, j))
         self.preds: tuple[tuple[tuple[int, float], ...], ...] = tuple(
             tuple(sorted(p)) for p in preds
         )
@@ -129,6 +142,14 @@ class TaskGraph:
             tuple(sorted(s)) for s in succs
         )
         self.topo: tuple[int, ...] = self._toposort()
+        topo_pos = np.empty(n, dtype=np.int64)
+        topo_pos[list(self.topo)] = np.arange(n, dtype=np.int64)
+        self.arrays = GraphArrays(
+            np.fromiter((i for i, _ in pairs), np.int64, len(pairs)),
+            np.fromiter((j for _, j in pairs), np.int64, len(pairs)),
+            np.fromiter(self.edges.values(), np.float64, len(pairs)),
+            topo_pos,
+        )
 
     def _toposort(self) -> tuple[int, ...]:
         indeg = [len(p) for p in self.preds]

@@ -141,6 +141,11 @@ class ClusterSlots:
             lines = self._lines[d] = [SlotTimeline(self._now) for _ in range(self._slots[d])]
         return lines
 
+    def built(self) -> list[tuple[int, list[SlotTimeline]]]:
+        """(device, its timelines) for every device whose timelines exist; the rest are
+        free from `now` on every slot."""
+        return [(d, lines) for d, lines in enumerate(self._lines) if lines is not None]
+
     def book(self, d: int, k: int, start: float, finish: float) -> None:
         """Occupy [start, finish) on slot k of device d and update the summaries."""
         self.timelines(d)[k].book(start, finish)

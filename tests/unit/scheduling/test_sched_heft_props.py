@@ -89,7 +89,36 @@ def test_list_loop_matches_numpy_loop(pb: Problem, insertion: bool, seed: int, f
     prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, now)
     assume(prep.table.dense_lists() is not None)  # a cost model with matrices: the small path
     keys = priority_keys(prep.upward())
-    by_lists = ListScheduler(prep, insertion).run(keys, None, "heft")
+    by_lists = ListScheduler(prep, insertion, lists="python").run(keys, None, "heft")
     by_numpy = ListScheduler(prep, insertion, lists=False).run(keys, None, "heft")
     assert by_lists.placements == by_numpy.placements
     by_lists.validate(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=now)
+
+
+@SETTINGS
+@given(problems(), st.booleans(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+def test_compiled_loop_matches_list_loop(
+    pb: Problem, insertion: bool, seed: int, frac: float
+) -> None:
+    """The numba loop makes exactly the plain-float loop's decisions, fixed tasks and busy
+    windows included (numba is in the test extra, so this runs in CI)."""
+    pytest.importorskip("numba")
+    from orchestrator.scheduling import compiled
+    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.ranks import priority_keys
+
+    assert compiled.runner() is not None
+    first = _plan_or_unschedulable(pb)
+    if first is None:
+        return
+    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
+    now = pb.now + frac * (first.makespan - pb.now)
+    prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, now)
+    dense = prep.table.dense()
+    assume(prep.table.dense_lists() is not None)
+    assert dense is not None
+    keys = priority_keys(prep.upward())
+    by_lists = ListScheduler(prep, insertion, lists="python").run(keys, None, "heft")
+    by_kernel = compiled.run_compiled(ListScheduler(prep, insertion), keys, "heft", dense)
+    assert by_kernel.placements == by_lists.placements
+    assert list(by_kernel.placements) == list(by_lists.placements)

@@ -1,0 +1,144 @@
+"""The earliest-finish loop compiled with numba, for clusters of a few dozen devices.
+
+`smallrun.run_small` is already plain float arithmetic, but Python still pays ~10 us per task
+for the heap, the per-device lists and the slot search; on small instances that floor is most
+of the planning time. This module runs the same loop (same decisions, same floating-point
+operations in the same order, so the plans are identical; a property test holds it to that)
+over flat arrays, compiled by numba on first use and cached on disk.
+
+numba is optional (`pip install mars[fast]`): without it, or with `MARS_JIT=0` in the
+environment, `runner()` returns None and the scheduler uses the Python loop. The first call in
+a process without a disk cache compiles (a few seconds); `warm_up()` lets a service pay that
+before its first request instead of during it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orchestrator.scheduling.plan import Placement, Plan
+
+if TYPE_CHECKING:
+    from orchestrator.scheduling.engine import ListScheduler
+    from orchestrator.scheduling.timeline import ClusterSlots
+    from orchestrator.scheduling.transfer import Dense
+
+Runner = Callable[["ListScheduler", Sequence[int], str, "Dense"], Plan]
+
+_kernel: Any = None
+_loaded = False
+
+
+def _load() -> Any:
+    """The numba kernel, or None where numba is missing or disabled."""
+    if os.environ.get("MARS_JIT", "1") == "0":
+        return None
+    try:
+        from orchestrator.scheduling._kernel import kernel
+    except ImportError:
+        return None
+    return kernel
+
+
+def _get() -> Any:
+    global _kernel, _loaded
+    if not _loaded:
+        _kernel, _loaded = _load(), True
+    return _kernel
+
+
+def runner() -> Runner | None:
+    """`run_compiled` where numba is available and enabled, else None."""
+    return run_compiled if _get() is not None else None
+
+
+def run_compiled(sched: ListScheduler, keys: Sequence[int], algorithm: str, dense: Dense) -> Plan:
+    """`smallrun.run_small` through the compiled kernel (the scheduler is used up by it).
+
+    The kernel gets the edges as index arrays, the compute-time matrix, the dense latency and
+    bandwidth matrices, and every slot timeline as a row of (starts, finishes) with room for
+    one more interval per task; it writes each task's device, slot, start and finish, and
+    the order it placed them in (the order of `Plan.placements`, as in the Python loop).
+    """
+    prep = sched.prep
+    graph, cluster = prep.graph, prep.cluster
+    n = len(graph)
+    arrays = graph.arrays
+    is_fixed = np.zeros(n, dtype=np.bool_)
+    if prep.fixed_idx:
+        is_fixed[prep.fixed_idx] = True
+    st, fi, cnt, hor, head = _timelines(sched.slots, cluster.slots, prep.now, n)
+    nsl = np.asarray(cluster.slots, dtype=np.int64)
+    base = np.zeros(len(nsl), dtype=np.int64)
+    np.cumsum(nsl[:-1], out=base[1:])
+    finish = np.asarray(sched.finish, dtype=np.float64)
+    where = np.asarray(sched.where, dtype=np.int64)
+    out_k = np.zeros(n, dtype=np.int64)
+    out_s = np.zeros(n, dtype=np.float64)
+    order = np.zeros(len(prep.todo), dtype=np.int64)
+    lat, bw = dense
+    _get()(
+        np.asarray(keys, dtype=np.int64), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
+        is_fixed, np.ascontiguousarray(prep.w), np.ascontiguousarray(lat),
+        np.ascontiguousarray(bw), float(prep.now), bool(sched.insertion), base, nsl,
+        st, fi, cnt, hor, head, finish, where, out_k, out_s, order,
+    )  # fmt: skip
+    ids, dev_ids, placements = graph.ids, cluster.ids, sched.placements
+    rows = zip(
+        [ids[i] for i in order.tolist()], out_k[order].tolist(), out_s[order].tolist(),
+        finish[order].tolist(), where[order].tolist(), strict=True,
+    )  # fmt: skip
+    for tid, k, s, f, d in rows:
+        placements[tid] = Placement(tid, dev_ids[d], k, s, f)
+    return Plan(placements=placements, algorithm=algorithm)
+
+
+Timelines = tuple[
+    NDArray[np.float64], NDArray[np.float64], NDArray[np.int64], NDArray[np.float64],
+    NDArray[np.float64],
+]  # fmt: skip
+
+
+def _timelines(slots: ClusterSlots, per_device: Sequence[int], now: float, n: int) -> Timelines:
+    """Every slot's busy intervals as rows of (starts, finishes), room for n more each."""
+    built = slots.built()
+    longest = max((len(tl.starts) for _, lines in built for tl in lines), default=1)
+    n_slots = sum(per_device)
+    cap = longest + n
+    st = np.empty((n_slots, cap))
+    fi = np.empty((n_slots, cap))
+    st[:, 0] = -math.inf
+    fi[:, 0] = now
+    cnt = np.ones(n_slots, dtype=np.int64)
+    hor = np.full(n_slots, -math.inf)
+    head = np.full(n_slots, now)
+    if built:
+        first = np.zeros(len(per_device), dtype=np.int64)
+        np.cumsum(per_device[:-1], out=first[1:])
+        for d, lines in built:
+            for k, tl in enumerate(lines):
+                s, c = int(first[d]) + k, len(tl.starts)
+                st[s, :c] = tl.starts
+                fi[s, :c] = tl.finishes
+                cnt[s], hor[s], head[s] = c, tl.horizon, tl.head
+    return st, fi, cnt, hor, head
+
+
+def warm_up() -> bool:
+    """Compile (or load from the disk cache) now; True if the compiled loop is in use."""
+    if runner() is None:
+        return False
+    from orchestrator.scheduling.cost import MatrixCostModel
+    from orchestrator.scheduling.heft import heft
+    from orchestrator.scheduling.model import Cluster, Device, Task, TaskGraph
+
+    graph = TaskGraph([Task("a"), Task("b")], {("a", "b"): 1.0})
+    cluster = Cluster([Device("x", "a", "s"), Device("y", "a", "s")])
+    heft(graph, cluster, MatrixCostModel({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 1.0, "y": 1.0}}))
+    return True
