@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import sys
 import time
@@ -11,14 +12,30 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def timed(fn: Callable[[], T], repeat: int = 1) -> tuple[T, float]:
-    """Result of the last call and the best wall time of `repeat` calls, in seconds."""
+def timed(
+    fn: Callable[[], T], repeat: int = 1, min_total_s: float = 0.0, max_runs: int = 100
+) -> tuple[T, float]:
+    """Result of the last call and the best wall time of at least `repeat` calls, in seconds;
+    fast functions are called again until `min_total_s` has been spent (at most `max_runs`).
+
+    As `timeit` does, the garbage collector is paused during each call (and run once before),
+    so one side of a comparison is not charged for the other's garbage.
+    """
     best = float("inf")
     out: T | None = None
-    for _ in range(max(1, repeat)):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
+    runs, total = 0, 0.0
+    gc.collect()
+    while runs < max(1, repeat) or (total < min_total_s and runs < max_runs):
+        gc.disable()
+        try:
+            t0 = time.perf_counter()
+            out = fn()
+            dt = time.perf_counter() - t0
+        finally:
+            gc.enable()
+        best = min(best, dt)
+        runs += 1
+        total += dt
     assert out is not None
     return out, best
 

@@ -182,11 +182,12 @@ class SiteView:
         if self._full is None:
             n = len(self.sites)
             if self._codes is None or self._arrays is None:
-                rows = [self.row(s) for s in range(n)]
+                link, sites = self._link, self.sites
+                found = [link(a, b) for a in sites for b in sites]
                 self._full = (
-                    np.array([r[0] for r in rows], dtype=np.float64).reshape(n, n),
-                    np.array([r[1] for r in rows], dtype=np.float64).reshape(n, n),
-                    np.array([r[2] for r in rows], dtype=np.float64).reshape(n, n),
+                    np.array([x.latency_s for x in found], dtype=np.float64).reshape(n, n),
+                    np.array([x.bandwidth_Bps for x in found], dtype=np.float64).reshape(n, n),
+                    np.array([x.cost_per_gb for x in found], dtype=np.float64).reshape(n, n),
                 )
             else:
                 codes = self._codes
