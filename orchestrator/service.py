@@ -62,6 +62,8 @@ from schemas.rpc import RemoteError, ServiceError, handle, request
 log = logging.getLogger("mars.orchestrator")
 VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
+#: Attempts at telling an agent to start accepted tasks before giving up on it.
+COMMIT_ATTEMPTS = 3
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
 PIPELINES_BUCKET = "MARS_PIPELINES"
@@ -354,7 +356,9 @@ class Orchestrator:
             ) from exc
         run.committed_at = self._now()
         run.state = "running"
-        await self._commit_all(run, set(run.tasks))
+        # The plan is committed once booked and accepted: starting the tasks (the commit
+        # messages, retried until each agent answers) is off the reply's path.
+        self._spawn(self._commit_all(run, set(run.tasks)))
         await self._publish_pipeline(run)
         self._spawn(self.persist(run))  # off the reply's path; status falls back to memory
         return self._submit_reply(run)
@@ -400,6 +404,8 @@ class Orchestrator:
             )
 
     async def _commit_all(self, run: PipelineRun, task_ids: set[str]) -> None:
+        """Tell each agent to start its accepted tasks of `run`; an agent that does not answer
+        is asked again (commits are idempotent) while the pipeline lives."""
         assert self.nc is not None
         per_agent: dict[str, list[str]] = {}
         for tid in sorted(task_ids):
@@ -409,12 +415,18 @@ class Orchestrator:
 
         async def one(agent_id: str, tids: list[str]) -> None:
             cmd = CommitCommand(pipeline_id=run.pipeline_id, task_ids=tids)
-            try:
-                await request(
-                    self.nc, subjects.commit(agent_id), cmd, CommitCommand, timeout=OFFER_TIMEOUT_S
-                )
-            except Exception as exc:
-                log.warning("commit to %s failed: %s", agent_id, exc)
+            for attempt in range(COMMIT_ATTEMPTS):
+                try:
+                    await request(
+                        self.nc, subjects.commit(agent_id), cmd, CommitCommand,
+                        timeout=OFFER_TIMEOUT_S,
+                    )  # fmt: skip
+                    return
+                except Exception as exc:
+                    log.warning("commit to %s failed (attempt %d): %s", agent_id, attempt + 1, exc)
+                if run.terminal:
+                    return
+                await asyncio.sleep(0.2 * (attempt + 1))  # back off before asking again
 
         await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
 

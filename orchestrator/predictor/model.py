@@ -46,6 +46,9 @@ DECLARED, PRIOR, MODEL = 0, 1, 2
 #: Band of a prior on hardware never measured: a factor of 3 either way (a guess, said so).
 UNSEEN_BAND = (-math.log(3.0), math.log(3.0))
 CACHE_SIZE = 4096
+#: Device sets whose figures are kept as arrays: every single device a duration is reported
+#: for is a set of its own, so this is sized for a fleet, not for a few plans.
+MAX_DEVICE_TABLES = 4096
 F64 = NDArray[np.float64]
 
 
@@ -226,7 +229,7 @@ class Predictor:
             band_lo=np.exp(a),
             band_hi=np.exp(b),
         )
-        if len(self._tables) > 64:
+        if len(self._tables) > MAX_DEVICE_TABLES:
             self._tables.clear()
         self._tables[dev_key] = (table, devices)
         return table
@@ -282,7 +285,7 @@ class Predictor:
     ) -> tuple[str, str] | None:
         """A reported duration; returns the (signature, device key) whose track changed."""
         est = self.estimate([task], [device], [key])
-        sig = task_signature(task)
+        sig = self.signature(task)
         if self.corrections.observe(sig, key, float(est.base[0, 0]), actual_s, now):
             return sig, key
         track = self.corrections.get(sig, key)
