@@ -43,6 +43,8 @@ from schemas.placement import (
     DrainCommand,
     DrainReply,
     FetchRequest,
+    OfferBatch,
+    OfferBatchReply,
     OfferReply,
     TaskOffer,
 )
@@ -141,6 +143,7 @@ class Agent:
         nc = self.nc
         self.data.attach(nc)
         await nc.subscribe(subjects.offer(self.agent_id), cb=self._on_offer)
+        await nc.subscribe(subjects.offers(self.agent_id), cb=self._on_offers)
         await nc.subscribe(subjects.commit(self.agent_id), cb=self._on_commit)
         await nc.subscribe(subjects.cancel(self.agent_id), cb=self._on_cancel)
         await nc.subscribe(subjects.drain(self.agent_id), cb=self._on_drain)
@@ -316,24 +319,33 @@ class Agent:
             await self.nc.publish(subjects.drift(self.agent_id), encode(notice))
         await self._publish_advert()
 
+    def _admit(self, offer: TaskOffer) -> OfferReply:
+        reply = self.core.admit(offer)
+        if not reply.accepted:
+            log.info(
+                "rejected %s/%s: %s %s",
+                offer.pipeline_id,
+                offer.task.id,
+                reply.code,
+                reply.reason,
+            )
+        else:
+            job = self.core.jobs.get((offer.pipeline_id, offer.task.id))
+            if job is not None and job.committed:  # re-offered with new routing
+                self.data.fetch_missing([job], force=True)
+        return reply
+
     async def _on_offer(self, msg: Msg) -> None:
         async def admit(offer: TaskOffer) -> OfferReply:
-            reply = self.core.admit(offer)
-            if not reply.accepted:
-                log.info(
-                    "rejected %s/%s: %s %s",
-                    offer.pipeline_id,
-                    offer.task.id,
-                    reply.code,
-                    reply.reason,
-                )
-            else:
-                job = self.core.jobs.get((offer.pipeline_id, offer.task.id))
-                if job is not None and job.committed:  # re-offered with new routing
-                    self.data.fetch_missing([job], force=True)
-            return reply
+            return self._admit(offer)
 
         await respond(self.nc, msg, TaskOffer, admit)
+
+    async def _on_offers(self, msg: Msg) -> None:
+        async def admit_all(batch: OfferBatch) -> OfferBatchReply:
+            return OfferBatchReply(replies=[self._admit(offer) for offer in batch.offers])
+
+        await respond(self.nc, msg, OfferBatch, admit_all)
 
     async def _on_commit(self, msg: Msg) -> None:
         async def commit(cmd: CommitCommand) -> CommitCommand:

@@ -173,7 +173,7 @@ class Placer:
             placements = {**st.fixed, **todo}
             order = plan_order(placements)
             offers = {tid: self._offer(run, tid, placements, st, order) for tid in todo}
-            replies: list[OfferReply] = await asyncio.gather(*(o.offer(x) for x in offers.values()))
+            replies: list[OfferReply] = await o.offer_many(list(offers.values()))
             rejected = [rep for rep in replies if not rep.accepted]
             for rep in replies:
                 if rep.accepted:
@@ -216,7 +216,7 @@ class Placer:
             stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
             stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
             if stale:
-                again = await asyncio.gather(*(o.offer(x) for x in stale))
+                again = await o.offer_many(stale)
                 if not all(r.accepted for r in again):
                     run.note(f"round {rnd}: routing update refused; re-planning")
                     continue

@@ -8,7 +8,7 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import nats
@@ -54,6 +54,8 @@ from schemas.placement import (
     CancelCommand,
     CommitCommand,
     EvictNotice,
+    OfferBatch,
+    OfferBatchReply,
     OfferReply,
     TaskOffer,
 )
@@ -403,6 +405,42 @@ class Orchestrator:
                 reason=f"no answer to offer: {type(exc).__name__} {exc}"[:2048],
             )
 
+    async def offer_many(self, offers: Sequence[TaskOffer]) -> list[OfferReply]:
+        """Offer each task to its agent, one `OfferBatch` request per agent; replies in the
+        order of `offers`. An agent that does not serve batches (an older version) gets its
+        offers one by one; one that does not answer rejects them all as `unhealthy`."""
+        per_agent: dict[str, list[int]] = {}
+        for i, x in enumerate(offers):
+            per_agent.setdefault(x.agent_id, []).append(i)
+        out: list[OfferReply | None] = [None] * len(offers)
+
+        async def one_agent(agent_id: str, idx: list[int]) -> None:
+            mine = [offers[i] for i in idx]
+            if len(mine) == 1:
+                out[idx[0]] = await self.offer(mine[0])
+                return
+            assert self.nc is not None
+            try:
+                rep = await request(
+                    self.nc, subjects.offers(agent_id), OfferBatch(offers=mine), OfferBatchReply,
+                    timeout=OFFER_TIMEOUT_S,
+                )  # fmt: skip
+                replies: list[OfferReply] = rep.replies
+            except nats.errors.NoRespondersError:
+                replies = list(await asyncio.gather(*(self.offer(x) for x in mine)))
+            except (TimeoutError, RemoteError) as exc:
+                why = f"no answer to offers: {type(exc).__name__} {exc}"[:2048]
+                replies = [_unanswered(x, why) for x in mine]
+            for i, x in zip(idx, mine, strict=True):
+                got = next((r for r in replies if r.task_id == x.task.id), None)
+                out[i] = got if got is not None else _unanswered(x, "no reply for this offer")
+
+        await asyncio.gather(*(one_agent(a, idx) for a, idx in per_agent.items()))
+        return [
+            r if r is not None else _unanswered(x, "not offered")
+            for r, x in zip(out, offers, strict=True)
+        ]
+
     async def _commit_all(self, run: PipelineRun, task_ids: set[str]) -> None:
         """Tell each agent to start its accepted tasks of `run`; an agent that does not answer
         is asked again (commits are idempotent) while the pipeline lives."""
@@ -602,6 +640,17 @@ class Orchestrator:
                 lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].terminal
             )
         return self.pipelines[pipeline_id]
+
+
+def _unanswered(offer: TaskOffer, reason: str) -> OfferReply:
+    return OfferReply(
+        pipeline_id=offer.pipeline_id,
+        task_id=offer.task.id,
+        agent_id=offer.agent_id,
+        accepted=False,
+        code="unhealthy",
+        reason=reason,
+    )
 
 
 async def run_orchestrator(

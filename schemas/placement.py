@@ -43,6 +43,10 @@ class ConsumerRef(WireModel):
     agent_id: Ident
 
 
+#: Most offers in one batch (one pipeline's tasks on one agent, in practice far fewer).
+MAX_BATCH = 1_000
+
+
 class TaskOffer(WireModel):
     pipeline_id: Ident
     agent_id: Ident
@@ -68,6 +72,19 @@ class OfferReply(WireModel):
     accepted: bool
     code: RejectCode | None = None
     reason: Text = ""
+
+
+class OfferBatch(WireModel):
+    """Several offers to one agent in one request (a pipeline's tasks planned there): one round
+    trip per agent instead of one per task. Each offer is admitted as if sent alone."""
+
+    offers: Annotated[list[TaskOffer], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class OfferBatchReply(WireModel):
+    """One reply per offer of the batch, in the batch's order."""
+
+    replies: Annotated[list[OfferReply], Field(max_length=MAX_BATCH)]
 
 
 class CommitCommand(WireModel):

@@ -44,6 +44,11 @@ def offer(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.cmd.offer"
 
 
+def offers(agent_id: str) -> str:
+    """Several offers in one request (`OfferBatch` -> `OfferBatchReply`)."""
+    return f"{PREFIX}.agents.{agent_id}.cmd.offers"
+
+
 def commit(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.cmd.commit"
 

@@ -30,6 +30,7 @@ from schemas import (
     FetchRequest,
     ListReply,
     ListRequest,
+    OfferBatch,
     StatusRequest,
     SubmitRequest,
     TaskOffer,
@@ -46,6 +47,7 @@ AGENT = "victim"
 SUBJECTS = [
     *subjects.API_SUBJECTS,
     subjects.offer(AGENT),
+    subjects.offers(AGENT),
     subjects.commit(AGENT),
     subjects.cancel(AGENT),
     subjects.data(AGENT),
@@ -60,6 +62,7 @@ MODELS: dict[str, type[WireModel]] = {
     subjects.CANCEL: CancelRequest,
     subjects.AGENTS: AgentsRequest,
     subjects.offer(AGENT): TaskOffer,
+    subjects.offers(AGENT): OfferBatch,
     subjects.commit(AGENT): CommitCommand,
     subjects.cancel(AGENT): CancelCommand,
     subjects.data(AGENT): DataTransfer,

@@ -1,0 +1,90 @@
+"""Offers batched per agent: each offer admitted as if sent alone, replies in order; an agent
+that only serves single offers (an older version) still gets every offer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nats
+import pytest
+
+from orchestrator.service import Orchestrator
+from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec, subjects
+from schemas.codec import decode, encode
+from schemas.rpc import request
+from tests.harness import agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _offer(agent_id: str, incarnation: str, tid: str, **kw: Any) -> TaskOffer:
+    return TaskOffer(
+        pipeline_id="batch", agent_id=agent_id, incarnation=incarnation, device_id="cpu0",
+        token=kw.pop("token", 1), task=TaskSpec.model_validate({"id": tid, "run": {
+            "kind": "synthetic", "seconds": 0.01}}), **kw,
+    )  # fmt: skip
+
+
+async def test_batch_replies_per_offer_in_order(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, {"b1": agent_config("s", "edge")})
+    agent = agents[0]
+    nc = await nats.connect(nats_url)
+    try:
+        inc = agent.incarnation
+        batch = OfferBatch(
+            offers=[
+                _offer("b1", inc, "t0"),
+                _offer("b1", "old-incarnation", "t1"),
+                _offer("other", inc, "t2"),
+                _offer("b1", inc, "t3", slot=99),
+                _offer("b1", inc, "t4"),
+            ]
+        )
+        rep = await request(nc, subjects.offers("b1"), batch, OfferBatchReply)
+        assert [r.task_id for r in rep.replies] == ["t0", "t1", "t2", "t3", "t4"]
+        assert [r.accepted for r in rep.replies] == [True, False, False, False, True]
+        assert [r.code for r in rep.replies] == [None, "stale_incarnation", "bad_spec",
+                                                  "bad_spec", None]  # fmt: skip
+        assert set(agent.core.jobs) == {("batch", "t0"), ("batch", "t4")}
+        # the same batch again: the same answers, nothing admitted twice
+        again = await request(nc, subjects.offers("b1"), batch, OfferBatchReply)
+        assert [r.accepted for r in again.replies] == [True, False, False, False, True]
+        assert len(agent.core.jobs) == 2
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
+    """A responder serving only `cmd.offer` (as agents before batching did)."""
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    nc = await nats.connect(nats_url)
+    seen: list[str] = []
+
+    async def single(msg: Any) -> None:
+        offer = decode(msg.data, TaskOffer)
+        seen.append(offer.task.id)
+        reply = OfferReply(
+            pipeline_id=offer.pipeline_id, task_id=offer.task.id, agent_id=offer.agent_id,
+            accepted=offer.task.id != "t1", code=None if offer.task.id != "t1" else "no_memory",
+        )  # fmt: skip
+        await msg.respond(encode(reply))
+
+    try:
+        await nc.subscribe(subjects.offer("legacy"), cb=single)
+        await nc.flush()
+        offers = [_offer("legacy", "i", f"t{i}") for i in range(3)]
+        replies = await orch.offer_many(offers)
+        assert sorted(seen) == ["t0", "t1", "t2"]
+        assert [(r.task_id, r.accepted) for r in replies] == [
+            ("t0", True), ("t1", False), ("t2", True)
+        ]  # fmt: skip
+        # nobody at all behind an agent's subjects: every offer rejected, none lost
+        gone = await orch.offer_many([_offer("nobody", "i", "a"), _offer("nobody", "i", "b")])
+        assert [(r.task_id, r.accepted, r.code) for r in gone] == [
+            ("a", False, "unhealthy"), ("b", False, "unhealthy")
+        ]  # fmt: skip
+    finally:
+        await nc.close()
+        await orch.stop()
