@@ -84,6 +84,8 @@ class PipelineRun:
     results_committed: int = 0
     results_dropped: int = 0
     recoveries: int = 0
+    #: Terminal, and that final state persisted (what in-process waiters wait for).
+    settled: bool = False
 
     def __post_init__(self) -> None:
         if not self.tasks:

@@ -496,6 +496,9 @@ class Orchestrator:
                     "release of %s on %s failed (it will expire): %s", run.pipeline_id, k, r
                 )
         await self.persist(run)
+        run.settled = True
+        async with self._changed:
+            self._changed.notify_all()
 
     async def persist(self, run: PipelineRun) -> None:
         """Pipeline state in KV, so any replica can answer `status` for it, and the record a
@@ -637,7 +640,7 @@ class Orchestrator:
         """In-process wait (used by tests and the demo)."""
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(
-                lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].terminal
+                lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].settled
             )
         return self.pipelines[pipeline_id]
 
