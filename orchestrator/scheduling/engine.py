@@ -29,7 +29,7 @@ from orchestrator.scheduling.plan import Placement, Plan
 from orchestrator.scheduling.ranks import upward_rank_array
 from orchestrator.scheduling.smallrun import run_small
 from orchestrator.scheduling.timeline import ClusterSlots
-from orchestrator.scheduling.transfer import LISTS_MAX, TransferTable
+from orchestrator.scheduling.transfer import TransferTable
 
 
 def check_fixed(graph: TaskGraph, cluster: Cluster, fixed: Mapping[str, Placement]) -> None:
@@ -322,8 +322,8 @@ class ListScheduler:
         if rule is None and self.lists:
             fast = compiled.runner() if self.lists is True else None
             if fast is not None:
-                dense = prep.table.dense()
-                if dense is not None and len(dense[0]) <= LISTS_MAX:
+                dense = prep.table.dense()  # up to DENSE_MAX devices
+                if dense is not None:
                     return fast(self, keys, algorithm, dense)
             small = prep.table.dense_lists()
             if small is not None:

@@ -122,3 +122,29 @@ def test_compiled_loop_matches_list_loop(
     by_kernel = compiled.run_compiled(ListScheduler(prep, insertion), keys, "heft", dense)
     assert by_kernel.placements == by_lists.placements
     assert list(by_kernel.placements) == list(by_lists.placements)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_tasks=40, max_devices=120), st.booleans(), st.integers(0, 2**32 - 1))
+def test_compiled_loop_matches_numpy_loop_on_larger_clusters(
+    pb: Problem, insertion: bool, seed: int
+) -> None:
+    """Above 32 devices the compiled loop replaces the numpy one (up to 256 devices)."""
+    pytest.importorskip("numba")
+    from orchestrator.scheduling import compiled
+    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.ranks import priority_keys
+
+    first = _plan_or_unschedulable(pb)
+    if first is None:
+        return
+    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
+    prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, pb.now)
+    dense = prep.table.dense()
+    assume(dense is not None)
+    assert dense is not None
+    keys = priority_keys(prep.upward())
+    by_numpy = ListScheduler(prep, insertion, lists=False).run(keys, None, "heft")
+    by_kernel = compiled.run_compiled(ListScheduler(prep, insertion), keys, "heft", dense)
+    assert by_kernel.placements == by_numpy.placements
+    by_kernel.validate(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=pb.now)
