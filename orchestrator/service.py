@@ -64,8 +64,8 @@ from schemas.rpc import RemoteError, ServiceError, handle, request
 log = logging.getLogger("mars.orchestrator")
 VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
-#: Attempts at telling an agent to start accepted tasks before giving up on it.
-COMMIT_ATTEMPTS = 3
+#: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
+COMMIT_BACKOFF_S = 0.2
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
 PIPELINES_BUCKET = "MARS_PIPELINES"
@@ -453,7 +453,9 @@ class Orchestrator:
 
         async def one(agent_id: str, tids: list[str]) -> None:
             cmd = CommitCommand(pipeline_id=run.pipeline_id, task_ids=tids)
-            for attempt in range(COMMIT_ATTEMPTS):
+            attempt = 0
+            while True:
+                attempt += 1
                 try:
                     await request(
                         self.nc, subjects.commit(agent_id), cmd, CommitCommand,
@@ -461,10 +463,14 @@ class Orchestrator:
                     )  # fmt: skip
                     return
                 except Exception as exc:
-                    log.warning("commit to %s failed (attempt %d): %s", agent_id, attempt + 1, exc)
-                if run.terminal:
+                    log.warning("commit to %s failed (attempt %d): %s", agent_id, attempt, exc)
+                # ask again while the tasks still wait there; an agent that died is recovery's
+                if run.terminal or not any(
+                    run.tasks[t].agent_id == agent_id and run.tasks[t].state == "accepted"
+                    for t in tids
+                ):
                     return
-                await asyncio.sleep(0.2 * (attempt + 1))  # back off before asking again
+                await asyncio.sleep(min(COMMIT_BACKOFF_S * attempt, 2.0))  # back off, ask again
 
         await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
 

@@ -1,5 +1,6 @@
 """Offers batched per agent: each offer admitted as if sent alone, replies in order; an agent
-that only serves single offers (an older version) still gets every offer."""
+that only serves single offers (an older version) still gets every offer; commits are asked
+again until answered."""
 
 from __future__ import annotations
 
@@ -85,6 +86,38 @@ async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
         assert [(r.task_id, r.accepted, r.code) for r in gone] == [
             ("a", False, "unhealthy"), ("b", False, "unhealthy")
         ]  # fmt: skip
+    finally:
+        await nc.close()
+        await orch.stop()
+
+
+async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> None:
+    """The first commit gets no answer (lost, or the agent was busy): the orchestrator asks
+    again, and stops once the agent answers."""
+    from orchestrator.pipelines import PipelineRun
+    from schemas import CommitCommand, PipelineSpec
+
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    nc = await nats.connect(nats_url)
+    got: list[CommitCommand] = []
+
+    async def flaky(msg: Any) -> None:
+        cmd = decode(msg.data, CommitCommand)
+        got.append(cmd)
+        if len(got) > 1:  # the first one goes unanswered
+            await msg.respond(encode(cmd))
+
+    try:
+        await nc.subscribe(subjects.commit("slow"), cb=flaky)
+        await nc.flush()
+        spec = PipelineSpec.model_validate(
+            {"name": "c", "tasks": [{"id": "a", "run": {"kind": "synthetic", "seconds": 0.01}}]}
+        )
+        run = PipelineRun("commit-again", spec, 0.0)
+        run.tasks["a"].agent_id, run.tasks["a"].state = "slow", "accepted"
+        await orch._commit_all(run, {"a"})
+        assert [c.task_ids for c in got] == [["a"], ["a"]]
     finally:
         await nc.close()
         await orch.stop()
