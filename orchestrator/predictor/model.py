@@ -46,8 +46,8 @@ DECLARED, PRIOR, MODEL = 0, 1, 2
 #: Band of a prior on hardware never measured: a factor of 3 either way (a guess, said so).
 UNSEEN_BAND = (-math.log(3.0), math.log(3.0))
 CACHE_SIZE = 4096
-#: Device sets whose figures are kept as arrays: every single device a duration is reported
-#: for is a set of its own, so this is sized for a fleet, not for a few plans.
+#: Device sets remembered (figures as arrays, cached estimates): every single device a
+#: duration is reported for is a set of its own, so this is sized for a fleet.
 MAX_DEVICE_TABLES = 4096
 F64 = NDArray[np.float64]
 
@@ -138,9 +138,13 @@ class Predictor:
         self.model = model if model is not None else (shipped_model() if use_model else None)
         self.book = book if book is not None else shipped_book()
         self.corrections = corrections if corrections is not None else Corrections()
-        #: Values keep the device specs alive, so the id()s in the keys stay theirs.
-        self._cache: OrderedDict[tuple[Any, ...], tuple[F64, Sequence[DeviceSpec]]] = OrderedDict()
-        self._tables: dict[tuple[Any, ...], tuple[_DeviceTable, Sequence[DeviceSpec]]] = {}
+        #: Device sets (device keys and spec object ids) as small ints, hashed once per call
+        #: instead of once per task; `_set_devices` keeps the specs alive, so the id()s in the
+        #: keys stay theirs. Cache and tables are keyed by those ints.
+        self._set_ids: dict[tuple[Any, ...], int] = {}
+        self._set_devices: dict[int, Sequence[DeviceSpec]] = {}
+        self._cache: OrderedDict[tuple[str, int], F64] = OrderedDict()
+        self._tables: dict[int, _DeviceTable] = {}
         self._sigs: dict[int, tuple[TaskSpec, str]] = {}
         self.ort_calls = 0
 
@@ -162,23 +166,23 @@ class Predictor:
         """Every task on every device; `keys` name the devices for the corrections (default:
         their device ids). One ONNX Runtime call for everything not cached."""
         keys = list(keys) if keys is not None else [d.device_id for d in devices]
-        dev_key = tuple(zip(keys, map(id, devices), strict=True))
+        set_id = self._set_id(tuple(zip(keys, map(id, devices), strict=True)), devices)
         sigs = [self.signature(t) for t in tasks]
         nt, nd = len(tasks), len(devices)
         out = np.empty((4, nt, nd))  # base, lo, hi, source
         todo: list[int] = []
         cache = self._cache
         for i, s in enumerate(sigs):
-            hit = cache.get((s, dev_key))
+            hit = cache.get((s, set_id))
             if hit is None:
                 todo.append(i)
             else:
-                out[:, i] = hit[0]
+                out[:, i] = hit
         if todo:
-            table = self._devices(dev_key, devices, tiers)
+            table = self._devices(set_id, devices, tiers)
             self._score([tasks[i] for i in todo], table, out, todo)
             for i in todo:
-                cache[(sigs[i], dev_key)] = (out[:, i].copy(), devices)
+                cache[(sigs[i], set_id)] = out[:, i].copy()
                 if len(cache) > CACHE_SIZE:
                     cache.popitem(last=False)
         base, lo, hi = out[0], out[1], out[2]
@@ -204,12 +208,24 @@ class Predictor:
         self._sigs[id(task)] = (task, sig)
         return sig
 
+    def _set_id(self, dev_key: tuple[Any, ...], devices: Sequence[DeviceSpec]) -> int:
+        got = self._set_ids.get(dev_key)
+        if got is None:
+            if len(self._set_ids) >= MAX_DEVICE_TABLES:  # start over: every int is stale
+                self._set_ids.clear()
+                self._set_devices.clear()
+                self._tables.clear()
+                self._cache.clear()
+            got = self._set_ids[dev_key] = len(self._set_ids)
+            self._set_devices[got] = devices
+        return got
+
     def _devices(
-        self, dev_key: tuple[Any, ...], devices: Sequence[DeviceSpec], tiers: Sequence[str] | None
+        self, set_id: int, devices: Sequence[DeviceSpec], tiers: Sequence[str] | None
     ) -> _DeviceTable:
-        hit = self._tables.get(dev_key)
+        hit = self._tables.get(set_id)
         if hit is not None:
-            return hit[0]
+            return hit
         facts = [device_facts(d, tiers[j] if tiers else "") for j, d in enumerate(devices)]
         m = self.model
         ok = np.array([m is not None and m.applies(d) for d in facts], dtype=bool)
@@ -229,9 +245,7 @@ class Predictor:
             band_lo=np.exp(a),
             band_hi=np.exp(b),
         )
-        if len(self._tables) > MAX_DEVICE_TABLES:
-            self._tables.clear()
-        self._tables[dev_key] = (table, devices)
+        self._tables[set_id] = table
         return table
 
     def _score(
