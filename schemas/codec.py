@@ -60,18 +60,25 @@ def encode(model: WireModel, encoding: Encoding = "msgpack") -> bytes:
 
 
 def _check_depth(obj: Any) -> None:
+    """Nesting at most MAX_DEPTH and string map keys; only containers are walked (a message is
+    mostly scalars, and this runs on every message received)."""
+    if not isinstance(obj, dict | list):
+        return
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise DecodeError("too_deep", f"payload nests deeper than {MAX_DEPTH} levels")
         if isinstance(item, dict):
-            for k, v in item.items():
+            for k in item:
                 if not isinstance(k, str):
                     raise DecodeError("bad_request", "map keys must be strings")
+            values = item.values()
+        else:
+            values = item
+        for v in values:
+            if isinstance(v, dict | list):
                 stack.append((v, depth + 1))
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
 
 
 def _unpack(data: bytes, encoding: Encoding) -> Any:
