@@ -145,35 +145,29 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
             await sub.submit(warm, "warm")
         await finish(warm)
 
-        progress(f"latency: {args.submissions} sequential submissions of {args.tasks} tasks")
-        lat = Phase()
-        cpu0 = services.cpu_seconds()
-        t0 = time.perf_counter()
-        for i in range(args.submissions):
-            await sub.submit(lat, "lat")
-            if (i + 1) % max(1, args.submissions // 10) == 0:
-                progress(f"  {i + 1}/{args.submissions}, P50 so far "
-                         f"{pct(lat.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
-        lat.wall_s = time.perf_counter() - t0
-        lat.cpu_s = diff(cpu0, services.cpu_seconds())
-        lat_states = await finish(lat)
-        services.check()
+        async def sequential(tag: str, isolated: bool) -> tuple[Phase, Counter[str]]:
+            """`--submissions` submissions one after another; `isolated`: each after the
+            previous pipeline ended, else right after the previous reply."""
+            phase = Phase()
+            cpu0 = services.cpu_seconds()
+            t0 = time.perf_counter()
+            for i in range(args.submissions):
+                fut = await sub.submit(phase, tag)
+                if isolated and fut is not None:
+                    await asyncio.wait([fut], timeout=FINISH_TIMEOUT_S)
+                if (i + 1) % max(1, args.submissions // 10) == 0:
+                    progress(f"  {i + 1}/{args.submissions}, P50 so far "
+                             f"{pct(phase.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
+            phase.wall_s = time.perf_counter() - t0
+            phase.cpu_s = diff(cpu0, services.cpu_seconds())
+            states = await finish(phase)
+            services.check()
+            return phase, states
 
+        progress(f"latency: {args.submissions} sequential submissions of {args.tasks} tasks")
+        lat, lat_states = await sequential("lat", isolated=False)
         progress(f"latency, isolated: {args.submissions} submissions, each after the last ended")
-        iso = Phase()
-        cpu0 = services.cpu_seconds()
-        t0 = time.perf_counter()
-        for i in range(args.submissions):
-            fut = await sub.submit(iso, "iso")
-            if fut is not None:  # its pipeline runs to the end before the next submission
-                await asyncio.wait([fut], timeout=FINISH_TIMEOUT_S)
-            if (i + 1) % max(1, args.submissions // 10) == 0:
-                progress(f"  {i + 1}/{args.submissions}, P50 so far "
-                         f"{pct(iso.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
-        iso.wall_s = time.perf_counter() - t0
-        iso.cpu_s = diff(cpu0, services.cpu_seconds())
-        iso_states = await finish(iso)
-        services.check()
+        iso, iso_states = await sequential("iso", isolated=True)
 
         progress(f"throughput: {args.submitters} submitters for {args.duration:.0f} s")
         thr = Phase()

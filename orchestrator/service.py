@@ -398,14 +398,7 @@ class Orchestrator:
                 self.nc, subjects.offer(offer.agent_id), offer, OfferReply, timeout=OFFER_TIMEOUT_S
             )
         except (TimeoutError, nats.errors.NoRespondersError, RemoteError) as exc:
-            return OfferReply(
-                pipeline_id=offer.pipeline_id,
-                task_id=offer.task.id,
-                agent_id=offer.agent_id,
-                accepted=False,
-                code="unhealthy",
-                reason=f"no answer to offer: {type(exc).__name__} {exc}"[:2048],
-            )
+            return _unanswered(offer, f"no answer to offer: {type(exc).__name__} {exc}"[:2048])
 
     async def offer_many(self, offers: Sequence[TaskOffer]) -> list[OfferReply]:
         """Offer each task to its agent, one `OfferBatch` request per agent; replies in the

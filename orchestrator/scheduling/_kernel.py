@@ -110,6 +110,39 @@ def heap_less(hk, hp, a, b):
 
 
 @njit
+def heap_push(heap, size, i, hk, hp):
+    """Push task i on the ready heap of `size` entries; returns the new size."""
+    heap[size] = i
+    c = size
+    while c > 0:
+        par = (c - 1) // 2
+        if heap_less(hk, hp, heap[c], heap[par]):
+            heap[c], heap[par] = heap[par], heap[c]
+            c = par
+        else:
+            break
+    return size + 1
+
+
+@njit
+def summarise(fi, cnt, hor, head, base, nsl, d, tail, dhor, free):
+    """Device d's slot summaries: earliest tail, latest horizon, earliest head."""
+    s0 = base[d]
+    tail[d] = fi[s0, cnt[s0] - 1]
+    dhor[d] = hor[s0]
+    free[d] = head[s0]
+    for k in range(1, nsl[d]):
+        s = s0 + k
+        last = fi[s, cnt[s] - 1]
+        if last < tail[d]:
+            tail[d] = last
+        if hor[s] > dhor[d]:
+            dhor[d] = hor[s]
+        if head[s] < free[d]:
+            free[d] = head[s]
+
+
+@njit
 def kernel(
     keys, topo_pos, e_src, e_dst, e_b, is_fixed, w, lat, bw, now, insertion, base, nsl,
     st, fi, cnt, hor, head, finish, where, out_k, out_s, order,
@@ -148,33 +181,12 @@ def kernel(
     size = 0
     for i in range(n):
         if waiting[i] == 0 and not is_fixed[i]:
-            heap[size] = i
-            c = size
-            size += 1
-            while c > 0:
-                par = (c - 1) // 2
-                if heap_less(hk, hp, heap[c], heap[par]):
-                    heap[c], heap[par] = heap[par], heap[c]
-                    c = par
-                else:
-                    break
+            size = heap_push(heap, size, i, hk, hp)
     tail = np.empty(m)
     dhor = np.empty(m)
     free = np.empty(m)
     for d in range(m):
-        s0 = base[d]
-        tail[d] = fi[s0, cnt[s0] - 1]
-        dhor[d] = hor[s0]
-        free[d] = head[s0]
-        for k in range(1, nsl[d]):
-            s = s0 + k
-            last = fi[s, cnt[s] - 1]
-            if last < tail[d]:
-                tail[d] = last
-            if hor[s] > dhor[d]:
-                dhor[d] = hor[s]
-            if head[s] < free[d]:
-                free[d] = head[s]
+        summarise(fi, cnt, hor, head, base, nsl, d, tail, dhor, free)
     drt = np.empty(m)
     score = np.empty(m)
     cand_low = np.empty(m)
@@ -267,19 +279,7 @@ def kernel(
         end = cs + w[i, d]
         sl = base[d] + ck
         book(st, fi, cnt, hor, head, sl, cs, end)
-        s0 = base[d]
-        tail[d] = fi[s0, cnt[s0] - 1]
-        dhor[d] = hor[s0]
-        free[d] = head[s0]
-        for k in range(1, nsl[d]):
-            s = s0 + k
-            last = fi[s, cnt[s] - 1]
-            if last < tail[d]:
-                tail[d] = last
-            if hor[s] > dhor[d]:
-                dhor[d] = hor[s]
-            if head[s] < free[d]:
-                free[d] = head[s]
+        summarise(fi, cnt, hor, head, base, nsl, d, tail, dhor, free)
         finish[i] = end
         where[i] = d
         out_k[i] = ck
@@ -290,13 +290,4 @@ def kernel(
             j = succ_idx[q]
             waiting[j] -= 1
             if waiting[j] == 0:
-                heap[size] = j
-                c = size
-                size += 1
-                while c > 0:
-                    par = (c - 1) // 2
-                    if heap_less(hk, hp, heap[c], heap[par]):
-                        heap[c], heap[par] = heap[par], heap[c]
-                        c = par
-                    else:
-                        break
+                size = heap_push(heap, size, j, hk, hp)
