@@ -1,10 +1,13 @@
-"""The earliest-finish loop compiled with numba, for clusters of a few dozen devices.
+"""The earliest-finish loop compiled with numba, for clusters small enough for dense link
+matrices (up to 256 devices).
 
 `smallrun.run_small` is already plain float arithmetic, but Python still pays ~10 us per task
 for the heap, the per-device lists and the slot search; on small instances that floor is most
 of the planning time. This module runs the same loop (same decisions, same floating-point
-operations in the same order, so the plans are identical; a property test holds it to that)
-over flat arrays, compiled by numba on first use and cached on disk.
+operations in the same order, so the plans are identical; property tests hold it to the
+Python and the numpy loops) over flat arrays, compiled by numba on first use and cached on
+disk. Each slot's timeline is a preallocated row with room for every task, so `fits` keeps
+requests whose rows would be too large on the Python loops.
 
 numba is optional (`pip install mars[fast]`): without it, or with `MARS_JIT=0` in the
 environment, `runner()` returns None and the scheduler uses the Python loop. The first call in
@@ -51,6 +54,15 @@ def _get() -> Any:
     if not _loaded:
         _kernel, _loaded = _load(), True
     return _kernel
+
+
+#: Most timeline cells (slots x room per slot) the compiled loop allocates per array.
+MAX_CELLS = 4_000_000
+
+
+def fits(n_tasks: int, n_slots: int) -> bool:
+    """Whether a request's timelines stay within MAX_CELLS (busy windows aside)."""
+    return n_slots * (n_tasks + 2) <= MAX_CELLS
 
 
 def runner() -> Runner | None:

@@ -323,7 +323,7 @@ class ListScheduler:
             fast = compiled.runner() if self.lists is True else None
             if fast is not None:
                 dense = prep.table.dense()  # up to DENSE_MAX devices
-                if dense is not None:
+                if dense is not None and compiled.fits(len(prep.graph), prep.cluster.n_slots):
                     return fast(self, keys, algorithm, dense)
             small = prep.table.dense_lists()
             if small is not None:

@@ -211,6 +211,7 @@ class Cluster:
         "kinds",
         "label_codes",
         "memory",
+        "n_slots",
         "site_codes",
         "sites",
         "slots",
@@ -231,6 +232,7 @@ class Cluster:
         self.speed = np.fromiter((d.speed for d in self.devices), np.float64, n)
         self.memory = np.fromiter((d.memory_mb for d in self.devices), np.float64, n)
         self.slots: tuple[int, ...] = tuple(d.slots for d in self.devices)
+        self.n_slots = sum(self.slots)
         self.kinds, self.kind_codes = _codes([d.kind for d in self.devices])
         self.tiers, self.tier_codes = _codes([d.tier for d in self.devices])
         self.sites, self.site_codes = _codes([d.site for d in self.devices])
