@@ -344,10 +344,9 @@ class Adaptive:
     async def start(self) -> None:
         nc = self.o.nc
         assert nc is not None
-        await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_task_event)
+        # task events, adverts and evictions reach us through the orchestrator's own handlers
+        # (decoded once, one subscription each); drift notices only matter here
         await nc.subscribe(subjects.ALL_DRIFT, cb=self._on_drift)
-        await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
-        await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
 
     def stop(self) -> None:
         for h in self._timers.values():
@@ -355,11 +354,8 @@ class Adaptive:
         self._timers.clear()
 
     # -- triggers ---------------------------------------------------------------------------------
-    async def _on_task_event(self, msg: Msg) -> None:
-        try:
-            ev = decode(msg.data, TaskEvent)
-        except DecodeError:
-            return
+    def task_event(self, ev: TaskEvent) -> None:
+        """A live task event: a started task gets a lateness timer, any other state ends it."""
         key = (ev.pipeline_id, ev.task_id, ev.token)
         if ev.state != "started":
             h = self._timers.pop(key, None)
@@ -414,13 +410,8 @@ class Adaptive:
             self._speeds[key] = note.current
             self._dropped(key, note.previous, note.current, "drift notice")
 
-    async def _on_advert(self, msg: Msg) -> None:
-        try:
-            adv = decode(msg.data, AgentAdvert)
-        except DecodeError:
-            return
-        if msg.subject != subjects.advert(adv.agent_id):
-            return
+    def advert(self, adv: AgentAdvert) -> None:
+        """An agent's advert (checked by the orchestrator): note speed drops per device."""
         for d in adv.devices:
             key = f"{adv.agent_id}:{d.device_id}"
             before = self._speeds.get(key)
@@ -441,16 +432,14 @@ class Adaptive:
                 trig = Trigger("drift", detail, {dev: before / after}, {dev: after})
                 self.o._spawn(self.consider(run, trig))
 
-    async def _on_evict(self, msg: Msg) -> None:
-        with contextlib.suppress(DecodeError):
-            note = decode(msg.data, EvictNotice)
-            if note.pipeline_id in self.o.pipelines:
-                log.info(
-                    "adaptive: trigger=priority(%s by %s) decision=preempt "
-                    "(handled by the eviction path)",
-                    note.device,
-                    note.by_pipeline,
-                )
+    def evicted(self, note: EvictNotice) -> None:
+        if note.pipeline_id in self.o.pipelines:
+            log.info(
+                "adaptive: trigger=priority(%s by %s) decision=preempt "
+                "(handled by the eviction path)",
+                note.device,
+                note.by_pipeline,
+            )
 
     # -- deciding and acting ----------------------------------------------------------------------
     def _elapsed(self, run: PipelineRun, tid: str) -> float:

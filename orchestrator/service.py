@@ -169,7 +169,7 @@ class Orchestrator:
         await self.recovery.start()
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
-        await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_task_event)
+        await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
         svc = await nats.micro.add_service(
             nc,
@@ -252,6 +252,7 @@ class Orchestrator:
             return
         if self.recovery.is_buried(adv.agent_id, adv.incarnation):
             return  # an incarnation a newer one replaced (a zombie behind a healed partition)
+        self.adaptive.advert(adv)
         if self.view.on_advert(adv, self._now()):
             log.info("agent %s joined (%s, %s)", adv.agent_id, adv.site, adv.tier)
         self.recovery.on_advert(adv, self._now())
@@ -279,11 +280,24 @@ class Orchestrator:
         return len(self.view.alive(self._now()))
 
     # -- events ---------------------------------------------------------------------------------
-    async def _on_task_event(self, msg: Msg) -> None:
+    async def _on_live_task_event(self, msg: Msg) -> None:
         try:
             ev = decode(msg.data, TaskEvent)
         except DecodeError:
             return
+        self.adaptive.task_event(ev)  # lateness timers follow live events only, not replays
+        await self._task_event(ev)
+
+    async def _on_task_event(self, msg: Msg) -> None:
+        """A task event from a replay of MARS_EVENTS (the live path also lands in
+        `_task_event`)."""
+        try:
+            ev = decode(msg.data, TaskEvent)
+        except DecodeError:
+            return
+        await self._task_event(ev)
+
+    async def _task_event(self, ev: TaskEvent) -> None:
         run = self.pipelines.get(ev.pipeline_id)
         if run is None or not self.failover.may_act(run.pipeline_id):
             return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
@@ -544,6 +558,7 @@ class Orchestrator:
             note = decode(msg.data, EvictNotice)
         except DecodeError:
             return
+        self.adaptive.evicted(note)
         run = self.pipelines.get(note.pipeline_id)
         if run is None or run.terminal:
             return
