@@ -148,3 +148,30 @@ def test_compiled_loop_matches_numpy_loop_on_larger_clusters(
     by_kernel = compiled.run_compiled(ListScheduler(prep, insertion), keys, "heft", dense)
     assert by_kernel.placements == by_numpy.placements
     by_kernel.validate(pb.graph, pb.cluster, pb.cost, fixed=fixed, now=pb.now)
+
+
+def test_requests_too_large_for_the_compiled_loop_plan_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over `compiled.MAX_CELLS` the Python loops plan, and plan the same."""
+    pytest.importorskip("numba")
+    from orchestrator.scheduling import LinkCostModel, compiled
+    from sim.workloads import random_cluster, random_dag
+
+    graph = random_dag(60, ccr=1.0, alpha=1.0, seed=3)
+    cluster = random_cluster(8, beta=1.0, seed=3)
+    cost = LinkCostModel()
+    calls: list[int] = []
+    real = compiled.run_compiled
+
+    def counting(*a: object, **kw: object) -> Plan:
+        calls.append(1)
+        return real(*a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compiled, "run_compiled", counting)
+    fast = heft(graph, cluster, cost)
+    assert calls == [1]
+    monkeypatch.setattr(compiled, "MAX_CELLS", 10)
+    slow = heft(graph, cluster, cost)
+    assert calls == [1]  # not called again
+    assert slow.placements == fast.placements
