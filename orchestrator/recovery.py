@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 from collections import Counter
@@ -38,9 +37,10 @@ from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key
 from orchestrator.results import ResultLedger
 from schemas import subjects
+from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.bookings import DeviceBookings
-from schemas.codec import encode
+from schemas.codec import DecodeError, decode, encode
 from schemas.events import TaskEvent
 from schemas.placement import CancelCommand, DataTransfer, FetchRequest
 from schemas.recovery import ClusterEvent, ClusterEventKind
@@ -161,12 +161,10 @@ class Recovery:
         if len(msg.data) > MAX_ADVISORY_BYTES:
             return
         try:
-            adv = json.loads(msg.data)
-            client = adv["client"]
-            name = str(client.get("name", ""))
-            conn = (str(adv.get("server", {}).get("id", "")), int(client["id"]))
-        except (ValueError, KeyError, TypeError, AttributeError):
+            adv = decode(msg.data, ConnectionAdvisory, "json")
+        except DecodeError:
             return
+        name, conn = adv.client.name, (adv.server.id, adv.client.id)
         if not name.startswith(AGENT_CLIENT_PREFIX):
             return
         agent_id = name[len(AGENT_CLIENT_PREFIX) :]

@@ -46,19 +46,7 @@ class ResultLedger:
 
     async def commit(self, ev: TaskEvent) -> Outcome:
         """Commit a `succeeded` event's result unless one is already there (then say why not)."""
-        rec = TaskResult(
-            pipeline_id=ev.pipeline_id,
-            task_id=ev.task_id,
-            agent_id=ev.agent_id,
-            incarnation=ev.incarnation,
-            device_id=ev.device_id,
-            token=ev.token,
-            event_id=ev.event_id,
-            duration_s=ev.duration_s,
-            output_bytes=ev.output_bytes,
-            result=ev.result,
-            committed_by=self.owner[:256],
-        )
+        rec = TaskResult.of(ev, self.owner[:256])
         key = result_key(ev.pipeline_id, ev.task_id)
         try:
             await self.kv.create(key, encode(rec))

@@ -10,7 +10,10 @@ from schemas.limits import Bytes, Count, Ident, NonNegFloat, ShortText, Text
 TaskEventState = Literal["accepted", "started", "succeeded", "failed", "cancelled"]
 
 
-class TaskEvent(WireModel):
+class TaskOutcome(WireModel):
+    """What a task run produced, and under which placement: shared by the event an agent
+    sends and the result an orchestrator commits from it."""
+
     #: Idempotency key: the same event delivered twice is applied once.
     event_id: Ident
     pipeline_id: Ident
@@ -18,11 +21,15 @@ class TaskEvent(WireModel):
     agent_id: Ident
     incarnation: Ident
     device_id: Ident
+    #: The fencing token of the placement the run belongs to.
     token: Count
-    state: TaskEventState
     duration_s: NonNegFloat | None = None
     output_bytes: Bytes = 0
     result: ShortText = ""
+
+
+class TaskEvent(TaskOutcome):
+    state: TaskEventState
     error: Text = ""
 
 

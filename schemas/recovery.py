@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from schemas.base import WireModel
-from schemas.limits import Bytes, Count, Ident, NonNegFloat, ShortText, Text
+from schemas.events import TaskOutcome
+from schemas.limits import Ident, ShortText, Text
 
 ClusterEventKind = Literal[
     "agent_suspect",
@@ -30,18 +31,14 @@ class ClusterEvent(WireModel):
     orchestrator: ShortText = ""
 
 
-class TaskResult(WireModel):
-    """A task's committed result: KV `MARS_RESULTS`, key `<pipeline>.<task>`, created once."""
+class TaskResult(TaskOutcome):
+    """A task's committed result: KV `MARS_RESULTS`, key `<pipeline>.<task>`, created once
+    from the `succeeded` event (`event_id` names it)."""
 
-    pipeline_id: Ident
-    task_id: Ident
-    agent_id: Ident
-    incarnation: Ident
-    device_id: Ident
-    #: The fencing token of the placement that produced it.
-    token: Count
-    event_id: Ident
-    duration_s: NonNegFloat | None = None
-    output_bytes: Bytes = 0
-    result: ShortText = ""
     committed_by: ShortText = ""
+
+    @classmethod
+    def of(cls, ev: TaskOutcome, committed_by: str) -> TaskResult:
+        return cls(
+            **ev.model_dump(include=set(TaskOutcome.model_fields)), committed_by=committed_by
+        )

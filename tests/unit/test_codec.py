@@ -122,3 +122,35 @@ def test_error_reply_is_recognised_by_decode_reply() -> None:
     assert err.value.envelope == ErrorEnvelope(
         code="not_found", message="no such pipeline", details={"id": "x"}
     )
+
+
+def test_a_committed_result_carries_every_field_of_its_event() -> None:
+    from schemas.events import TaskEvent, TaskOutcome
+    from schemas.recovery import TaskResult
+
+    ev = TaskEvent(
+        event_id="e1", pipeline_id="p", task_id="t", agent_id="a", incarnation="i",
+        device_id="d", token=7, state="succeeded", duration_s=0.5, output_bytes=12,
+        result="ok", error="",
+    )  # fmt: skip
+    rec = TaskResult.of(ev, "orch-1")
+    for name in TaskOutcome.model_fields:
+        assert getattr(rec, name) == getattr(ev, name), name
+    assert rec.committed_by == "orch-1"
+    assert decode(encode(rec), TaskResult) == rec
+
+
+def test_server_advisories_keep_what_recovery_reads_and_refuse_garbage() -> None:
+    """nats-server's own JSON (extra fields ignored); anything else is a DecodeError."""
+    from schemas.advisories import ConnectionAdvisory
+
+    raw = json.dumps({
+        "type": "io.nats.server.advisory.v1.client_connect", "id": "x",
+        "server": {"name": "n", "id": "SRV1", "ver": "2.10"},
+        "client": {"id": 42, "name": "mars-agent-a1", "lang": "python3", "acc": "MARS"},
+    }).encode()  # fmt: skip
+    adv = decode(raw, ConnectionAdvisory, "json")
+    assert (adv.server.id, adv.client.id, adv.client.name) == ("SRV1", 42, "mars-agent-a1")
+    for bad in (b"[1, 2]", b"{}", b'{"client": {"id": "forty-two"}}', b"\xff"):
+        with pytest.raises(DecodeError):
+            decode(bad, ConnectionAdvisory, "json")

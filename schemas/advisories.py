@@ -1,0 +1,35 @@
+"""nats-server's connection advisories, as far as MARS reads them.
+
+The server publishes `$SYS.ACCOUNT.<account>.CONNECT` and `.DISCONNECT` as JSON with many more
+fields than these; unlike MARS's own messages (closed models), unknown fields are ignored
+here, since the server's format is not ours to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field
+
+from schemas.base import WireModel
+from schemas.limits import ShortText
+
+
+class _ServerFormat(WireModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AdvisoryClient(_ServerFormat):
+    #: The connection id (per server).
+    id: Annotated[int, Field(ge=0)]
+    #: The name the client connected with (agents: `mars-agent-<id>`).
+    name: ShortText = ""
+
+
+class AdvisoryServer(_ServerFormat):
+    id: ShortText = ""
+
+
+class ConnectionAdvisory(_ServerFormat):
+    client: AdvisoryClient
+    server: AdvisoryServer = Field(default_factory=lambda: AdvisoryServer())
