@@ -4,13 +4,11 @@ A policy plans one pipeline on the cluster as it is now: the cluster's per-slot 
 hold everything other pipelines have running or queued there, and `Occupancy` adds per-device
 summaries of the same (booked seconds, earliest free slot).
 
-Why the baselines are re-stated here: the core's `round_robin`, `least_loaded` and
-`weighted_random` see only the pipeline they are given -- their load starts at zero for every
-call and the cursor at device 0 -- which is right for one plan but not for a cluster scheduler
-that keeps placing pipelines. The classes below run the same selection rules through the
-core's own `ListState` bookkeeping, with the load and the cursor carried across calls, as
-Kubernetes' LeastAllocated score and a spreading scheduler do. `earliest_start` already sees
-the busy windows, so it is used as is.
+The baselines are the core's (`orchestrator/scheduling/baselines.py`); the classes below only
+carry what a cluster scheduler keeps across pipelines -- the round-robin cursor, the random
+stream -- and pass every other pipeline's booked work as the starting load, as Kubernetes'
+LeastAllocated score and a spreading scheduler do. `earliest_start` already sees the busy
+windows, so it is used as is.
 
 Big clusters: `portfolio` and `heft` plan on about `candidates` devices, picked by the core's
 pre-filter on a copy of the cluster where each device is busy until its first free slot (so a
@@ -34,10 +32,11 @@ from orchestrator.scheduling import (
     TaskGraph,
     earliest_start,
     heft,
+    least_loaded,
     portfolio,
+    round_robin,
+    weighted_random,
 )
-from orchestrator.scheduling.baseline_state import ListState
-from orchestrator.scheduling.baselines import DECAY, SMOOTHING
 from orchestrator.scheduling.prefilter import prefilter_indices
 
 
@@ -183,15 +182,11 @@ class RoundRobin:
         now: float,
         occ: Occupancy,
     ) -> Plan:
-        st = ListState(graph, cluster, cost, fixed, now)
-        m = len(cluster)
-        for i in st.order:
-            usable = st.usable(i)
-            start = self.cursor % m
-            d = next(c % m for c in range(start, start + m) if usable[c % m])
-            st.place_on(i, d, st.ready(i))
-            self.cursor = d + 1
-        return st.plan(self.name)
+        out = round_robin(graph, cluster, cost, fixed=fixed, now=now, cursor=self.cursor)
+        placed = [p for tid, p in out.placements.items() if tid not in fixed]
+        if placed:  # placements are in the order they were made
+            self.cursor = cluster.index[placed[-1].device_id] + 1
+        return out
 
 
 @dataclass(slots=True)
@@ -212,21 +207,14 @@ class LeastLoaded:
         now: float,
         occ: Occupancy,
     ) -> Plan:
-        st = ListState(graph, cluster, cost, fixed, now)
-        slots = np.asarray(cluster.slots, dtype=np.float64)
-        booked = st.fixed_load() + occ.load
-        for i in st.order:
-            per_slot = np.where(st.usable(i), booked / slots, np.inf)
-            d = int(per_slot.argmin())
-            st.place_on(i, d, st.ready(i))
-            booked[d] += st.w[i, d]
-        return st.plan(self.name)
+        return least_loaded(graph, cluster, cost, fixed=fixed, now=now, load=occ.load)
 
 
 @dataclass(slots=True)
 class WeightedRandom:
     """Load-weighted random sharding (weights 1/(load + 0.1), loads decaying by 0.9 per
-    placement), with every pipeline's booked work as the starting load; seeded."""
+    placement), with every pipeline's booked work as the starting load; seeded, one random
+    stream across pipelines."""
 
     seed: int = 0
     name: str = "weighted-random"
@@ -244,19 +232,9 @@ class WeightedRandom:
     ) -> Plan:
         if self.rng is None:
             self.rng = np.random.default_rng(self.seed)
-        st = ListState(graph, cluster, cost, fixed, now)
-        load = st.fixed_load() + occ.load
-        for i in st.order:
-            weights = np.where(st.usable(i), 1.0 / (load + SMOOTHING), 0.0)
-            cum = np.cumsum(weights)
-            u = float(self.rng.random()) * float(cum[-1])
-            d = min(int(np.searchsorted(cum, u, side="right")), len(cum) - 1)
-            while weights[d] == 0.0:
-                d -= 1
-            st.place_on(i, d, st.ready(i))
-            load *= DECAY
-            load[d] += st.w[i, d]
-        return st.plan(self.name)
+        return weighted_random(
+            graph, cluster, cost, fixed=fixed, now=now, load=occ.load, rng=self.rng
+        )
 
 
 POLICIES = ("portfolio", "heft", "least-loaded", "round-robin", "weighted-random", "earliest-start")

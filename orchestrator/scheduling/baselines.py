@@ -15,6 +15,11 @@ constraints, slots, busy windows, fixed placements and `now`, raise `Unschedulab
 has no usable device, and never insert a task before one they placed earlier on the same slot
 (see `baseline_state`). Times always include transfers, so every plan passes `Plan.validate`
 even when the choice ignored them.
+
+A scheduler that keeps placing pipelines carries state across calls: `round_robin` takes the
+`cursor` to start from, `least_loaded` and `weighted_random` an initial per-device `load`
+(seconds other pipelines have booked), and `weighted_random` a shared `rng`. The simulator's
+policies (`sim/policies.py`) use exactly that.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.scheduling.baseline_state import ListState
 from orchestrator.scheduling.cost import CostModel
@@ -43,11 +49,13 @@ def round_robin(
     fixed: Mapping[str, Placement] | None = None,
     now: float = 0.0,
     seed: int = 0,
+    cursor: int = 0,
 ) -> Plan:
-    """Each task to the next usable device after the previous choice, cyclically."""
+    """Each task to the next usable device after the previous choice, cyclically, the first
+    one searched from device `cursor` on."""
     st = ListState(graph, cluster, cost, fixed, now)
     m = len(cluster)
-    cursor = 0
+    cursor %= max(m, 1)
     for i in st.order:
         usable = st.usable(i)
         d = next(c % m for c in range(cursor, cursor + m) if usable[c % m])
@@ -64,12 +72,13 @@ def least_loaded(
     fixed: Mapping[str, Placement] | None = None,
     now: float = 0.0,
     seed: int = 0,
+    load: NDArray[np.float64] | None = None,
 ) -> Plan:
     """Each task to the usable device with the least compute time booked per slot so far
-    (fixed work still running after `now` counts); ties to the lower index."""
+    (fixed work still running after `now` counts, plus `load`); ties to the lower index."""
     st = ListState(graph, cluster, cost, fixed, now)
     slots = np.asarray(cluster.slots, dtype=np.float64)
-    booked = st.fixed_load()
+    booked = st.fixed_load() if load is None else st.fixed_load() + load
     for i in st.order:
         per_slot = np.where(st.usable(i), booked / slots, np.inf)
         d = int(per_slot.argmin())
@@ -86,14 +95,17 @@ def weighted_random(
     fixed: Mapping[str, Placement] | None = None,
     now: float = 0.0,
     seed: int = 0,
+    load: NDArray[np.float64] | None = None,
+    rng: np.random.Generator | None = None,
 ) -> Plan:
     """Each task to a usable device drawn with probability proportional to 1/(load + 0.1);
     after each placement every load decays by 0.9 and the chosen device's load grows by the
-    task's compute time there. Loads start at the fixed work still running after `now`.
-    One uniform draw per task from `numpy.random.default_rng(seed)`."""
+    task's compute time there. Loads start at the fixed work still running after `now`, plus
+    `load`. One uniform draw per task from `rng` (default: `numpy.random.default_rng(seed)`)."""
     st = ListState(graph, cluster, cost, fixed, now)
-    rng = np.random.default_rng(seed)
-    load = st.fixed_load()
+    if rng is None:
+        rng = np.random.default_rng(seed)
+    load = st.fixed_load() if load is None else st.fixed_load() + load
     for i in st.order:
         weights = np.where(st.usable(i), 1.0 / (load + SMOOTHING), 0.0)
         cum = np.cumsum(weights)

@@ -170,3 +170,26 @@ def test_large_cluster_uses_candidates_and_stays_fast() -> None:
     used = {e.device_id for e in r.executions}
     assert len(used) <= 4 * 64
     assert r.wall_s < 10.0
+
+
+def test_policies_carry_their_state_from_pipeline_to_pipeline() -> None:
+    """Round-robin resumes after its last device; least-loaded counts others' booked work."""
+    import numpy as np
+
+    from orchestrator.scheduling import Cluster, Device, MatrixCostModel, Task, TaskGraph
+    from sim.policies import Occupancy
+
+    devs = [Device(f"d{j}", f"a{j}", "s") for j in range(3)]
+    cluster = Cluster(devs)
+    graph = TaskGraph([Task("t")], {})
+    cost = MatrixCostModel({"t": {d.id: 1.0 for d in devs}})
+    idle = Occupancy(0.0, np.zeros(3), np.zeros(3))
+    rr = make_policy("round-robin")
+    got = [
+        rr.plan(graph, cluster, cost, fixed={}, now=0.0, occ=idle).placements["t"].device_id
+        for _ in range(4)
+    ]
+    assert got == ["d0", "d1", "d2", "d0"]
+    busy = Occupancy(0.0, np.array([4.0, 1.0, 2.0]), np.zeros(3))
+    ll = make_policy("least-loaded").plan(graph, cluster, cost, fixed={}, now=0.0, occ=busy)
+    assert ll.placements["t"].device_id == "d1"

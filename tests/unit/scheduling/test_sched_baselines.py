@@ -264,3 +264,34 @@ def test_constraints_now_and_fixed_are_respected(name: str) -> None:
     assert plan.placements["det"].device_id == "g0"
     assert plan.placements["agg"].device_id == "c0"
     assert next(iter(plan.placements)) == "src"
+
+
+def _independent(n_tasks: int, n_devices: int) -> tuple[TaskGraph, Cluster, MatrixCostModel]:
+    tasks = [Task(f"t{i}") for i in range(n_tasks)]
+    devs = [Device(f"d{j}", f"a{j}", "s") for j in range(n_devices)]
+    cost = MatrixCostModel({t.id: {d.id: 1.0 for d in devs} for t in tasks})
+    return TaskGraph(tasks, {}), Cluster(devs), cost
+
+
+def test_state_carried_across_calls_steers_the_baselines() -> None:
+    """What a cluster scheduler keeps between pipelines: the cursor, other pipelines' load,
+    one random stream."""
+    import numpy as np
+
+    graph, cluster, cost = _independent(1, 4)
+    assert round_robin(graph, cluster, cost, cursor=2).placements["t0"].device_id == "d2"
+    assert round_robin(graph, cluster, cost, cursor=6).placements["t0"].device_id == "d2"
+    busy = np.array([5.0, 0.0, 3.0, 1.0])
+    assert least_loaded(graph, cluster, cost, load=busy).placements["t0"].device_id == "d1"
+    assert least_loaded(graph, cluster, cost).placements["t0"].device_id == "d0"
+    # with all but one device heavily loaded, the draw lands on the idle one
+    heavy = np.array([1e9, 1e9, 0.0, 1e9])
+    picked = weighted_random(graph, cluster, cost, load=heavy, seed=1).placements["t0"]
+    assert picked.device_id == "d2"
+    graph, cluster, cost = _independent(8, 4)
+    shared = np.random.default_rng(3)
+    first = weighted_random(graph, cluster, cost, rng=shared)
+    second = weighted_random(graph, cluster, cost, rng=shared)  # the stream goes on
+    fresh = weighted_random(graph, cluster, cost, seed=3)
+    assert first.placements == fresh.placements
+    assert second.placements != first.placements
