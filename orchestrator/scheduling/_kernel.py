@@ -24,14 +24,7 @@ def earliest_start(st, fi, cnt, hor, s, ready, duration, limit):
     if ready >= hor[s]:
         last = fi[s, n - 1]
         return ready if ready >= last else last
-    lo, hi = 0, n  # bisect_right(finishes, ready)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ready < fi[s, mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    k = lo
+    k = np.searchsorted(fi[s, :n], ready, side="right")  # bisect_right
     v = ready
     while k < n:
         if v + duration <= st[s, k]:
@@ -68,14 +61,7 @@ def book(st, fi, cnt, hor, head, s, start, finish):
     if finish <= start:
         return
     n = cnt[s]
-    lo, hi = 0, n  # bisect_right(finishes, start)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if start < fi[s, mid]:
-            hi = mid
-        else:
-            lo = mid + 1
-    k = lo
+    k = np.searchsorted(fi[s, :n], start, side="right")  # bisect_right
     for j in range(n, k, -1):
         st[s, j] = st[s, j - 1]
         fi[s, j] = fi[s, j - 1]
