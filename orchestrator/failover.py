@@ -78,6 +78,8 @@ class Failover:
         self.adopted = 0
         self.lost = 0
         self.fenced_writes = 0
+        #: Resumable records written (the progress ones rate-limited per pipeline).
+        self.record_writes = 0
         self.replayed = 0
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -208,6 +210,7 @@ class Failover:
             )
             try:
                 self._rev[pid] = await self.runs.write(rec, self._rev.get(pid))
+                self.record_writes += 1
                 break
             except KeyWrongLastSequenceError:
                 cur = await self.runs.record(pid)

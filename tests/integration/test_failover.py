@@ -232,3 +232,29 @@ async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
         with contextlib.suppress(Exception):
             await second.stop()
         await stop_cluster(first, agents)
+
+
+async def test_progress_records_are_rate_limited(nats_url: str) -> None:
+    """A pipeline of many short tasks writes its resumable record at submit, at most once per
+    PROGRESS_EVERY_S while it runs, and at the end: not once per finished task."""
+    import math
+    import time
+
+    from orchestrator.failover import PROGRESS_EVERY_S
+
+    orch, agents = await start_cluster(nats_url, configs(1))
+    try:
+        spec = chain("many", [0.01] * 20)
+        before = orch.failover.record_writes
+        t0 = time.monotonic()
+        await orch.submit_spec(spec, "many-1")
+        run = await orch.wait_terminal("many-1", 30.0)
+        elapsed = time.monotonic() - t0
+        assert run.state == "succeeded", run.reason
+        writes = orch.failover.record_writes - before
+        assert writes <= 2 + math.ceil(elapsed / PROGRESS_EVERY_S), (writes, elapsed)
+        assert writes < len(spec.tasks)
+        rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("many-1")), PipelineRecord)
+        assert rec.state == "succeeded"  # the final state is never rate-limited away
+    finally:
+        await stop_cluster(orch, agents)

@@ -148,3 +148,26 @@ def test_exported_graph_equals_numpy_forward(tmp_path) -> None:
     np.testing.assert_allclose(got, mlp.forward32(x, lr), rtol=1e-5)
     np.testing.assert_allclose(np.log(got[:, 0]), mlp.forward(x.astype(np.float64), lr),
                                rtol=1e-4, atol=1e-4)  # fmt: skip
+
+
+def test_device_sets_past_the_cap_start_over_with_the_same_answers(
+    learned: LearnedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every device set gets a small id; past MAX_DEVICE_TABLES the ids, tables and cached
+    estimates are dropped together, so no stale entry answers for a new set."""
+    from orchestrator.predictor import model as pm
+
+    monkeypatch.setattr(pm, "MAX_DEVICE_TABLES", 3)
+    devices = [
+        DeviceSpec(device_id=f"cpu{k}", kind="cpu", gflops=20.0 * (k + 1),
+                   mem_bandwidth_gbps=12.0, calibrated=True)
+        for k in range(7)
+    ]  # fmt: skip
+    tasks = [onnx_task(b) for b in (1, 8)]
+    capped = Predictor(model=learned)
+    for _ in range(2):  # twice round: every set is seen again after the caches were dropped
+        for d in devices:
+            got = capped.estimate(tasks, [d]).seconds
+            want = Predictor(model=learned).estimate(tasks, [d]).seconds
+            assert np.array_equal(got, want), d.device_id
+    assert len(capped._set_ids) <= 3 and len(capped._tables) <= 3
