@@ -36,6 +36,7 @@ import psutil
 import yaml
 
 from orchestrator.natsserver import find_binary, free_port
+from schemas.linkcontrol import LinkControl
 from sim.linkemu import LinkSpecEntry, control_request, profile_to_dict, write_spec
 from sim.topology import Topology, load_topology
 
@@ -327,11 +328,11 @@ def link_control(run_dir: str | Path, op: str, agent: str | None = None, **kw: A
     state = SimState.load(Path(run_dir).resolve())
     if agent is not None and agent not in state.links:
         raise SimError(f"no agent {agent!r} in this fleet (known: {sorted(state.links)})")
-    req: dict[str, Any] = {"op": op, "link": agent, **kw}
+    req = LinkControl.model_validate({"op": op, "link": agent, **kw})
     rep = asyncio.run(control_request(state.control_port, req))
-    if not rep.get("ok"):
-        raise SimError(str(rep.get("error")))
-    return rep["links"]
+    if not rep.ok:
+        raise SimError(f"{rep.code}: {rep.error}")
+    return {name: status.model_dump() for name, status in rep.links.items()}
 
 
 def describe(state: SimState) -> str:

@@ -53,6 +53,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from schemas.codec import DecodeError, decode, encode
+from schemas.linkcontrol import LinkControl, LinkControlReply, LinkProfileFields, LinkStatus
+
 log = logging.getLogger("mars.sim.linkemu")
 
 MAX_CHUNK = 64 * 1024
@@ -480,46 +483,50 @@ def write_spec(path: Path, links: Sequence[LinkSpecEntry], ready: Path) -> None:
 async def _control(
     proxies: dict[str, LinkProxy], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    """JSON lines: {"op": "cut"|"restore"|"profile"|"show", "link": NAME, "profile": {...}}."""
+    """JSON lines: a `LinkControl` request, a `LinkControlReply` (an error code on bad input)."""
     try:
         while line := await reader.readline():
-            try:
-                req = json.loads(line)
-                op = req.get("op")
-                names = [req["link"]] if req.get("link") else list(proxies)
-                targets = [proxies[n] for n in names]
-                if op == "cut":
-                    for p in targets:
-                        p.cut()
-                elif op == "restore":
-                    for p in targets:
-                        p.restore()
-                elif op == "profile":
-                    prof = profile_from_dict(dict(req.get("profile") or {}))
-                    for p in targets:
-                        p.set_profile(prof)
-                elif op != "show":
-                    raise ValueError(f"unknown op {op!r}")
-                rep: dict[str, Any] = {
-                    "ok": True,
-                    "links": {
-                        n: {
-                            "port": proxies[n].port,
-                            "cut": proxies[n].is_cut,
-                            "connections": proxies[n].connections,
-                            "profile": profile_to_dict(proxies[n].profile),
-                        }
-                        for n in names
-                    },
-                }
-            except (ValueError, KeyError, TypeError) as exc:
-                rep = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            writer.write(json.dumps(rep).encode() + b"\n")
+            writer.write(encode(_answer(proxies, line), "json") + b"\n")
             await writer.drain()
-    except (OSError, asyncio.IncompleteReadError):
-        pass
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        pass  # ValueError: a line over the stream's limit; the connection just ends
     finally:
         writer.close()
+
+
+def _answer(proxies: dict[str, LinkProxy], line: bytes) -> LinkControlReply:
+    try:
+        req = decode(line, LinkControl, "json")
+    except DecodeError as exc:
+        return LinkControlReply(ok=False, code=exc.code, error=exc.message[:2048])
+    if req.link is not None and req.link not in proxies:
+        return LinkControlReply(ok=False, code="not_found", error=f"no link {req.link!r}")
+    names = [req.link] if req.link is not None else list(proxies)
+    targets = [proxies[n] for n in names]
+    if req.op == "cut":
+        for p in targets:
+            p.cut()
+    elif req.op == "restore":
+        for p in targets:
+            p.restore()
+    elif req.op == "profile":
+        if req.profile is None:
+            return LinkControlReply(ok=False, code="invalid", error="profile needs a profile")
+        prof = LinkProfile(**req.profile.model_dump())
+        for p in targets:
+            p.set_profile(prof)
+    return LinkControlReply(
+        ok=True,
+        links={
+            n: LinkStatus(
+                port=proxies[n].port,
+                cut=proxies[n].is_cut,
+                connections=proxies[n].connections,
+                profile=LinkProfileFields(**profile_to_dict(proxies[n].profile)),
+            )
+            for n in names
+        },
+    )
 
 
 def _write_ready(path: str, ready: dict[str, Any]) -> None:
@@ -562,15 +569,14 @@ async def serve(spec: dict[str, Any]) -> None:
             await p.stop()
 
 
-async def control_request(port: int, req: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+async def control_request(port: int, req: LinkControl, timeout: float = 5.0) -> LinkControlReply:
     """One request to a supervisor's control port."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), timeout)
     try:
-        writer.write(json.dumps(req).encode() + b"\n")
+        writer.write(encode(req, "json") + b"\n")
         await writer.drain()
         line = await asyncio.wait_for(reader.readline(), timeout)
-        rep: dict[str, Any] = json.loads(line)
-        return rep
+        return decode(line, LinkControlReply, "json")
     finally:
         writer.close()
 

@@ -200,3 +200,41 @@ async def test_nats_client_behind_a_cut_link(nats_url: str) -> None:
         assert not disconnected.is_set()
         await behind.close()
         await direct.close()
+
+
+async def test_control_port_answers_bad_requests_with_a_code_and_keeps_serving() -> None:
+    """The emulator's control protocol goes through schemas: garbage, a wrong shape, an
+    unknown link or op each get `ok: false` with a code; good requests still work after."""
+    import json
+
+    from schemas.codec import decode
+    from schemas.linkcontrol import LinkControl, LinkControlReply
+    from sim.linkemu import _control, control_request
+
+    async with LinkProxy("127.0.0.1", 9, LinkProfile(), name="a1") as proxy:
+        proxies = {"a1": proxy}
+        server = await asyncio.start_server(lambda r, w: _control(proxies, r, w), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            bad = [b"not json", b"[1, 2]", json.dumps({"op": "explode"}).encode(),
+                   json.dumps({"op": "cut", "link": "zz"}).encode(),
+                   json.dumps({"op": "profile", "profile": {"loss": 2.0}}).encode()]  # fmt: skip
+            codes = []
+            for line in bad:
+                writer.write(line + b"\n")
+                await writer.drain()
+                rep = decode(await reader.readline(), LinkControlReply, "json")
+                assert not rep.ok and rep.error
+                codes.append(rep.code)
+            assert codes == ["bad_request", "bad_request", "invalid", "not_found", "invalid"]
+            writer.close()
+            assert not proxy.is_cut
+            cut = await control_request(port, LinkControl(op="cut", link="a1"))
+            assert cut.ok and cut.links["a1"].cut and proxy.is_cut
+            slow = LinkControl.model_validate({"op": "profile", "profile": {"latency_ms": 50}})
+            shown = await control_request(port, slow)
+            assert shown.ok and proxy.profile.latency_ms == 50.0
+        finally:
+            server.close()
+            await server.wait_closed()
