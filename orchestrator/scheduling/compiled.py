@@ -29,6 +29,7 @@ from orchestrator.scheduling.plan import Placement, Plan
 
 if TYPE_CHECKING:
     from orchestrator.scheduling.engine import ListScheduler
+    from orchestrator.scheduling.model import Cluster
     from orchestrator.scheduling.timeline import ClusterSlots
     from orchestrator.scheduling.transfer import Dense
 
@@ -85,21 +86,18 @@ def run_compiled(sched: ListScheduler, keys: Sequence[int], algorithm: str, dens
     is_fixed = np.zeros(n, dtype=np.bool_)
     if prep.fixed_idx:
         is_fixed[prep.fixed_idx] = True
-    st, fi, cnt, hor, head = _timelines(sched.slots, cluster.slots, prep.now, n)
-    nsl = np.asarray(cluster.slots, dtype=np.int64)
-    base = np.zeros(len(nsl), dtype=np.int64)
-    np.cumsum(nsl[:-1], out=base[1:])
-    finish = np.asarray(sched.finish, dtype=np.float64)
-    where = np.asarray(sched.where, dtype=np.int64)
+    st, fi, cnt, hor, head = _timelines(sched.slots, cluster, prep.now, n)
+    finish = np.array(sched.finish, dtype=np.float64)
+    where = np.array(sched.where, dtype=np.int64)
     out_k = np.zeros(n, dtype=np.int64)
     out_s = np.zeros(n, dtype=np.float64)
     order = np.zeros(len(prep.todo), dtype=np.int64)
     lat, bw = dense
     _get()(
-        np.asarray(keys, dtype=np.int64), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
+        np.array(keys, dtype=np.int64), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
         is_fixed, np.ascontiguousarray(prep.w), np.ascontiguousarray(lat),
-        np.ascontiguousarray(bw), float(prep.now), bool(sched.insertion), base, nsl,
-        st, fi, cnt, hor, head, finish, where, out_k, out_s, order,
+        np.ascontiguousarray(bw), float(prep.now), bool(sched.insertion), cluster.slot_base,
+        cluster.slot_counts, st, fi, cnt, hor, head, finish, where, out_k, out_s, order,
     )  # fmt: skip
     ids, dev_ids, placements = graph.ids, cluster.ids, sched.placements
     rows = zip(
@@ -117,11 +115,11 @@ Timelines = tuple[
 ]  # fmt: skip
 
 
-def _timelines(slots: ClusterSlots, per_device: Sequence[int], now: float, n: int) -> Timelines:
+def _timelines(slots: ClusterSlots, cluster: Cluster, now: float, n: int) -> Timelines:
     """Every slot's busy intervals as rows of (starts, finishes), room for n more each."""
     built = slots.built()
     longest = max((len(tl.starts) for _, lines in built for tl in lines), default=1)
-    n_slots = sum(per_device)
+    n_slots = cluster.n_slots
     cap = longest + n
     st = np.empty((n_slots, cap))
     fi = np.empty((n_slots, cap))
@@ -130,15 +128,13 @@ def _timelines(slots: ClusterSlots, per_device: Sequence[int], now: float, n: in
     cnt = np.ones(n_slots, dtype=np.int64)
     hor = np.full(n_slots, -math.inf)
     head = np.full(n_slots, now)
-    if built:
-        first = np.zeros(len(per_device), dtype=np.int64)
-        np.cumsum(per_device[:-1], out=first[1:])
-        for d, lines in built:
-            for k, tl in enumerate(lines):
-                s, c = int(first[d]) + k, len(tl.starts)
-                st[s, :c] = tl.starts
-                fi[s, :c] = tl.finishes
-                cnt[s], hor[s], head[s] = c, tl.horizon, tl.head
+    first = cluster.slot_base
+    for d, lines in built:
+        for k, tl in enumerate(lines):
+            s, c = int(first[d]) + k, len(tl.starts)
+            st[s, :c] = tl.starts
+            fi[s, :c] = tl.finishes
+            cnt[s], hor[s], head[s] = c, tl.horizon, tl.head
     return st, fi, cnt, hor, head
 
 

@@ -6,12 +6,12 @@ same rule vectorised over a whole cluster (the two are property-tested to agree)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.scheduling.model import Cluster, Device, Task
+from orchestrator.scheduling.model import Cluster, Device, Task, TaskGraph
 
 
 def _fmt_set(values: Iterable[str]) -> str:
@@ -73,33 +73,15 @@ def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
     return mask
 
 
-def constraint_signature(task: Task) -> tuple[object, ...]:
-    """Tasks with equal signatures are eligible on exactly the same devices."""
-    if (
-        task.pinned is None
-        and not (task.kinds or task.tiers or task.labels)
-        and task.min_memory_mb == 0.0
-    ):
-        return ()  # the common unconstrained task, without building the full key
-    return (
-        task.pinned,
-        task.kinds,
-        task.tiers,
-        task.min_memory_mb,
-        tuple(sorted(task.labels.items())),
-    )
-
-
-def eligibility_matrix(tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.bool_]:
+def eligibility_matrix(graph: TaskGraph, cluster: Cluster) -> NDArray[np.bool_]:
     """tasks x devices eligibility; tasks with identical constraints share one computation."""
-    out = np.empty((len(tasks), len(cluster)), dtype=np.bool_)
-    cache: dict[tuple[object, ...], NDArray[np.bool_]] = {}
-    for i, task in enumerate(tasks):
-        sig = constraint_signature(task)
-        row = cache.get(sig)
-        if row is None:
-            row = cache[sig] = eligibility_mask(task, cluster)
-        out[i] = row
+    groups = graph.constraint_groups
+    if len(groups) == 1:  # one kind of task (often: unconstrained): one row, repeated
+        row = eligibility_mask(graph.tasks[0], cluster)
+        return np.broadcast_to(row, (len(graph), len(cluster))).copy()
+    out = np.empty((len(graph), len(cluster)), dtype=np.bool_)
+    for rows in groups:
+        out[rows] = eligibility_mask(graph.tasks[int(rows[0])], cluster)
     return out
 
 

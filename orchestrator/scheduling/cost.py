@@ -86,7 +86,7 @@ class LinkCostModel:
         if self._site_links is None:
             self._site_links = SiteLinks(self.links, self.lan, self.wan)
         names = sorted(cluster.sites, key=cluster.sites.__getitem__)
-        return self._site_links.view(names, self.link)
+        return self._site_links.view(names)
 
     def compute_time(self, task: Task, device: Device) -> float:
         return task.work / device.speed
@@ -167,5 +167,8 @@ def cost_arrays(
         table = GenericTransferTable(cost.transfer_time, devices)
     if np.any(w < 0):
         raise ValueError("cost model returned a negative compute time")
-    w = np.where(eligible & np.isfinite(w), w, math.inf)
+    usable = np.isfinite(w)
+    usable &= eligible
+    # a new array either way: the model may hand out one it keeps
+    w = np.array(w, order="C") if usable.all() else np.where(usable, w, math.inf)
     return w, table

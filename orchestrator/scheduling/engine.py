@@ -57,6 +57,8 @@ def unschedulable_reasons(
 ) -> dict[str, dict[str, str]]:
     """For each task in `todo` with no usable device: every device and why it was refused."""
     usable = np.isfinite(w).sum(axis=1) > 0
+    if usable.all():
+        return {}
     reasons: dict[str, dict[str, str]] = {}
     for i in todo:
         if usable[i]:
@@ -110,7 +112,7 @@ class Prepared:
         for i in self.fixed_idx:
             self.is_fixed[i] = True
         self.todo = [i for i in range(n) if not self.is_fixed[i]]
-        eligible = eligibility_matrix(graph.tasks, cluster)
+        eligible = eligibility_matrix(graph, cluster)
         self.w, self.table = cost_arrays(cost, graph.tasks, cluster, eligible)
         reasons = unschedulable_reasons(graph, cluster, self.w, self.todo)
         if reasons:

@@ -89,6 +89,23 @@ class Link:
             raise ValueError("link needs latency_s >= 0 and bandwidth_Bps > 0")
 
 
+def constraint_signature(task: Task) -> tuple[object, ...]:
+    """Tasks with equal signatures are eligible on exactly the same devices."""
+    if (
+        task.pinned is None
+        and not (task.kinds or task.tiers or task.labels)
+        and task.min_memory_mb == 0.0
+    ):
+        return ()  # the common unconstrained task, without building the full key
+    return (
+        task.pinned,
+        task.kinds,
+        task.tiers,
+        task.min_memory_mb,
+        tuple(sorted(task.labels.items())),
+    )
+
+
 class GraphArrays(NamedTuple):
     """The edges as index arrays (in `TaskGraph.edges` order) and each task's topological
     position, for compiled loops."""
@@ -106,7 +123,17 @@ class TaskGraph:
     (index, bytes) pairs and `topo` is a topological order that prefers lower indices.
     """
 
-    __slots__ = ("arrays", "edges", "ids", "index", "preds", "succs", "tasks", "topo")
+    __slots__ = (
+        "arrays",
+        "constraint_groups",
+        "edges",
+        "ids",
+        "index",
+        "preds",
+        "succs",
+        "tasks",
+        "topo",
+    )
 
     def __init__(self, tasks: Sequence[Task], edges: Mapping[tuple[str, str], float]) -> None:
         self.tasks: tuple[Task, ...] = tuple(tasks)
@@ -149,6 +176,13 @@ class TaskGraph:
             np.fromiter((j for _, j in pairs), np.int64, len(pairs)),
             np.fromiter(self.edges.values(), np.float64, len(pairs)),
             topo_pos,
+        )
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, task in enumerate(self.tasks):
+            groups.setdefault(constraint_signature(task), []).append(i)
+        #: tasks with the same constraints (so the same eligible devices), as index arrays
+        self.constraint_groups: tuple[NDArray[np.int64], ...] = tuple(
+            np.asarray(g, dtype=np.int64) for g in groups.values()
         )
 
     def _toposort(self) -> tuple[int, ...]:
@@ -204,6 +238,7 @@ class Cluster:
         "agent_codes",
         "agent_members",
         "agents",
+        "any_busy",
         "devices",
         "ids",
         "index",
@@ -214,6 +249,8 @@ class Cluster:
         "n_slots",
         "site_codes",
         "sites",
+        "slot_base",
+        "slot_counts",
         "slots",
         "speed",
         "tier_codes",
@@ -233,6 +270,12 @@ class Cluster:
         self.memory = np.fromiter((d.memory_mb for d in self.devices), np.float64, n)
         self.slots: tuple[int, ...] = tuple(d.slots for d in self.devices)
         self.n_slots = sum(self.slots)
+        self.slot_counts = np.asarray(self.slots, dtype=np.int64).reshape(n)
+        #: index of each device's first slot when all slots are numbered in device order
+        self.slot_base = np.zeros(n, dtype=np.int64)
+        np.cumsum(self.slot_counts[:-1], out=self.slot_base[1:])
+        #: whether any device has busy windows (planning skips looking for them when not)
+        self.any_busy = any(d.busy or d.slot_busy for d in self.devices)
         self.kinds, self.kind_codes = _codes([d.kind for d in self.devices])
         self.tiers, self.tier_codes = _codes([d.tier for d in self.devices])
         self.sites, self.site_codes = _codes([d.site for d in self.devices])
@@ -265,6 +308,7 @@ class Cluster:
         for i, windows in extra.items():
             devices[i] = replace(devices[i], slot_busy=windows)
         out.devices = tuple(devices)
+        out.any_busy = any(d.busy or d.slot_busy for d in out.devices)
         return out
 
     def __len__(self) -> int:

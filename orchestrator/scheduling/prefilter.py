@@ -29,9 +29,9 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.scheduling.constraints import constraint_signature, eligibility_matrix
+from orchestrator.scheduling.constraints import eligibility_matrix
 from orchestrator.scheduling.cost import CostModel, is_batch
-from orchestrator.scheduling.model import Cluster, TaskGraph
+from orchestrator.scheduling.model import Cluster, TaskGraph, constraint_signature
 from orchestrator.scheduling.plan import Placement
 from orchestrator.scheduling.timeline import SlotTimeline
 from orchestrator.scheduling.transfer import TransferTable
@@ -176,7 +176,7 @@ def prefilter_indices(
     }
     hosts: list[NDArray[np.bool_]] = []
     table = cost.transfer_table(cluster) if is_batch(cost) else None
-    eligible = eligibility_matrix(graph.tasks, cluster)
+    eligible = eligibility_matrix(graph, cluster)
     wait = _wait(cluster, now)
     ranked: list[tuple[float, int, int, int]] = []  # (slots share, class, depth, device)
     classes = _classes(graph, set(range(len(graph))) - set(source_of))

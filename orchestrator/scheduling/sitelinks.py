@@ -5,8 +5,9 @@ the WAN default; LAN default inside a site). A cluster of 10,000 devices may spa
 with half a million listed links, so walking the dict per planning call costs more than the
 plan. `SiteLinks` walks it once per cost model into arrays over every site the dict names;
 `SiteView` then serves one cluster's sites from them: a single row when that is all a caller
-needs (the transfers out of one device), or the full site x site matrices (lazily, cached).
-Small site sets skip the arrays and ask `link()` per pair.
+needs (the transfers out of one device), device x device matrices for a small cluster, or the
+full site x site matrices (lazily, cached). Even a handful of sites reads the arrays: asking
+`link()` per pair cost 40 us on 8 sites, more than the plan.
 
 The arrays hold exactly the values `link()` returns, so times computed from them are the
 times `LinkCostModel.transfer_time` gives.
@@ -14,17 +15,14 @@ times `LinkCostModel.transfer_time` gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.scheduling.model import Link
 
-DIRECT_PAIRS = 4096  # up to this many site pairs, ask link() per pair instead of the arrays
-
 Arrays = tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]
-LinkFn = Callable[[str, str], Link]
 
 
 class SiteLinks:
@@ -33,10 +31,10 @@ class SiteLinks:
     Index `len(names)` stands for any site the dict does not name (WAN to everything).
     """
 
-    __slots__ = ("_arrays", "_index", "_inv_bw", "_lan", "_links", "_wan")
+    __slots__ = ("_arrays", "_index", "_inv_bw", "_links", "lan", "wan")
 
     def __init__(self, links: Mapping[tuple[str, str], Link], lan: Link, wan: Link) -> None:
-        self._links, self._lan, self._wan = links, lan, wan
+        self._links, self.lan, self.wan = links, lan, wan
         self._index: dict[str, int] | None = None
         self._arrays: Arrays | None = None
         self._inv_bw: NDArray[np.float64] | None = None
@@ -54,7 +52,7 @@ class SiteLinks:
         names = sorted({s for pair in links for s in pair})
         index = {s: k for k, s in enumerate(names)}
         g = len(names) + 1
-        wan, lan = self._wan, self._lan
+        wan, lan = self.wan, self.lan
         lat = np.full((g, g), wan.latency_s, dtype=np.float64)
         bw = np.full((g, g), wan.bandwidth_Bps, dtype=np.float64)
         price = np.full((g, g), wan.cost_per_gb, dtype=np.float64)
@@ -79,75 +77,48 @@ class SiteLinks:
         self._index, self._arrays = index, (lat, bw, price)
         return index, self._arrays
 
-    def view(self, sites: Sequence[str], link: LinkFn) -> SiteView:
+    def view(self, sites: Sequence[str]) -> SiteView:
         """The links among `sites` (a cluster's sites in code order)."""
-        s = len(sites)
-        if s * s <= DIRECT_PAIRS:
-            return SiteView(sites, link, None, None, self._lan, self._wan)
-        index, _ = self._build()
+        index, arrays = self._build()
         missing = len(index)
-        codes = np.fromiter((index.get(n, missing) for n in sites), np.intp, s)
-        return SiteView(sites, link, codes, self, self._lan, self._wan)
+        codes = np.fromiter((index.get(n, missing) for n in sites), np.intp, len(sites))
+        return SiteView(sites, codes, self, arrays)
 
 
 class SiteView:
     """Links among one cluster's sites (by site code): rows on demand, full matrices lazily."""
 
-    __slots__ = (
-        "_arrays",
-        "_codes",
-        "_full",
-        "_lan",
-        "_link",
-        "_links",
-        "_rows",
-        "_wan",
-        "sites",
-    )
+    __slots__ = ("_arrays", "_codes", "_full", "_links", "_rows", "_unnamed", "sites")
 
     def __init__(
-        self,
-        sites: Sequence[str],
-        link: LinkFn,
-        codes: NDArray[np.intp] | None,
-        links: SiteLinks | None,
-        lan: Link,
-        wan: Link,
+        self, sites: Sequence[str], codes: NDArray[np.intp], links: SiteLinks, arrays: Arrays
     ) -> None:
         self.sites = tuple(sites)
-        self._link, self._codes, self._links, self._lan, self._wan = link, codes, links, lan, wan
-        self._arrays = None if links is None else links._build()[1]
+        self._codes, self._links, self._arrays = codes, links, arrays
+        self._unnamed = len(arrays[0]) - 1  # the index of every site the dict does not name
         self._rows: dict[int, Arrays] = {}
         self._full: Arrays | None = None
 
     def diagonal(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(latency, bandwidth) inside each site."""
-        if self._codes is None or self._arrays is None:
-            found = [self._link(s, s) for s in self.sites]
-            return (
-                np.fromiter((x.latency_s for x in found), np.float64, len(found)),
-                np.fromiter((x.bandwidth_Bps for x in found), np.float64, len(found)),
-            )
         codes = self._codes
         lat, bw = self._arrays[0][codes, codes], self._arrays[1][codes, codes]
-        unnamed = codes == len(self._arrays[0]) - 1
-        lat[unnamed], bw[unnamed] = self._lan.latency_s, self._lan.bandwidth_Bps
+        unnamed = codes == self._unnamed
+        lan = self._links.lan
+        lat[unnamed], bw[unnamed] = lan.latency_s, lan.bandwidth_Bps
         return lat, bw
 
     def weighted_sums(self, counts: NDArray[np.float64]) -> tuple[float, float]:
         """(sum over site pairs s, t of counts[s] counts[t] latency[s, t], the same for
-        1 / bandwidth), without building the site x site matrices on the array path."""
-        if self._codes is None or self._links is None or self._arrays is None:
-            lat, bw, _ = self.full()
-            return float(counts @ lat @ counts), float(counts @ (1.0 / bw) @ counts)
+        1 / bandwidth), without building the site x site matrices."""
         size = len(self._arrays[0])
         per = np.bincount(self._codes, weights=counts, minlength=size)
         q_lat = float(per @ self._arrays[0] @ per)
         q_inv = float(per @ self._links.inverse_bandwidth() @ per)
         # Unnamed sites share one index, whose diagonal is WAN; inside each it is LAN.
-        own = counts[self._codes == size - 1]
+        own = counts[self._codes == self._unnamed]
         sq = float((own * own).sum())
-        lan, wan = self._lan, self._wan
+        lan, wan = self._links.lan, self._links.wan
         q_lat += sq * (lan.latency_s - wan.latency_s)
         q_inv += sq * (1.0 / lan.bandwidth_Bps - 1.0 / wan.bandwidth_Bps)
         return q_lat, q_inv
@@ -160,42 +131,40 @@ class SiteView:
         if self._full is not None:
             lat, bw, price = self._full
             got = (lat[s], bw[s], price[s])
-        elif self._codes is None or self._arrays is None:
-            found = [self._link(self.sites[s], b) for b in self.sites]
-            got = (
-                np.fromiter((x.latency_s for x in found), np.float64, len(found)),
-                np.fromiter((x.bandwidth_Bps for x in found), np.float64, len(found)),
-                np.fromiter((x.cost_per_gb for x in found), np.float64, len(found)),
-            )
         else:
             codes = self._codes
             lat, bw, price = (a[codes[s]][codes] for a in self._arrays)
-            if codes[s] == len(self._arrays[0]) - 1:  # unnamed site: LAN inside itself
-                lan = self._lan
+            if codes[s] == self._unnamed:  # unnamed site: LAN inside itself
+                lan = self._links.lan
                 lat[s], bw[s], price[s] = lan.latency_s, lan.bandwidth_Bps, lan.cost_per_gb
             got = (lat, bw, price)
         self._rows[s] = got
         return got
 
+    def device_pairs(
+        self, site_codes: NDArray[np.int64]
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """(latency, bandwidth) between devices on sites `site_codes`, device x device: `full()`
+        indexed by the codes on both axes, without building the site matrices."""
+        idx = self._codes[site_codes]
+        rows, cols = idx[:, None], idx[None, :]
+        lat, bw = self._arrays[0][rows, cols], self._arrays[1][rows, cols]
+        unnamed = idx == self._unnamed
+        if unnamed.any():  # two devices on one unnamed site: LAN (the shared index is WAN)
+            inside = (site_codes[:, None] == site_codes[None, :]) & unnamed[:, None]
+            lan = self._links.lan
+            lat[inside], bw[inside] = lan.latency_s, lan.bandwidth_Bps
+        return lat, bw
+
     def full(self) -> Arrays:
         """(latency, bandwidth, $/GB) as site x site matrices."""
         if self._full is None:
-            n = len(self.sites)
-            if self._codes is None or self._arrays is None:
-                link, sites = self._link, self.sites
-                found = [link(a, b) for a in sites for b in sites]
-                self._full = (
-                    np.array([x.latency_s for x in found], dtype=np.float64).reshape(n, n),
-                    np.array([x.bandwidth_Bps for x in found], dtype=np.float64).reshape(n, n),
-                    np.array([x.cost_per_gb for x in found], dtype=np.float64).reshape(n, n),
-                )
-            else:
-                codes = self._codes
-                lat, bw, price = (a.take(codes, axis=0).take(codes, axis=1) for a in self._arrays)
-                unnamed = np.flatnonzero(self._codes == len(self._arrays[0]) - 1)
-                lan = self._lan
-                lat[unnamed, unnamed] = lan.latency_s
-                bw[unnamed, unnamed] = lan.bandwidth_Bps
-                price[unnamed, unnamed] = lan.cost_per_gb
-                self._full = (lat, bw, price)
+            codes = self._codes
+            lat, bw, price = (a.take(codes, axis=0).take(codes, axis=1) for a in self._arrays)
+            unnamed = np.flatnonzero(codes == self._unnamed)
+            lan = self._links.lan
+            lat[unnamed, unnamed] = lan.latency_s
+            bw[unnamed, unnamed] = lan.bandwidth_Bps
+            price[unnamed, unnamed] = lan.cost_per_gb
+            self._full = (lat, bw, price)
         return self._full

@@ -126,6 +126,8 @@ class ClusterSlots:
         self.tail = np.full(m, now, dtype=np.float64)
         self.horizon = np.full(m, -math.inf, dtype=np.float64)
         self.free_at = np.full(m, now, dtype=np.float64)
+        if not (cluster.any_busy or touched):
+            return
         for d, dev in enumerate(cluster.devices):
             if dev.busy or dev.slot_busy or d in touched:
                 self._lines[d] = [

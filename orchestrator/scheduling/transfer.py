@@ -135,13 +135,11 @@ class LinkTransferTable:
     def dense(self) -> Dense | None:
         c = self._cluster
         if self._dense is None and len(c) <= DENSE_MAX:
-            lat_s, bw_s, _ = self._view.full()
-            codes = c.site_codes
-            lat = lat_s.take(codes, axis=0).take(codes, axis=1)
-            bw = bw_s.take(codes, axis=0).take(codes, axis=1)
-            same_agent = c.agent_codes[:, None] == c.agent_codes[None, :]
-            lat[same_agent] = 0.0
-            bw[same_agent] = self._local_Bps
+            lat, bw = self._view.device_pairs(c.site_codes)
+            if len(c.agents) < len(c):  # some agent has several devices: local copies
+                same_agent = c.agent_codes[:, None] == c.agent_codes[None, :]
+                lat[same_agent] = 0.0
+                bw[same_agent] = self._local_Bps
             np.fill_diagonal(lat, 0.0)
             np.fill_diagonal(bw, np.inf)
             self._dense = (lat, bw)

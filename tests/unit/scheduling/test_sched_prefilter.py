@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import random
 
 import pytest
@@ -28,7 +27,6 @@ from orchestrator.scheduling.prefilter import prefilter_indices
 
 from .sched_problems import Problem, problems, random_cluster, usable
 
-sitelinks = importlib.import_module("orchestrator.scheduling.sitelinks")
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -142,7 +140,7 @@ def test_prefilter_prefers_devices_free_now() -> None:
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 12))
 def test_site_link_arrays_agree_with_the_link_rule(seed: int, n: int) -> None:
-    """The array path (used for clusters with many sites) gives link()'s exact values."""
+    """The site arrays give link()'s exact values: rows, dense matrices, means, prices."""
     rng = random.Random(seed)
     cluster = random_cluster(rng, n)
     names = [*sorted(cluster.sites), "elsewhere", "other"]  # links may name absent sites
@@ -158,18 +156,19 @@ def test_site_link_arrays_agree_with_the_link_rule(seed: int, n: int) -> None:
         wan=Link(0.2, 1e6, 0.5),
         local_Bps=rng.choice([5e7, 1e10]),
     )
-    direct = model.transfer_table(cluster)
-    direct_mean = [direct.mean(b) for b in (0.0, 1234.5, 3e8)]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(sitelinks, "DIRECT_PAIRS", 0)
-        table = LinkCostModel(links, lan=model.lan, wan=model.wan, local_Bps=model.local_Bps)
-        arrays = table.transfer_table(cluster)
-        for k, nbytes in enumerate((0.0, 1234.5, 3e8)):
-            for i, src in enumerate(cluster.devices):
-                want = [model.transfer_time(nbytes, src, dst) for dst in cluster.devices]
-                assert arrays.row(nbytes, i).tolist() == want  # bit-for-bit
-            assert arrays.mean(nbytes) == pytest.approx(direct_mean[k], rel=1e-9, abs=1e-15)
-        prices = site_prices(cluster, table)
+    table = model.transfer_table(cluster)
+    dense = table.dense()
+    assert dense is not None
+    pairs = [(a, b) for a in cluster.devices for b in cluster.devices if a is not b]
+    for nbytes in (0.0, 1234.5, 3e8):
+        for i, src in enumerate(cluster.devices):
+            want = [model.transfer_time(nbytes, src, dst) for dst in cluster.devices]
+            assert table.row(nbytes, i).tolist() == want  # bit-for-bit
+            assert ((nbytes / dense[1][i]) + dense[0][i]).tolist() == want
+        if pairs:
+            brute = sum(model.transfer_time(nbytes, a, b) for a, b in pairs) / len(pairs)
+            assert table.mean(nbytes) == pytest.approx(brute, rel=1e-9, abs=1e-15)
+    prices = site_prices(cluster, model)
     site_of = {code: name for name, code in cluster.sites.items()}
     for s in range(len(cluster.sites)):
         for d, dev in enumerate(cluster.devices):
