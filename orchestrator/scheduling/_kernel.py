@@ -129,12 +129,96 @@ def summarise(fi, cnt, hor, head, base, nsl, d, tail, dhor, free):
 
 
 @njit
+def by_source(n, e_src, e_dst, e_b):
+    """Successor lists (CSR, in edge order within a task): pointers, targets, bytes."""
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    for e in range(e_src.shape[0]):
+        ptr[e_src[e] + 1] += 1
+    for i in range(n):
+        ptr[i + 1] += ptr[i]
+    idx = np.empty(e_src.shape[0], dtype=np.int64)
+    nb = np.empty(e_src.shape[0])
+    fill = ptr[:-1].copy()
+    for e in range(e_src.shape[0]):
+        a = e_src[e]
+        idx[fill[a]] = e_dst[e]
+        nb[fill[a]] = e_b[e]
+        fill[a] += 1
+    return ptr, idx, nb
+
+
+@njit
+def upward_keys(w, total, topo_pos, e_src, e_dst, e_b, lat_mean, inv_mean):
+    """`ranks.upward_rank_array` then `ranks.priority_keys`, the same operations in the same
+    order (the max over successors does not depend on their order), for a compute matrix
+    `w` whose every entry is usable; `total` is numpy's sum of each row of `w` (the mean
+    is `ranks.mean_compute`'s total / devices). No keys (an empty array) where some entry
+    is negative, inf or NaN: that request takes the general path."""
+    n, m = w.shape
+    for i in range(n):
+        if not math.isfinite(total[i]):
+            return np.zeros(0, dtype=np.int64)
+        for c in range(m):
+            if not w[i, c] >= 0.0:
+                return np.zeros(0, dtype=np.int64)
+    wbar = np.empty(n)
+    for i in range(n):
+        wbar[i] = total[i] / m
+    ptr, idx, nb = by_source(n, e_src, e_dst, e_b)
+    topo = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        topo[topo_pos[i]] = i
+    rank = np.empty(n)
+    for t in range(n - 1, -1, -1):
+        i = topo[t]
+        best = 0.0
+        for q in range(ptr[i], ptr[i + 1]):
+            r = (lat_mean + nb[q] * inv_mean) + rank[idx[q]]
+            if r > best:
+                best = r
+        rank[i] = wbar[i] + best
+    keys = np.zeros(n, dtype=np.int64)
+    scale = 0.0
+    for i in range(n):
+        if math.isfinite(rank[i]) and abs(rank[i]) > scale:
+            scale = abs(rank[i])
+    if scale == 0.0:
+        return keys
+    quantum = scale * 2.0**-30
+    for i in range(n):
+        r = rank[i] if math.isfinite(rank[i]) else scale * 2.0
+        keys[i] = int(-np.rint(r / quantum))
+    return keys
+
+
+@njit
 def kernel(
     keys, topo_pos, e_src, e_dst, e_b, is_fixed, w, lat, bw, now, insertion, base, nsl,
-    st, fi, cnt, hor, head, finish, where, out_k, out_s, order,
+    st, fi, cnt, hor, head, finish, where, n_todo,
 ):  # fmt: skip
     n, m = w.shape
     n_e = e_src.shape[0]
+    if is_fixed.shape[0] == 0:  # nothing fixed: no finish times or devices to start from
+        is_fixed = np.zeros(n, dtype=np.bool_)
+        finish = np.zeros(n)
+        where = np.zeros(n, dtype=np.int64)
+    if st.shape[0] == 0:  # nothing booked before: every slot free from `now`
+        n_slots = 0
+        for d in range(m):
+            n_slots += nsl[d]
+        st = np.empty((n_slots, n + 1))
+        fi = np.empty((n_slots, n + 1))
+        st[:, 0] = -math.inf
+        fi[:, 0] = now
+        cnt = np.ones(n_slots, dtype=np.int64)
+        hor = np.full(n_slots, -math.inf)
+        head = np.full(n_slots, now)
+    # the placements in the order they were made: task, slot, start, finish, device
+    order = np.zeros(n_todo, dtype=np.int64)
+    out_k = np.zeros(n_todo, dtype=np.int64)
+    out_s = np.zeros(n_todo)
+    out_f = np.zeros(n_todo)
+    out_d = np.zeros(n_todo, dtype=np.int64)
     # predecessor and successor lists (CSR) by counting sort of the edges; their order
     # does not matter: arrival times are combined by max, and the heap order is total
     pred_ptr = np.zeros(n + 1, dtype=np.int64)
@@ -268,12 +352,15 @@ def kernel(
         summarise(fi, cnt, hor, head, base, nsl, d, tail, dhor, free)
         finish[i] = end
         where[i] = d
-        out_k[i] = ck
-        out_s[i] = cs
         order[placed] = i
+        out_k[placed] = ck
+        out_s[placed] = cs
+        out_f[placed] = end
+        out_d[placed] = d
         placed += 1
         for q in range(succ_ptr[i], succ_ptr[i + 1]):
             j = succ_idx[q]
             waiting[j] -= 1
             if waiting[j] == 0:
                 size = heap_push(heap, size, j, hk, hp)
+    return order, out_k, out_s, out_f, out_d

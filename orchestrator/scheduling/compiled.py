@@ -25,36 +25,43 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.scheduling.constraints import eligibility_mask
+from orchestrator.scheduling.cost import CostModel, is_batch
+from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
 
 if TYPE_CHECKING:
     from orchestrator.scheduling.engine import ListScheduler
-    from orchestrator.scheduling.model import Cluster
     from orchestrator.scheduling.timeline import ClusterSlots
     from orchestrator.scheduling.transfer import Dense
 
 Runner = Callable[["ListScheduler", Sequence[int], str, "Dense"], Plan]
 
-_kernel: Any = None
+_module: Any = None
 _loaded = False
 
 
 def _load() -> Any:
-    """The numba kernel, or None where numba is missing or disabled."""
+    """The numba module, or None where numba is missing or disabled."""
     if os.environ.get("MARS_JIT", "1") == "0":
         return None
     try:
-        from orchestrator.scheduling._kernel import kernel
+        from orchestrator.scheduling import _kernel as module
     except ImportError:
         return None
-    return kernel
+    return module
 
 
 def _get() -> Any:
-    global _kernel, _loaded
+    """The compiled list-scheduling loop (`_kernel.kernel`), or None."""
+    global _module, _loaded
     if not _loaded:
-        _kernel, _loaded = _load(), True
-    return _kernel
+        _module, _loaded = _load(), True
+    return None if _module is None else _module.kernel
+
+
+def _upward_keys() -> Any:
+    return _module.upward_keys
 
 
 #: Most timeline cells (slots x room per slot) the compiled loop allocates per array.
@@ -76,8 +83,9 @@ def run_compiled(sched: ListScheduler, keys: Sequence[int], algorithm: str, dens
 
     The kernel gets the edges as index arrays, the compute-time matrix, the dense latency and
     bandwidth matrices, and every slot timeline as a row of (starts, finishes) with room for
-    one more interval per task; it writes each task's device, slot, start and finish, and
-    the order it placed them in (the order of `Plan.placements`, as in the Python loop).
+    one more interval per task (or no rows when nothing is booked yet: it makes them); it
+    returns the placements in the order it made them (the order of `Plan.placements`, as in
+    the Python loop): task, slot, start, finish, device.
     """
     prep = sched.prep
     graph, cluster = prep.graph, prep.cluster
@@ -89,24 +97,71 @@ def run_compiled(sched: ListScheduler, keys: Sequence[int], algorithm: str, dens
     st, fi, cnt, hor, head = _timelines(sched.slots, cluster, prep.now, n)
     finish = np.array(sched.finish, dtype=np.float64)
     where = np.array(sched.where, dtype=np.int64)
-    out_k = np.zeros(n, dtype=np.int64)
-    out_s = np.zeros(n, dtype=np.float64)
-    order = np.zeros(len(prep.todo), dtype=np.int64)
     lat, bw = dense
-    _get()(
+    order, out_k, out_s, out_f, out_d = _get()(
         np.array(keys, dtype=np.int64), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
         is_fixed, np.ascontiguousarray(prep.w), np.ascontiguousarray(lat),
         np.ascontiguousarray(bw), float(prep.now), bool(sched.insertion), cluster.slot_base,
-        cluster.slot_counts, st, fi, cnt, hor, head, finish, where, out_k, out_s, order,
+        cluster.slot_counts, st, fi, cnt, hor, head, finish, where, len(prep.todo),
     )  # fmt: skip
     ids, dev_ids, placements = graph.ids, cluster.ids, sched.placements
     rows = zip(
-        [ids[i] for i in order.tolist()], out_k[order].tolist(), out_s[order].tolist(),
-        finish[order].tolist(), where[order].tolist(), strict=True,
+        [ids[i] for i in order.tolist()], out_k.tolist(), out_s.tolist(), out_f.tolist(),
+        out_d.tolist(), strict=True,
     )  # fmt: skip
     for tid, k, s, f, d in rows:
         placements[tid] = Placement(tid, dev_ids[d], k, s, f)
     return Plan(placements=placements, algorithm=algorithm)
+
+
+def heft_direct(
+    graph: TaskGraph, cluster: Cluster, cost: CostModel, now: float, insertion: bool
+) -> Plan | None:
+    """HEFT for a request with nothing fixed or booked and every task able to run everywhere,
+    upward ranks and keys compiled too: the plan `heft` makes through `Prepared` and
+    `ListScheduler` (same ranks, keys and loop), without their set-up, which on a 10-task
+    request took most of the time. None when the request needs the general path: numba off,
+    a model without a batch interface, busy windows, a cluster too large for dense
+    matrices, constraints, or a compute time that is not a finite number >= 0 (the general
+    path rules such pairs out, explains an `Unschedulable`, or raises).
+    """
+    kernel = _get()
+    n, m = len(graph), len(cluster)
+    if kernel is None or n == 0 or m == 0 or cluster.any_busy or not fits(n, cluster.n_slots):
+        return None
+    if not is_batch(cost):
+        return None
+    for group in graph.constraint_groups:  # (usually one: unconstrained tasks)
+        if not np.logical_and.reduce(eligibility_mask(graph.tasks[int(group[0])], cluster)):
+            return None  # some task may not run somewhere: the general path rules it out
+    w = np.asarray(cost.compute_matrix(graph.tasks, cluster), dtype=np.float64)
+    if w.shape != (n, m) or not w.flags.c_contiguous:
+        return None
+    table = cost.transfer_table(cluster)
+    dense = table.dense()
+    if dense is None:
+        return None
+    lat_mean, inv_mean = table.affine()
+    arrays = graph.arrays
+    keys = _upward_keys()(
+        w, np.add.reduce(w, axis=1), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
+        float(lat_mean), float(inv_mean),
+    )  # fmt: skip
+    if len(keys) != n:  # a negative, infinite or NaN compute time somewhere
+        return None
+    lat, bw = dense
+    order, out_k, out_s, out_f, out_d = kernel(
+        keys, arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes, _NONE_FIXED[0], w,
+        np.ascontiguousarray(lat), np.ascontiguousarray(bw), float(now), bool(insertion),
+        cluster.slot_base, cluster.slot_counts, *_NONE_BOOKED, *_NONE_FIXED[1:], n,
+    )  # fmt: skip
+    ids, dev_ids = graph.ids, cluster.ids
+    rows = zip(
+        [ids[i] for i in order.tolist()], out_k.tolist(), out_s.tolist(), out_f.tolist(),
+        out_d.tolist(), strict=True,
+    )  # fmt: skip
+    placements = {tid: Placement(tid, dev_ids[d], k, s, f) for tid, k, s, f, d in rows}
+    return Plan(placements=placements, algorithm="heft" if insertion else "heft-noins")
 
 
 Timelines = tuple[
@@ -115,9 +170,19 @@ Timelines = tuple[
 ]  # fmt: skip
 
 
+#: is_fixed, finish, where for a request with nothing fixed (the kernel makes them)
+_NONE_FIXED = (np.zeros(0, dtype=np.bool_), np.zeros(0), np.zeros(0, dtype=np.int64))
+_NONE_BOOKED: Timelines = (
+    np.empty((0, 0)), np.empty((0, 0)), np.empty(0, dtype=np.int64), np.empty(0), np.empty(0),
+)  # fmt: skip
+
+
 def _timelines(slots: ClusterSlots, cluster: Cluster, now: float, n: int) -> Timelines:
-    """Every slot's busy intervals as rows of (starts, finishes), room for n more each."""
+    """Every slot's busy intervals as rows of (starts, finishes), room for n more each;
+    empty rows where no slot has any (the kernel then makes them, cheaper than numpy here)."""
     built = slots.built()
+    if not built:
+        return _NONE_BOOKED
     longest = max((len(tl.starts) for _, lines in built for tl in lines), default=1)
     n_slots = cluster.n_slots
     cap = longest + n

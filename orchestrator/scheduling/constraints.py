@@ -51,7 +51,7 @@ def _codes_in(
 def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
     """Boolean vector over `cluster.devices`: True where `ineligibility` would return None."""
     n = len(cluster)
-    mask = np.ones(n, dtype=np.bool_)
+    mask: NDArray[np.bool_] = cluster.memory >= task.min_memory_mb
     if task.pinned is not None:
         pin = np.zeros(n, dtype=np.bool_)
         if task.pinned in cluster.index:
@@ -63,7 +63,6 @@ def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
         mask &= _codes_in(cluster.kinds, cluster.kind_codes, task.kinds)
     if task.tiers:
         mask &= _codes_in(cluster.tiers, cluster.tier_codes, task.tiers)
-    mask &= cluster.memory >= task.min_memory_mb
     for key, want in task.labels.items():
         entry = cluster.label_codes.get(key)
         if entry is None or want not in entry[0]:
@@ -77,8 +76,9 @@ def eligibility_matrix(graph: TaskGraph, cluster: Cluster) -> NDArray[np.bool_]:
     """tasks x devices eligibility; tasks with identical constraints share one computation."""
     groups = graph.constraint_groups
     if len(groups) == 1:  # one kind of task (often: unconstrained): one row, repeated
-        row = eligibility_mask(graph.tasks[0], cluster)
-        return np.broadcast_to(row, (len(graph), len(cluster))).copy()
+        one = np.empty((len(graph), len(cluster)), dtype=np.bool_)
+        one[:] = eligibility_mask(graph.tasks[0], cluster)
+        return one
     out = np.empty((len(graph), len(cluster)), dtype=np.bool_)
     for rows in groups:
         out[rows] = eligibility_mask(graph.tasks[int(rows[0])], cluster)

@@ -165,10 +165,13 @@ def cost_arrays(
             for j in np.flatnonzero(eligible[i]).tolist():
                 w[i, j] = cost.compute_time(task, devices[j])
         table = GenericTransferTable(cost.transfer_time, devices)
-    if np.any(w < 0):
+    if w.size and np.fmin.reduce(w, axis=None) < 0:  # fmin: NaN (made inf below) skipped
         raise ValueError("cost model returned a negative compute time")
     usable = np.isfinite(w)
     usable &= eligible
     # a new array either way: the model may hand out one it keeps
-    w = np.array(w, order="C") if usable.all() else np.where(usable, w, math.inf)
+    if np.logical_and.reduce(usable, axis=None):
+        w = np.array(w, order="C")
+    else:
+        w = np.where(usable, w, math.inf)
     return w, table

@@ -81,6 +81,7 @@ class Prepared:
     """
 
     __slots__ = (
+        "_zero_rows",
         "cluster",
         "cost",
         "fixed",
@@ -121,6 +122,13 @@ class Prepared:
         for pos, i in enumerate(graph.topo):
             self.topo_pos[i] = pos
         self.memo: dict[str, NDArray[np.float64] | None] = {}
+        self._zero_rows: list[bool] | None = None
+
+    def zero_rows(self) -> list[bool]:
+        """Per task: whether it takes no time on some device (computed once per request)."""
+        if self._zero_rows is None:
+            self._zero_rows = (self.w == 0).any(axis=1).tolist()
+        return self._zero_rows
 
     def upward(self) -> NDArray[np.float64]:
         """HEFT's upward rank (mean compute), computed once per request."""
@@ -265,7 +273,7 @@ class ListScheduler:
             self.finish[i] = p.finish
             self.where[i] = cluster.index[p.device_id]
         self.base = np.full(len(cluster), prep.now, dtype=np.float64)
-        self.has_zero: list[bool] = (prep.w == 0).any(axis=1).tolist()
+        self.has_zero = prep.zero_rows()
 
     def ready(self, i: int) -> NDArray[np.float64]:
         """Data-ready time of task i on every device (all its predecessors are placed)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.scheduling import compiled
 from orchestrator.scheduling.cost import CostModel
 from orchestrator.scheduling.engine import (
     ListScheduler,
@@ -65,4 +66,8 @@ def heft(
     predecessors (ValueError otherwise). Raises Unschedulable, listing every device and why,
     when some task not in `fixed` has no eligible device.
     """
+    if not fixed:
+        plan = compiled.heft_direct(graph, cluster, cost, now, insertion)
+        if plan is not None:
+            return plan
     return heft_prepared(Prepared(graph, cluster, cost, fixed, now), insertion=insertion)

@@ -26,8 +26,9 @@ from orchestrator.scheduling.transfer import TransferTable
 def mean_compute(w: NDArray[np.float64]) -> NDArray[np.float64]:
     """Row means over finite entries (eligible devices); inf for a row with none."""
     finite = np.isfinite(w)
-    if w.shape[1] and finite.all():  # the usual case, in a third of the time: same sums
-        every: NDArray[np.float64] = w.sum(axis=1) / w.shape[1]
+    if w.shape[1] and np.logical_and.reduce(finite, axis=None):
+        # the usual case, in a third of the time: the same sums
+        every: NDArray[np.float64] = np.add.reduce(w, axis=1) / w.shape[1]
         return every
     count = finite.sum(axis=1)
     total = np.where(finite, w, 0.0).sum(axis=1)

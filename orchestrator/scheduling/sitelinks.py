@@ -146,9 +146,9 @@ class SiteView:
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(latency, bandwidth) between devices on sites `site_codes`, device x device: `full()`
         indexed by the codes on both axes, without building the site matrices."""
-        idx = self._codes[site_codes]
-        rows, cols = idx[:, None], idx[None, :]
-        lat, bw = self._arrays[0][rows, cols], self._arrays[1][rows, cols]
+        idx = self._codes.take(site_codes)
+        lat = self._arrays[0].take(idx, axis=0).take(idx, axis=1)
+        bw = self._arrays[1].take(idx, axis=0).take(idx, axis=1)
         unnamed = idx == self._unnamed
         if unnamed.any():  # two devices on one unnamed site: LAN (the shared index is WAN)
             inside = (site_codes[:, None] == site_codes[None, :]) & unnamed[:, None]

@@ -140,8 +140,9 @@ class LinkTransferTable:
                 same_agent = c.agent_codes[:, None] == c.agent_codes[None, :]
                 lat[same_agent] = 0.0
                 bw[same_agent] = self._local_Bps
-            np.fill_diagonal(lat, 0.0)
-            np.fill_diagonal(bw, np.inf)
+            diagonal = slice(None, None, len(c) + 1)  # of the flattened matrices
+            lat.reshape(-1)[diagonal] = 0.0
+            bw.reshape(-1)[diagonal] = np.inf
             self._dense = (lat, bw)
         return self._dense
 
@@ -154,7 +155,11 @@ class LinkTransferTable:
         dense = self.dense()
         if dense is not None:  # the diagonal is 0 latency, infinite bandwidth: no pair
             total = float(n * (n - 1))
-            return float(dense[0].sum()) / total, float((1.0 / dense[1]).sum()) / total
+            inv = np.divide(1.0, dense[1])
+            return (
+                float(np.add.reduce(dense[0], axis=None)) / total,
+                float(np.add.reduce(inv, axis=None)) / total,
+            )
         view = self._view
         counts = np.bincount(c.site_codes, minlength=len(c.sites)).astype(np.float64)
         sum_lat, sum_inv = view.weighted_sums(counts)

@@ -55,7 +55,7 @@ def _windows(rng: random.Random) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def random_cluster(rng: random.Random, n: int) -> Cluster:
+def random_cluster(rng: random.Random, n: int, busy: bool = True) -> Cluster:
     n_sites = rng.randint(1, 3)
     devices = []
     for d in range(n):
@@ -71,7 +71,7 @@ def random_cluster(rng: random.Random, n: int) -> Cluster:
                 memory_mb=rng.choice([512.0, 2048.0, 8192.0]),
                 speed=rng.uniform(0.25, 4.0),
                 labels=rng.choice([{}, {"zone": "a"}, {"zone": "b"}]),
-                busy=_windows(rng),
+                busy=_windows(rng) if busy else (),
             )
         )
     return Cluster(devices)
@@ -103,10 +103,19 @@ def random_task(rng: random.Random, i: int, cluster: Cluster) -> Task:
 
 
 def random_problem(
-    rng: random.Random, n_tasks: int, n_devices: int, flavour: str, now: float
+    rng: random.Random,
+    n_tasks: int,
+    n_devices: int,
+    flavour: str,
+    now: float,
+    busy: bool = True,
+    constrained: bool = True,
 ) -> Problem:
-    cluster = random_cluster(rng, n_devices)
-    tasks = [random_task(rng, i, cluster) for i in range(n_tasks)]
+    cluster = random_cluster(rng, n_devices, busy)
+    if constrained:
+        tasks = [random_task(rng, i, cluster) for i in range(n_tasks)]
+    else:
+        tasks = [Task(f"t{i}", rng.choice([0.0, rng.uniform(0.01, 10.0)])) for i in range(n_tasks)]
     p = rng.uniform(0.0, 0.5)
     scale = 1e-6 if flavour == "matrix" else 1.0
     edges = {
@@ -141,14 +150,24 @@ def random_problem(
 
 
 @st.composite
-def problems(draw: st.DrawFn, max_tasks: int = 14, max_devices: int = 6) -> Problem:
-    """Sizes, cost-model flavour and `now` come from hypothesis; the details from a seed."""
+def problems(
+    draw: st.DrawFn,
+    max_tasks: int = 14,
+    max_devices: int = 6,
+    busy: bool = True,
+    constrained: bool | None = True,
+) -> Problem:
+    """Sizes, cost-model flavour and `now` come from hypothesis; the details from a seed.
+    `busy=False`: no device has busy windows; `constrained=False`: no task has constraints
+    (None: hypothesis picks)."""
     return random_problem(
         random.Random(draw(st.integers(0, 2**32 - 1))),
         draw(st.integers(1, max_tasks)),
         draw(st.integers(1, max_devices)),
         draw(st.sampled_from(["link", "matrix", "plain"])),
         draw(st.sampled_from([0.0, 0.0, 3.5])),
+        busy,
+        draw(st.booleans()) if constrained is None else constrained,
     )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numpy.typing import NDArray
 
 from orchestrator.scheduling import (
     DEFAULT_LAN,
@@ -116,3 +119,37 @@ def test_generic_table_matches_pairs_and_estimates_mean() -> None:
     # every device is in the sample here, and transfer time is affine in bytes
     assert table.mean(4e6) == pytest.approx(_brute_mean(model, cluster, 4e6))
     assert np.isfinite(GenericTransferTable(model.transfer_time, [D0]).mean(1.0))
+
+
+@pytest.mark.parametrize("other", [1.0, math.nan, math.inf])
+def test_cost_arrays_refuse_negative_times_and_mark_unusable_pairs(other: float) -> None:
+    """A negative compute time is an error even beside NaN; NaN and inf become inf (cannot
+    run), as does an ineligible pair; the result is a copy, not the model's own array."""
+    from orchestrator.scheduling.constraints import eligibility_matrix
+    from orchestrator.scheduling.cost import cost_arrays
+    from orchestrator.scheduling.model import TaskGraph
+
+    cluster = Cluster([D0, D1])
+    graph = TaskGraph([Task("a"), Task("b", kinds=frozenset({"gpu"}))], {})
+    eligible = eligibility_matrix(graph, cluster)
+    assert eligible.tolist() == [[True, True], [False, False]]
+    bad = MatrixCostModel({"a": {"d0": -1.0, "d1": other}, "b": {"d0": 1.0, "d1": 1.0}})
+    with pytest.raises(ValueError, match="negative"):
+        cost_arrays(bad, graph.tasks, cluster, eligible)
+    model = MatrixCostModel({"a": {"d0": 2.0, "d1": other}, "b": {"d0": 1.0, "d1": 1.0}})
+    w, _ = cost_arrays(model, graph.tasks, cluster, eligible)
+    want_d1 = other if math.isfinite(other) else math.inf
+    assert w.tolist() == [[2.0, want_d1], [math.inf, math.inf]]
+    everywhere = np.ones((2, 2), dtype=np.bool_)
+
+    class Keeps(MatrixCostModel):
+        """Hands out the same array on every call."""
+
+        kept = np.array([[2.0, 3.0], [1.0, 1.0]])
+
+        def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
+            return self.kept
+
+    w2, _ = cost_arrays(Keeps({}), graph.tasks, cluster, everywhere)
+    w2[0, 0] = 99.0
+    assert Keeps.kept.tolist() == [[2.0, 3.0], [1.0, 1.0]]

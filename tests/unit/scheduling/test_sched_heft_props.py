@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.scheduling import Placement, Plan, Unschedulable, heft
 
-from .sched_problems import Problem, closed_subset, critical_path, problems, usable
+from .sched_problems import (
+    PlainCostModel,
+    Problem,
+    closed_subset,
+    critical_path,
+    problems,
+    usable,
+)
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -169,9 +177,40 @@ def test_requests_too_large_for_the_compiled_loop_plan_the_same(
         return real(*a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(compiled, "run_compiled", counting)
-    fast = heft(graph, cluster, cost)
+    fixed = {"t0": heft(graph, cluster, cost).placements["t0"]}  # general path, not direct
+    fast = heft(graph, cluster, cost, fixed=fixed)
     assert calls == [1]
     monkeypatch.setattr(compiled, "MAX_CELLS", 10)
-    slow = heft(graph, cluster, cost)
+    assert compiled.heft_direct(graph, cluster, cost, 0.0, True) is None
+    slow = heft(graph, cluster, cost, fixed=fixed)
     assert calls == [1]  # not called again
     assert slow.placements == fast.placements
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_tasks=30, max_devices=40, busy=False, constrained=None), st.booleans())
+def test_direct_heft_matches_the_general_path(pb: Problem, insertion: bool) -> None:
+    """`compiled.heft_direct` (ranks, keys and loop compiled, no set-up objects) makes the
+    plan of the general path: upward ranks and keys in Python, the Python or numpy loop."""
+    pytest.importorskip("numba")
+    from orchestrator.scheduling import compiled
+    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.ranks import priority_keys
+
+    try:
+        prep = Prepared(pb.graph, pb.cluster, pb.cost, None, pb.now)
+    except Unschedulable:
+        assert compiled.heft_direct(pb.graph, pb.cluster, pb.cost, pb.now, insertion) is None
+        return
+    keys = priority_keys(prep.upward())
+    loop = "python" if prep.table.dense_lists() is not None else False
+    general = ListScheduler(prep, insertion, lists=loop).run(keys, None, "heft")
+    direct = compiled.heft_direct(pb.graph, pb.cluster, pb.cost, pb.now, insertion)
+    batch = not isinstance(pb.cost, PlainCostModel)
+    everywhere = bool(np.isfinite(prep.w).all())  # every task may run on every device
+    assert (direct is not None) == (batch and everywhere)
+    if direct is not None:
+        assert direct.placements == general.placements
+        assert list(direct.placements) == list(general.placements)
+        assert direct.algorithm == ("heft" if insertion else "heft-noins")
+        direct.validate(pb.graph, pb.cluster, pb.cost, now=pb.now)
