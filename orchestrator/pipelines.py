@@ -35,6 +35,9 @@ class TaskRun:
     finished_s: float | None = None
     duration_s: float | None = None
     predicted_s: float | None = None
+    #: the predictor's uncorrected estimate on the device it was placed on, when planned here
+    #: (what a reported duration is learned against; None: ask the predictor again)
+    base_s: float | None = None
     output_bytes: int = 0
     result: str = ""
     error: str = ""

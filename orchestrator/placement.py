@@ -229,6 +229,7 @@ class Placer:
                 tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, x.token
                 p = placements[tid]
                 tr.predicted_s = p.finish - p.start
+                tr.base_s = planned.cost.base(tid, p.device_id)
                 tr.state = "accepted"
             return
         raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", reasons)

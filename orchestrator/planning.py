@@ -110,6 +110,11 @@ class SpecCostModel:
         e, i, j = self.estimates, self._row[task_id], self._col[device_id]
         return float(e.seconds[i, j]), e.source_name(i, j), float(e.lo[i, j]), float(e.hi[i, j])
 
+    def base(self, task_id: str, device_id: str) -> float | None:
+        """The uncorrected estimate of one task on one device (None for an unknown device)."""
+        j = self._col.get(device_id)
+        return None if j is None else float(self.estimates.base[self._row[task_id], j])
+
     def compute_time(self, task: Task, device: Device) -> float:
         if (task.id, device.id) in self.excluded:
             return math.inf

@@ -213,7 +213,7 @@ class Orchestrator:
         self._stopping.set()
         if self.history is not None:
             with contextlib.suppress(Exception):
-                await self.history.flush()  # what was learned since the last window
+                await self.history.flush(final=True)  # what was learned since the last write
         for t in list(self._tasks):
             t.cancel()
         for t in list(self._tasks):
@@ -330,7 +330,7 @@ class Orchestrator:
         except KeyError:
             return  # the agent left; its device's figures are gone with it
         changed = self.predictor.observe(
-            run.spec_by_id[ev.task_id], key, spec, ev.duration_s, self.wall()
+            run.spec_by_id[ev.task_id], key, spec, ev.duration_s, self.wall(), base_s=tr.base_s
         )
         if changed is not None and self.history is not None:
             self.history.mark(*changed)  # written by the history loop, once per window

@@ -1,5 +1,13 @@
 """Correction history in JetStream KV: one key per (task signature, device), written off the
-hot path, read back on start so a restarted orchestrator keeps what it learned."""
+hot path, read back on start so a restarted orchestrator keeps what it learned.
+
+Not every change is written: a track is first written once it has MIN_SAVE_N observations,
+then again when its observation count has doubled or its factor has moved by MIN_SAVE_SHIFT
+(in log terms) since the last write, and at stop whatever changed. On a fleet running ever
+new work (each task's parameters a little different) every finished task used to cost one
+KV write for a single, noisy sample; now a restart forgets at most a track's last small
+drift, or a track seen once.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +28,24 @@ BUCKET = "MARS_PREDICTOR"
 #: Longest a learned correction waits before it is written to KV.
 FLUSH_EVERY_S = 1.0
 KEYS_ATTEMPTS = 5
+#: Observations a track needs before it is written at all.
+MIN_SAVE_N = 2
+#: Change of log(factor) since the last write that makes a track due again (~5%).
+MIN_SAVE_SHIFT = 0.05
+
+Saved = tuple[int, float]  # a track's (observation count, log factor) when last written
+
+
+def due(track: Track, last: Saved | None, final: bool = False) -> bool:
+    """Whether a changed track is worth a write now (see the module doc); `final`: at stop."""
+    if track.n < MIN_SAVE_N:
+        return False
+    if last is None:
+        return True
+    n0, lf0 = last
+    if final:
+        return (track.n, track.log_factor) != (n0, lf0)
+    return track.n >= 2 * n0 or abs(track.log_factor - lf0) >= MIN_SAVE_SHIFT
 
 
 def kv_key(sig: str, device: str) -> str:
@@ -38,19 +64,34 @@ class History:
         #: device) finish many times a second, and one write per flush window is enough
         self.dirty: set[tuple[str, str]] = set()
         self.changed = asyncio.Event()
+        #: what each track was when last written (or loaded)
+        self.saved: dict[tuple[str, str], Saved] = {}
+        #: changed tracks not yet due (written at stop, or once they are due)
+        self.held: set[tuple[str, str]] = set()
 
     def mark(self, sig: str, device: str) -> None:
         """Note a changed track; `flush` writes it (once, however often it changed)."""
         self.dirty.add((sig, device))
         self.changed.set()
 
-    async def flush(self) -> int:
-        """Write every track marked since the last flush; returns how many were written."""
-        todo, self.dirty = self.dirty, set()
+    async def flush(self, final: bool = False) -> int:
+        """Write every changed track that is due (`final`: every changed one with enough
+        observations); returns how many were written."""
+        todo = self.dirty | self.held
+        self.dirty, self.held = set(), set()
         self.changed.clear()
-        for sig, device in sorted(todo):
-            await self.save(sig, device)
-        return len(todo)
+        written = 0
+        for key in sorted(todo):
+            track = self.corrections.get(*key)
+            if track is None:
+                continue
+            if not due(track, self.saved.get(key), final):
+                if track.n < MIN_SAVE_N or not final:
+                    self.held.add(key)
+                continue
+            await self.save(*key)
+            written += 1
+        return written
 
     async def run(self, stopped: asyncio.Event, every_s: float = FLUSH_EVERY_S) -> None:
         """Flush at most every `every_s` while there is something to write, and once at stop."""
@@ -64,7 +105,7 @@ class History:
             if not stopped.is_set():
                 with contextlib.suppress(TimeoutError):  # gather a window's worth of changes
                     await asyncio.wait_for(stopped.wait(), every_s)
-            await self.flush()
+            await self.flush(final=stopped.is_set())
 
     async def start(self) -> int:
         """Open (or create) the bucket and load every track; returns how many."""
@@ -86,7 +127,8 @@ class History:
             except Exception as exc:
                 log.warning("loading correction %s failed: %s", k, exc)
                 continue
-            self.corrections.put(rec.sig, rec.device, Track(**rec.track.model_dump()))
+            track = self.corrections.put(rec.sig, rec.device, Track(**rec.track.model_dump()))
+            self.saved[(rec.sig, rec.device)] = (track.n, track.log_factor)
             loaded += 1
         return loaded
 
@@ -115,6 +157,7 @@ class History:
         )
         try:
             await self.kv.put(kv_key(sig, device), body)
+            self.saved[(sig, device)] = (track.n, track.log_factor)
             self.writes += 1
         except Exception as exc:
             log.warning("saving correction %s@%s failed: %s", sig, device, exc)

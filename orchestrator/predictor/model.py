@@ -295,12 +295,21 @@ class Predictor:
 
     # -- learning ---------------------------------------------------------------------------
     def observe(
-        self, task: TaskSpec, key: str, device: DeviceSpec, actual_s: float, now: float
+        self,
+        task: TaskSpec,
+        key: str,
+        device: DeviceSpec,
+        actual_s: float,
+        now: float,
+        base_s: float | None = None,
     ) -> tuple[str, str] | None:
-        """A reported duration; returns the (signature, device key) whose track changed."""
-        est = self.estimate([task], [device], [key])
+        """A reported duration; returns the (signature, device key) whose track changed.
+        `base_s`: the uncorrected estimate the plan used, when the caller kept it (saves an
+        inference per finished task); otherwise it is estimated again."""
+        if base_s is None:
+            base_s = float(self.estimate([task], [device], [key]).base[0, 0])
         sig = self.signature(task)
-        if self.corrections.observe(sig, key, float(est.base[0, 0]), actual_s, now):
+        if self.corrections.observe(sig, key, base_s, actual_s, now):
             return sig, key
         track = self.corrections.get(sig, key)
         return (sig, key) if track is not None else None

@@ -143,6 +143,12 @@ async def test_allowlisted_exec_and_python_outputs(cluster: Cluster) -> None:
     assert run.tasks["t0"].result == "exit 0, 11 B"
     assert agent.outputs[(pid, "t1")] == hashlib.sha256(b"ab").hexdigest().encode()
     assert agent.outputs[(pid, "t2")] == b'{"count":1,"kwargs":{"n":2}}'
+    # each finished task is learned against the uncorrected estimate its plan used
+    for tr in run.tasks.values():
+        key = f"{tr.agent_id}:{tr.device_id}"
+        _, dev = orch.view.device_spec(key)
+        want = orch.predictor.estimate([run.spec_by_id[tr.task_id]], [dev], [key]).base[0, 0]
+        assert tr.base_s == pytest.approx(float(want), rel=1e-6)
 
 
 async def test_unlisted_command_is_rejected_with_a_reason_and_never_run(

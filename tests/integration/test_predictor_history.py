@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.pipelines import PipelineRun
-from orchestrator.predictor.history import BUCKET, kv_key
+from orchestrator.predictor.history import BUCKET, History, kv_key
 from orchestrator.predictor.model import task_signature
 from orchestrator.service import Orchestrator
 from schemas import AgentAdvert, PipelineSpec
@@ -96,3 +96,28 @@ async def test_an_unreadable_record_is_skipped_and_the_rest_loaded(
         assert any("unreadable" in r.getMessage() for r in caplog.records)
     finally:
         await b.stop()
+
+
+async def test_a_single_sample_is_not_written_and_a_second_one_is(nats_url: str) -> None:
+    """One report of a (task, device) costs no KV write (not even at stop); the second
+    makes the track worth keeping, and it is written."""
+    a = Orchestrator(nats_url, name="orch-a")
+    await a.start()
+    try:
+        hist = History(a.js, a.predictor.corrections)  # no flush loop: flushed here only
+        await hist.start()
+        task, dev = SPEC.tasks[0], ADVERT.devices[0]
+        changed = a.predictor.observe(task, "a1:cpu", dev, 0.05, 0.0)
+        assert changed is not None
+        hist.mark(*changed)
+        assert await hist.flush() == 0
+        assert await hist.flush(final=True) == 0
+        changed = a.predictor.observe(task, "a1:cpu", dev, 0.05, 1.0)
+        assert changed is not None
+        hist.mark(*changed)
+        assert await hist.flush() == 1 and hist.writes == 1
+        kv = await a.js.key_value(BUCKET)
+        entry = await kv.get(kv_key(task_signature(task), "a1:cpu"))
+        assert decode(bytes(entry.value or b""), CorrectionRecord).track.n == 2
+    finally:
+        await a.stop()

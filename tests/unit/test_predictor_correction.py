@@ -53,3 +53,20 @@ def test_tracks_are_per_signature_and_device_and_round_trip() -> None:
     t = c.get("s", "a")
     assert t is not None and Track(**CorrectionTrack(**t.to_dict()).model_dump()) == t
     assert not c.observe("s", "a", 0.0, 1.0, 0.0)  # nothing to compare against
+
+
+def test_history_writes_a_track_when_it_has_grown_or_moved() -> None:
+    """A single sample is not written; then writes follow count doublings and shifts of the
+    factor, and at stop whatever changed since the last write."""
+    from orchestrator.predictor.correction import Track
+    from orchestrator.predictor.history import MIN_SAVE_N, MIN_SAVE_SHIFT, due
+
+    assert not due(Track(n=1, log_factor=0.5), None)
+    assert not due(Track(n=1, log_factor=0.5), None, final=True)
+    assert due(Track(n=MIN_SAVE_N, log_factor=0.0), None)
+    last = (4, 0.30)
+    assert not due(Track(n=7, log_factor=0.30 + MIN_SAVE_SHIFT / 2), last)
+    assert due(Track(n=8, log_factor=0.30), last)  # doubled
+    assert due(Track(n=5, log_factor=0.30 - 1.01 * MIN_SAVE_SHIFT), last)  # moved
+    assert due(Track(n=5, log_factor=0.30 + MIN_SAVE_SHIFT / 2), last, final=True)
+    assert not due(Track(n=4, log_factor=0.30), last, final=True)  # unchanged

@@ -171,3 +171,26 @@ def test_device_sets_past_the_cap_start_over_with_the_same_answers(
             want = Predictor(model=learned).estimate(tasks, [d]).seconds
             assert np.array_equal(got, want), d.device_id
     assert len(capped._set_ids) <= 3 and len(capped._tables) <= 3
+
+
+def test_observe_with_the_planned_base_learns_the_same_without_an_inference(
+    learned: LearnedModel,
+) -> None:
+    """The orchestrator passes the uncorrected estimate its plan used: the track learns the
+    same as when the predictor estimates it again, and no ONNX Runtime call is made."""
+    spec = PipelineSpec.model_validate(
+        {"name": "p", "tasks": [{"id": "cnn", "run": {"kind": "onnx", "model": "tiny_cnn"}}]}
+    )
+    planned = SpecCostModel(spec, {"a:cpu": CPU}, {}, Predictor(model=learned))
+    base = planned.base("cnn", "a:cpu")
+    assert base is not None and base > 0
+    assert planned.base("cnn", "nowhere") is None
+    again, kept = Predictor(model=learned), Predictor(model=learned)
+    t = spec.tasks[0]
+    for actual in (2.0 * base, 2.1 * base, 1.9 * base):
+        changed = again.observe(t, "a:cpu", CPU, actual, 0.0)
+        calls = kept.ort_calls
+        assert kept.observe(t, "a:cpu", CPU, actual, 0.0, base_s=base) == changed
+        assert kept.ort_calls == calls
+    sig = again.signature(t)
+    assert kept.corrections.get(sig, "a:cpu") == again.corrections.get(sig, "a:cpu")
