@@ -90,8 +90,10 @@ class Submitter:
         return fut
 
 
-async def finish(phase: Phase) -> Counter[str]:
-    """Terminal states of the phase's pipelines (waits for them, bounded)."""
+async def finish(phase: Phase, client: Client) -> Counter[str]:
+    """Terminal states of the phase's pipelines (waits for their events, bounded); for one
+    whose terminal event never came, the orchestrator's status says whether the pipeline is
+    stuck or only its event was lost (pipeline events are core NATS: at most once)."""
     futs = list(phase.pending.values())
     if futs:
         await asyncio.wait(futs, timeout=FINISH_TIMEOUT_S)
@@ -102,9 +104,15 @@ async def finish(phase: Phase) -> Counter[str]:
             states[ev.state] += 1
             if ev.state != "succeeded":
                 phase.refuse(f"pipeline {ev.state}: {ev.reason}")
-        else:
-            states["not terminal"] += 1
-            phase.refuse(f"{pid} not terminal {FINISH_TIMEOUT_S:.0f} s after the phase")
+            continue
+        states["no terminal event"] += 1
+        try:
+            st = await client.status(pid)
+            tasks = Counter(t.state for t in st.tasks)
+            now = f"status {st.state}, tasks {dict(sorted(tasks.items()))}"
+        except (RemoteError, TimeoutError, nats.errors.Error) as exc:
+            now = f"no status: {type(exc).__name__}"
+        phase.refuse(f"{pid} no terminal event {FINISH_TIMEOUT_S:.0f} s after the phase ({now})")
     return states
 
 
@@ -143,7 +151,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
         warm = Phase()
         for _ in range(args.warmup):
             await sub.submit(warm, "warm")
-        await finish(warm)
+        await finish(warm, client)
 
         async def sequential(tag: str, isolated: bool) -> tuple[Phase, Counter[str]]:
             """`--submissions` submissions one after another; `isolated`: each after the
@@ -160,7 +168,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
                              f"{pct(phase.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
             phase.wall_s = time.perf_counter() - t0
             phase.cpu_s = diff(cpu0, services.cpu_seconds())
-            states = await finish(phase)
+            states = await finish(phase, client)
             services.check()
             return phase, states
 
@@ -184,7 +192,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
         thr.wall_s = time.perf_counter() - t0
         thr.cpu_s = diff(cpu0, services.cpu_seconds())
         progress(f"  {len(thr.latencies_s)} submissions; waiting for their pipelines to finish")
-        thr_states = await finish(thr)
+        thr_states = await finish(thr, client)
         services.check()
         return Results(lat, lat_states, iso, iso_states, thr, thr_states, args.submissions)
     finally:

@@ -487,6 +487,21 @@ class Adaptive:
                     left = max(predicted * trig.than_planned.get(p.device_id, 1.0) - ran, 0.0)
                 running[tid] = Placement(tid, p.device_id, p.slot, now - ran, now + left)
                 elapsed[tid] = ran
+        # Events from different agents arrive in any order: a consumer may be reported
+        # started before its producer is reported finished. It had its inputs, so every task
+        # upstream of one started or done has finished: done, by the consumer's start at latest.
+        seen = set(done) | set(running)
+        upstream = [d for t in seen for d in run.spec_by_id[t].deps if d not in seen]
+        while upstream:
+            d = upstream.pop()
+            if d in seen:
+                continue
+            seen.add(d)
+            upstream.extend(x for x in run.spec_by_id[d].deps if x not in seen)
+            starts = [q.start for c in run.children[d] if (q := done.get(c) or running.get(c))]
+            end = min(starts, default=now)
+            p = run.placements[d]
+            done[d] = Placement(d, p.device_id, p.slot, end, end)
         # the planning model reads the cluster view: correct it where it lags behind
         slower: dict[str, float] = {}
         for dev, after in trig.speeds.items():

@@ -132,3 +132,32 @@ async def test_a_task_running_late_is_priced_and_logged(nats_url: str) -> None:
         assert run.state == "succeeded" and d.line() in run.placement_log
     finally:
         await stop_cluster(orch, agents)
+
+
+async def test_a_consumer_reported_started_before_its_producer_finished_is_priced(
+    nats_url: str,
+) -> None:
+    """Events from two agents arrive in any order: `work` may be reported started while
+    `gate`'s own events are still on their way. Pricing treats `gate` as finished by then
+    (it used to fail: "fixed 'work' has predecessors that are not fixed")."""
+    from orchestrator.adaptive import Trigger
+
+    orch, agents = await start_cluster(nats_url, configs())
+    try:
+        await orch.submit_spec(spec(), "p")
+        run = orch.pipelines["p"]
+        gate, work = run.tasks["gate"], run.tasks["work"]
+        saved = [(t.state, t.started_s) for t in (gate, work)]
+        # no await from here to the restore: the event loop cannot apply real events between
+        gate.state, gate.started_s = "accepted", None
+        work.state, work.started_s = "started", 0.01
+        s = orch.adaptive.situation(run, Trigger("late", "work", {}, late_task="work"))
+        (gate.state, gate.started_s), (work.state, work.started_s) = saved
+        assert s is not None
+        assert set(s.running) == {"work"} and set(s.done) == {"gate"}
+        assert s.done["gate"].finish <= s.running["work"].start
+        assert s.done["gate"].device_id == run.placements["gate"].device_id
+        run = await orch.wait_terminal("p", 30.0)
+        assert run.state == "succeeded", run.reason
+    finally:
+        await stop_cluster(orch, agents)
