@@ -129,7 +129,8 @@ class Services:
 
 @contextlib.contextmanager
 def log_dir(prefix: str) -> Iterator[Path]:
-    """A temp directory for child logs, kept (and named) only when the run fails."""
+    """A temp directory for child logs, kept (and named) only when the run fails, when
+    `keep_logs` was called, or with MARS_KEEP_LOGS set."""
     path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield path
@@ -137,10 +138,21 @@ def log_dir(prefix: str) -> Iterator[Path]:
         progress(f"child process logs kept in {path}")
         raise
     else:
-        if os.environ.get("MARS_KEEP_LOGS"):
+        marker = path / KEEP_MARKER
+        if marker.exists():
+            progress(f"child process logs kept in {path} ({marker.read_text()})")
+        elif os.environ.get("MARS_KEEP_LOGS"):
             progress(f"child process logs kept in {path} (MARS_KEEP_LOGS)")
         else:
             shutil.rmtree(path, ignore_errors=True)
+
+
+KEEP_MARKER = "KEPT-BECAUSE"
+
+
+def keep_logs(path: Path, why: str) -> None:
+    """Keep `log_dir`'s directory at the end of a run that did not fail, saying why."""
+    (path / KEEP_MARKER).write_text(why)
 
 
 async def api_instances(nc: NATS, window_s: float = 0.3) -> int:

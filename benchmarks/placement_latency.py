@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 
 import nats.errors
 
-from benchmarks.booking_stress import Services, Terminals, log_dir, normalise_reason, wait_ready
+from benchmarks.booking_stress import (
+    Services,
+    Terminals,
+    keep_logs,
+    log_dir,
+    normalise_reason,
+    wait_ready,
+)
 from benchmarks.common import pct, progress, table
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
@@ -292,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"nats-server on {srv.url}")
         with Services(logs) as services:
             results = asyncio.run(drive(srv.url, args, services))
+        states = (results.latency_states, results.isolated_states, results.throughput_states)
+        if any(s["no terminal event"] for s in states):
+            keep_logs(logs, "a pipeline got no terminal event")
     return report(args, results, time.perf_counter() - t0)
 
 

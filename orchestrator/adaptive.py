@@ -68,6 +68,10 @@ MOVE_OVERHEAD_S = 0.02
 #: A consumer is not moved while one of its producers is projected to finish within this:
 #: the move (cancel, re-offer, reroute) must land before that producer ships its output.
 MOVE_RACE_S = 0.5
+#: At most one lateness pricing per pipeline in this long: on a loaded orchestrator the tasks
+#: of one pipeline go late together (the same cause), and each pricing re-plans the pipeline
+#: twice; a task found late within the gap is looked at again when it ends.
+LATE_GAP_S = 0.25
 
 
 # -- the rule (pure) ------------------------------------------------------------------------------
@@ -337,6 +341,8 @@ class Adaptive:
         self.decisions: list[Decision] = []
         self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
         self._speeds: dict[str, float] = {}
+        #: pipeline -> when (mono) a late task of it was last priced
+        self._priced_late: dict[str, float] = {}
         #: Decisions are taken one at a time (they take milliseconds; moves go through the
         #: placement loop, itself serialised per replica).
         self._lock = asyncio.Lock()
@@ -388,6 +394,18 @@ class Adaptive:
             loop = asyncio.get_running_loop()
             self._timers[key] = loop.call_later(due - elapsed + 1e-3, self._late, key)
             return
+        mono = self.o.mono()
+        last = self._priced_late.get(pid)
+        if last is not None and mono - last < LATE_GAP_S:
+            loop = asyncio.get_running_loop()
+            self._timers[key] = loop.call_later(last + LATE_GAP_S - mono, self._late, key)
+            return
+        if len(self._priced_late) >= 4096:  # forget pipelines that ended
+            self._priced_late = {
+                p: t for p, t in self._priced_late.items()
+                if (r := self.o.pipelines.get(p)) is not None and not r.terminal
+            }  # fmt: skip
+        self._priced_late[pid] = mono
         dev = f"{tr.agent_id}:{tr.device_id}"
         ratio = elapsed / tr.predicted_s
         trig = Trigger(

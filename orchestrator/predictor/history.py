@@ -66,7 +66,8 @@ class History:
         self.changed = asyncio.Event()
         #: what each track was when last written (or loaded)
         self.saved: dict[tuple[str, str], Saved] = {}
-        #: changed tracks not yet due (written at stop, or once they are due)
+        #: changed tracks with enough samples but not due yet: written at stop unless a
+        #: later change makes them due first (a periodic flush looks only at `dirty`)
         self.held: set[tuple[str, str]] = set()
 
     def mark(self, sig: str, device: str) -> None:
@@ -77,18 +78,18 @@ class History:
     async def flush(self, final: bool = False) -> int:
         """Write every changed track that is due (`final`: every changed one with enough
         observations); returns how many were written."""
-        todo = self.dirty | self.held
-        self.dirty, self.held = set(), set()
+        todo = self.dirty | self.held if final else self.dirty
+        self.dirty = set()
         self.changed.clear()
         written = 0
         for key in sorted(todo):
             track = self.corrections.get(*key)
-            if track is None:
-                continue
+            if track is None or track.n < MIN_SAVE_N:
+                continue  # marked again when it changes
             if not due(track, self.saved.get(key), final):
-                if track.n < MIN_SAVE_N or not final:
-                    self.held.add(key)
+                self.held.add(key)
                 continue
+            self.held.discard(key)
             await self.save(*key)
             written += 1
         return written

@@ -112,6 +112,7 @@ async def test_a_single_sample_is_not_written_and_a_second_one_is(nats_url: str)
         hist.mark(*changed)
         assert await hist.flush() == 0
         assert await hist.flush(final=True) == 0
+        assert not hist.held and not hist.dirty  # nothing kept around for a single sample
         changed = a.predictor.observe(task, "a1:cpu", dev, 0.05, 1.0)
         assert changed is not None
         hist.mark(*changed)

@@ -3,8 +3,11 @@ the what-if decision on hand-made situations."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
+from collections.abc import Coroutine
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -131,3 +134,58 @@ def test_a_running_task_may_restart_elsewhere_paying_its_progress() -> None:
     d = decide("p", "drift", s)
     assert d.replan and "b" in d.moved
     assert d.cost_s >= 0.5  # the half second b had run is lost
+
+
+class _Orch:
+    """What `Adaptive._late` reads of an orchestrator: its pipelines, its clock, its spawner."""
+
+    def __init__(self) -> None:
+        from orchestrator.pipelines import PipelineRun
+
+        self.pipelines: dict[str, PipelineRun] = {}
+        self.now = 100.0
+        self.priced: list[str] = []
+
+    def mono(self) -> float:
+        return self.now
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        coro.close()
+
+
+async def test_late_tasks_of_one_pipeline_are_priced_once_per_gap() -> None:
+    """Two tasks of one pipeline late together: one pricing now, the other when the gap
+    ends (if it is still running then); another pipeline is not held back."""
+    from orchestrator.adaptive import LATE_GAP_S, Adaptive, Trigger
+    from orchestrator.pipelines import PipelineRun
+    from schemas import PipelineSpec
+
+    orch = _Orch()
+    spec = PipelineSpec.model_validate({"name": "p", "tasks": [
+        {"id": t, "run": {"kind": "synthetic", "seconds": 0.001}} for t in ("a", "b")
+    ]})  # fmt: skip
+    for pid in ("p1", "p2"):
+        run = PipelineRun(pid, spec, 0.0)
+        run.committed_at = 0.0
+        for tr in run.tasks.values():
+            tr.state, tr.token, tr.started_s, tr.predicted_s = "started", 1, 0.0, 0.001
+            tr.agent_id, tr.device_id = "x", "cpu0"
+        orch.pipelines[pid] = run
+    ad = Adaptive(orch)  # type: ignore[arg-type]
+
+    def pricing(run: PipelineRun, trig: Trigger) -> Coroutine[Any, Any, None]:
+        orch.priced.append(f"{run.pipeline_id}/{trig.late_task}")
+        return asyncio.sleep(0)
+
+    ad.consider = pricing  # type: ignore[method-assign]
+    ad._late(("p1", "a", 1))
+    ad._late(("p1", "b", 1))
+    ad._late(("p2", "a", 1))
+    assert orch.priced == ["p1/a", "p2/a"]  # p1's b waits; p2 is not held back by p1
+    held = ad._timers[("p1", "b", 1)]
+    assert held.when() - asyncio.get_running_loop().time() <= LATE_GAP_S + 1e-3
+    held.cancel()
+    orch.now += LATE_GAP_S
+    ad._late(("p1", "b", 1))
+    assert orch.priced == ["p1/a", "p2/a", "p1/b"]
+    ad.stop()
