@@ -152,6 +152,24 @@ class PipelineRun:
             self.finish("succeeded", "", now)
         return self.state if self.state != before else None
 
+    def stalled(self, now: float, after_s: float) -> list[str]:
+        """Tasks committed and free to start (every input's producer succeeded) that have
+        not been reported started for more than `after_s` since they became free."""
+        if self.terminal or self.committed_at is None:
+            return []
+        t = self._clock(now)
+        out = []
+        for spec in self.spec.tasks:
+            if self.tasks[spec.id].state != "accepted":
+                continue
+            deps = [self.tasks[d] for d in spec.deps]
+            if any(d.state != "succeeded" for d in deps):
+                continue
+            free_since = max((d.finished_s or 0.0 for d in deps), default=0.0)
+            if t - free_since > after_s:
+                out.append(spec.id)
+        return out
+
     def finish(self, state: PipelineState, reason: str, now: float) -> None:
         self.state = state
         self.reason = reason

@@ -68,6 +68,9 @@ OFFER_TIMEOUT_S = 2.0
 COMMIT_BACKOFF_S = 0.2
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
+#: A task free to start (committed, inputs made) but not reported started for this long is
+#: logged and its agent asked to start it again (commits are idempotent).
+STALL_S = 10.0
 PIPELINES_BUCKET = "MARS_PIPELINES"
 #: Finished pipelines kept in memory (all of them stay readable from KV; `list` shows the
 #: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
@@ -85,8 +88,12 @@ class Orchestrator:
         name: str | None = None,
         plan_budget_s: float = PLAN_BUDGET_S,
         owner_lease_s: float = OWNER_LEASE_S,
+        stall_s: float = STALL_S,
     ) -> None:
         self.nats_url = nats_url
+        self.stall_s = stall_s
+        #: (pipeline, task, token) already reported stalled
+        self._stalls: set[tuple[str, str, int]] = set()
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
@@ -191,6 +198,7 @@ class Orchestrator:
         await nc.flush()
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
+        self._spawn(self._stall_loop())
         self._spawn(self.failover.run())
         await self.adaptive.start()
         # long-lived objects made at start need no more GC scans; fewer full collections
@@ -537,6 +545,37 @@ class Orchestrator:
                     await self.store.renew(key, pids, now + self.lease_s, now)
                 except Exception as exc:
                     log.warning("renewing %s failed: %s", key, exc)
+
+    async def _stall_loop(self) -> None:
+        """Watch for tasks free to start that never start: say so once per task, and ask
+        their agents again. Events are core NATS on the live path; a task whose start and
+        end both went missing, or a commit an agent took but did not act on, would otherwise
+        hold its pipeline open for ever."""
+        while True:
+            await asyncio.sleep(self.stall_s / 2)  # a watchdog's cadence
+            now = self._now()
+            live = set()
+            for run in list(self.pipelines.values()):
+                if run.terminal or not self.failover.may_act(run.pipeline_id):
+                    continue
+                live.add(run.pipeline_id)
+                stalled = run.stalled(now, self.stall_s)
+                fresh = [
+                    t for t in stalled
+                    if (run.pipeline_id, t, run.tasks[t].token) not in self._stalls
+                ]  # fmt: skip
+                for t in fresh:
+                    tr = run.tasks[t]
+                    self._stalls.add((run.pipeline_id, t, tr.token))
+                    log.warning(
+                        "pipeline %s: task %s free to start on %s:%s (token %d) for over %.0f s "
+                        "and not started; asking again",
+                        run.pipeline_id, t, tr.agent_id, tr.device_id, tr.token, self.stall_s,
+                    )  # fmt: skip
+                if stalled:
+                    run.note(f"stalled, commit sent again: {', '.join(stalled)}")
+                    self._spawn(self._commit_all(run, set(stalled)))
+            self._stalls = {s for s in self._stalls if s[0] in live}
 
     async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
         assert self.nc is not None

@@ -59,3 +59,16 @@ def test_stale_token_or_wrong_agent_is_ignored() -> None:
     assert r.stale_events == 2 and r.state == "running"
     assert r.apply(ev("e3", "a", "failed", 10), 2.0) == "failed"
     assert "task a failed" in r.reason
+
+
+def test_a_task_is_stalled_only_when_free_to_start_for_long() -> None:
+    r = run()  # committed at 1.0; a has no inputs, b needs a
+    assert r.stalled(now=1.0 + 5.0, after_s=10.0) == []
+    assert r.stalled(now=1.0 + 10.5, after_s=10.0) == ["a"]  # b waits for a: not stalled
+    r.apply(ev("e1", "a", "started", 10), now=12.0)
+    assert r.stalled(now=12.0, after_s=10.0) == []
+    r.apply(ev("e2", "a", "succeeded", 10), now=13.0)  # b free from 12 s on its clock
+    assert r.stalled(now=13.0 + 9.0, after_s=10.0) == []
+    assert r.stalled(now=13.0 + 10.5, after_s=10.0) == ["b"]
+    r.apply(ev("e3", "b", "succeeded", 11), now=24.0)
+    assert r.terminal and r.stalled(now=100.0, after_s=10.0) == []
