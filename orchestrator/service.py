@@ -547,10 +547,10 @@ class Orchestrator:
                     log.warning("renewing %s failed: %s", key, exc)
 
     async def _stall_loop(self) -> None:
-        """Watch for tasks free to start that never start: say so once per task, and ask
-        their agents again. Events are core NATS on the live path; a task whose start and
-        end both went missing, or a commit an agent took but did not act on, would otherwise
-        hold its pipeline open for ever."""
+        """Watch for tasks free to start that never start: say so once per task, ask their
+        agents again and read the pipeline's events again from the stream. Events reach us
+        on a core NATS subscription; a task whose start and end both missed it, or a commit
+        an agent took but did not act on, would otherwise hold its pipeline open for ever."""
         while True:
             await asyncio.sleep(self.stall_s / 2)  # a watchdog's cadence
             now = self._now()
@@ -575,7 +575,16 @@ class Orchestrator:
                 if stalled:
                     run.note(f"stalled, commit sent again: {', '.join(stalled)}")
                     self._spawn(self._commit_all(run, set(stalled)))
+                    self._spawn(self._replay_quietly(run))
             self._stalls = {s for s in self._stalls if s[0] in live}
+
+    async def _replay_quietly(self, run: PipelineRun) -> None:
+        """The pipeline's task events again from MARS_EVENTS: a start or end that reached the
+        stream but not our live subscription is applied (repeats are ignored by event id)."""
+        try:
+            await self.failover.replay(run)
+        except Exception as exc:
+            log.warning("replaying events of %s failed: %s", run.pipeline_id, exc)
 
     async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
         assert self.nc is not None

@@ -53,3 +53,43 @@ async def test_a_commit_taken_but_not_acted_on_is_sent_again(
     finally:
         await agent.stop()
         await orch.stop()
+
+
+async def test_task_events_the_live_subscription_missed_are_read_from_the_stream(
+    nats_url: str,
+) -> None:
+    """The task ran and its events reached MARS_EVENTS, but not the orchestrator's live
+    subscription: the watchdog replays the pipeline's events and the pipeline ends."""
+    from nats.aio.msg import Msg
+
+    orch = Orchestrator(nats_url, stall_s=0.4)
+    live = orch._on_live_task_event
+    missed: list[str] = []
+
+    async def lossy(msg: Msg) -> None:
+        if msg.subject.endswith(".t"):  # every live event of task t is lost
+            missed.append(msg.subject)
+            return
+        await live(msg)
+
+    orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
+    await orch.start()
+    agent = RecordingAgent(
+        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
+        agent_id="a1", calibrate=False,
+    )  # fmt: skip
+    await agent.start()
+    try:
+        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        spec = PipelineSpec.model_validate({"name": "p", "tasks": [
+            {"id": "t", "run": {"kind": "synthetic", "seconds": 0.01}},
+            {"id": "u", "run": {"kind": "synthetic", "seconds": 0.01}, "deps": ["t"]},
+        ]})  # fmt: skip
+        await orch.submit_spec(spec, "p")
+        run = await orch.wait_terminal("p", 10.0)
+        assert run.state == "succeeded", run.reason
+        assert missed  # the live path really lost them
+        assert run.tasks["t"].state == "succeeded"  # known only from the stream
+    finally:
+        await agent.stop()
+        await orch.stop()
