@@ -28,6 +28,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nats.errors
 
@@ -302,7 +303,20 @@ def main(argv: list[str] | None = None) -> int:
         states = (results.latency_states, results.isolated_states, results.throughput_states)
         if any(s["no terminal event"] for s in states):
             keep_logs(logs, "a pipeline got no terminal event")
-    return report(args, results, time.perf_counter() - t0)
+        stalls = stalled_tasks(logs / "orchestrator.log")
+        if stalls:
+            keep_logs(logs, f"the orchestrator's watchdog found {stalls} stalled task(s)")
+    rc = report(args, results, time.perf_counter() - t0)
+    print(f"tasks the orchestrator's watchdog found stalled (free to start, not started): {stalls}")
+    return rc
+
+
+def stalled_tasks(log: Path) -> int:
+    """How many stalled tasks the orchestrator's watchdog reported in its log."""
+    if not log.exists():
+        return 0
+    with log.open("rb") as fh:
+        return sum(1 for line in fh if b"free to start on" in line)
 
 
 if __name__ == "__main__":
