@@ -153,8 +153,9 @@ class PipelineRun:
         return self.state if self.state != before else None
 
     def stalled(self, now: float, after_s: float) -> list[str]:
-        """Tasks committed and free to start (every input's producer succeeded) that have
-        not been reported started for more than `after_s` since they became free."""
+        """Tasks committed and free to start (every input's producer succeeded, and their
+        planned start, which counts the queue on their device, has come) that have not been
+        reported started for more than `after_s` since."""
         if self.terminal or self.committed_at is None:
             return []
         t = self._clock(now)
@@ -165,7 +166,10 @@ class PipelineRun:
             deps = [self.tasks[d] for d in spec.deps]
             if any(d.state != "succeeded" for d in deps):
                 continue
-            free_since = max((d.finished_s or 0.0 for d in deps), default=0.0)
+            planned = self.placements.get(spec.id)
+            free_since = max(
+                [d.finished_s or 0.0 for d in deps] + [planned.start if planned else 0.0]
+            )
             if t - free_since > after_s:
                 out.append(spec.id)
         return out

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -94,6 +95,8 @@ class Orchestrator:
         self.stall_s = stall_s
         #: (pipeline, task, token) already reported stalled
         self._stalls: set[tuple[str, str, int]] = set()
+        #: pipeline -> when its events were last read again for a stall
+        self._stall_replays: dict[str, float] = {}
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
@@ -575,8 +578,11 @@ class Orchestrator:
                 if stalled:
                     run.note(f"stalled, commit sent again: {', '.join(stalled)}")
                     self._spawn(self._commit_all(run, set(stalled)))
-                    self._spawn(self._replay_quietly(run))
+                    if now - self._stall_replays.get(run.pipeline_id, -math.inf) >= self.stall_s:
+                        self._stall_replays[run.pipeline_id] = now
+                        self._spawn(self._replay_quietly(run))
             self._stalls = {s for s in self._stalls if s[0] in live}
+            self._stall_replays = {p: t for p, t in self._stall_replays.items() if p in live}
 
     async def _replay_quietly(self, run: PipelineRun) -> None:
         """The pipeline's task events again from MARS_EVENTS: a start or end that reached the

@@ -72,3 +72,12 @@ def test_a_task_is_stalled_only_when_free_to_start_for_long() -> None:
     assert r.stalled(now=13.0 + 10.5, after_s=10.0) == ["b"]
     r.apply(ev("e3", "b", "succeeded", 11), now=24.0)
     assert r.terminal and r.stalled(now=100.0, after_s=10.0) == []
+
+
+def test_a_task_queued_behind_others_is_not_stalled_before_its_planned_start() -> None:
+    from orchestrator.scheduling import Placement
+
+    r = run()
+    r.placements = {"a": Placement("a", "ag:cpu0", 0, 30.0, 31.0)}  # queued: starts at 30 s
+    assert r.stalled(now=1.0 + 35.0, after_s=10.0) == []
+    assert r.stalled(now=1.0 + 40.5, after_s=10.0) == ["a"]
