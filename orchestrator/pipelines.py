@@ -174,6 +174,19 @@ class PipelineRun:
                 out.append(spec.id)
         return out
 
+    def overdue(self, now: float, after_s: float, factor: float) -> list[str]:
+        """Tasks reported started whose end has not been reported `after_s` plus `factor`
+        times their predicted duration after their start (a long task is not late by this
+        rule; a lost end event is)."""
+        if self.terminal or self.committed_at is None:
+            return []
+        t = self._clock(now)
+        return [
+            tid for tid, tr in self.tasks.items()
+            if tr.state == "started" and tr.started_s is not None
+            and t - tr.started_s > after_s + factor * (tr.predicted_s or 0.0)
+        ]  # fmt: skip
+
     def finish(self, state: PipelineState, reason: str, now: float) -> None:
         self.state = state
         self.reason = reason

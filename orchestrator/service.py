@@ -72,6 +72,9 @@ LEASE_S = 15.0
 #: A task free to start (committed, inputs made) but not reported started for this long is
 #: logged and its agent asked to start it again (commits are idempotent).
 STALL_S = 10.0
+#: A started task whose end is not reported within STALL_S + this many times its predicted
+#: duration has its pipeline's events read again (its end event may have been missed).
+OVERDUE_FACTOR = 3.0
 PIPELINES_BUCKET = "MARS_PIPELINES"
 #: Finished pipelines kept in memory (all of them stay readable from KV; `list` shows the
 #: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
@@ -93,8 +96,8 @@ class Orchestrator:
     ) -> None:
         self.nats_url = nats_url
         self.stall_s = stall_s
-        #: (pipeline, task, token) already reported stalled
-        self._stalls: set[tuple[str, str, int]] = set()
+        #: (pipeline, task, token, "stalled" or "overdue") already reported
+        self._stalls: set[tuple[str, str, int, str]] = set()
         #: pipeline -> when its events were last read again for a stall
         self._stall_replays: dict[str, float] = {}
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
@@ -550,10 +553,11 @@ class Orchestrator:
                     log.warning("renewing %s failed: %s", key, exc)
 
     async def _stall_loop(self) -> None:
-        """Watch for tasks free to start that never start: say so once per task, ask their
-        agents again and read the pipeline's events again from the stream. Events reach us
-        on a core NATS subscription; a task whose start and end both missed it, or a commit
-        an agent took but did not act on, would otherwise hold its pipeline open for ever."""
+        """Watch for tasks free to start that never start, and started ones whose end never
+        comes: say so once per task, ask their agents again (the first kind) and read the
+        pipeline's events again from the stream. Events reach us on a core NATS subscription;
+        a task whose events missed it, or a commit an agent took but did not act on, would
+        otherwise hold its pipeline open for ever."""
         while True:
             await asyncio.sleep(self.stall_s / 2)  # a watchdog's cadence
             now = self._now()
@@ -565,11 +569,11 @@ class Orchestrator:
                 stalled = run.stalled(now, self.stall_s)
                 fresh = [
                     t for t in stalled
-                    if (run.pipeline_id, t, run.tasks[t].token) not in self._stalls
+                    if (run.pipeline_id, t, run.tasks[t].token, "stalled") not in self._stalls
                 ]  # fmt: skip
                 for t in fresh:
                     tr = run.tasks[t]
-                    self._stalls.add((run.pipeline_id, t, tr.token))
+                    self._stalls.add((run.pipeline_id, t, tr.token, "stalled"))
                     log.warning(
                         "pipeline %s: task %s free to start on %s:%s (token %d) for over %.0f s "
                         "and not started; asking again",
@@ -578,9 +582,20 @@ class Orchestrator:
                 if stalled:
                     run.note(f"stalled, commit sent again: {', '.join(stalled)}")
                     self._spawn(self._commit_all(run, set(stalled)))
-                    if now - self._stall_replays.get(run.pipeline_id, -math.inf) >= self.stall_s:
-                        self._stall_replays[run.pipeline_id] = now
-                        self._spawn(self._replay_quietly(run))
+                overdue = run.overdue(now, self.stall_s, OVERDUE_FACTOR)
+                for t in overdue:
+                    tr = run.tasks[t]
+                    if (run.pipeline_id, t, tr.token, "overdue") not in self._stalls:
+                        self._stalls.add((run.pipeline_id, t, tr.token, "overdue"))
+                        log.warning(
+                            "pipeline %s: task %s started on %s:%s (token %d) but not reported "
+                            "finished, far past its prediction; reading its events again",
+                            run.pipeline_id, t, tr.agent_id, tr.device_id, tr.token,
+                        )  # fmt: skip
+                due = now - self._stall_replays.get(run.pipeline_id, -math.inf) >= self.stall_s
+                if (stalled or overdue) and due:
+                    self._stall_replays[run.pipeline_id] = now
+                    self._spawn(self._replay_quietly(run))
             self._stalls = {s for s in self._stalls if s[0] in live}
             self._stall_replays = {p: t for p, t in self._stall_replays.items() if p in live}
 

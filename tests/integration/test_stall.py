@@ -93,3 +93,43 @@ async def test_task_events_the_live_subscription_missed_are_read_from_the_stream
     finally:
         await agent.stop()
         await orch.stop()
+
+
+async def test_a_lost_end_event_is_read_from_the_stream(nats_url: str) -> None:
+    """Task t's start reached the orchestrator, its end only the stream: t is overdue after
+    the stall time plus a few predicted durations, and the watchdog reads the events again."""
+    from nats.aio.msg import Msg
+
+    from schemas.codec import decode
+    from schemas.events import TaskEvent
+
+    orch = Orchestrator(nats_url, stall_s=0.4)
+    live = orch._on_live_task_event
+    missed: list[str] = []
+
+    async def lossy(msg: Msg) -> None:
+        ev = decode(msg.data, TaskEvent)
+        if ev.task_id == "t" and ev.state == "succeeded":
+            missed.append(ev.event_id)
+            return
+        await live(msg)
+
+    orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
+    await orch.start()
+    agent = RecordingAgent(
+        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
+        agent_id="a1", calibrate=False,
+    )  # fmt: skip
+    await agent.start()
+    try:
+        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        spec = PipelineSpec.model_validate(
+            {"name": "p", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0.01}}]}
+        )
+        await orch.submit_spec(spec, "p")
+        run = await orch.wait_terminal("p", 10.0)
+        assert run.state == "succeeded", run.reason
+        assert missed  # the end really missed the live path
+    finally:
+        await agent.stop()
+        await orch.stop()

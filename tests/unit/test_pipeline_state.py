@@ -81,3 +81,13 @@ def test_a_task_queued_behind_others_is_not_stalled_before_its_planned_start() -
     r.placements = {"a": Placement("a", "ag:cpu0", 0, 30.0, 31.0)}  # queued: starts at 30 s
     assert r.stalled(now=1.0 + 35.0, after_s=10.0) == []
     assert r.stalled(now=1.0 + 40.5, after_s=10.0) == ["a"]
+
+
+def test_a_started_task_is_overdue_only_far_past_its_prediction() -> None:
+    r = run()
+    r.tasks["a"].predicted_s = 4.0
+    r.apply(ev("e1", "a", "started", 10), now=2.0)  # started at 1 s on the run's clock
+    assert r.overdue(now=1.0 + 1.0 + 10.0 + 3 * 4.0 - 0.5, after_s=10.0, factor=3.0) == []
+    assert r.overdue(now=1.0 + 1.0 + 10.0 + 3 * 4.0 + 0.5, after_s=10.0, factor=3.0) == ["a"]
+    r.apply(ev("e2", "a", "succeeded", 10), now=30.0)
+    assert r.overdue(now=100.0, after_s=10.0, factor=3.0) == []
