@@ -130,7 +130,8 @@ def summarise(fi, cnt, hor, head, base, nsl, d, tail, dhor, free):
 
 @njit
 def by_source(n, e_src, e_dst, e_b):
-    """Successor lists (CSR, in edge order within a task): pointers, targets, bytes."""
+    """Edge lists per source task (CSR, in edge order within a task): pointers, the other
+    ends, bytes. With the ends swapped: predecessor lists."""
     ptr = np.zeros(n + 1, dtype=np.int64)
     for e in range(e_src.shape[0]):
         ptr[e_src[e] + 1] += 1
@@ -182,9 +183,9 @@ def upward_keys(w, total, topo_pos, e_src, e_dst, e_b, lat_mean, inv_mean):
     for i in range(n):
         if math.isfinite(rank[i]) and abs(rank[i]) > scale:
             scale = abs(rank[i])
-    if scale == 0.0:
-        return keys
     quantum = scale * 2.0**-30
+    if quantum == 0.0:  # as `ranks.priority_keys`: all tie
+        return keys
     for i in range(n):
         r = rank[i] if math.isfinite(rank[i]) else scale * 2.0
         keys[i] = int(-np.rint(r / quantum))
@@ -219,31 +220,14 @@ def kernel(
     out_s = np.zeros(n_todo)
     out_f = np.zeros(n_todo)
     out_d = np.zeros(n_todo, dtype=np.int64)
-    # predecessor and successor lists (CSR) by counting sort of the edges; their order
-    # does not matter: arrival times are combined by max, and the heap order is total
-    pred_ptr = np.zeros(n + 1, dtype=np.int64)
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    # predecessor and successor lists (CSR); their order does not matter: arrival times are
+    # combined by max, and the heap order is total
+    pred_ptr, pred_idx, pred_b = by_source(n, e_dst, e_src, e_b)
+    succ_ptr, succ_idx, _ = by_source(n, e_src, e_dst, e_b)
     waiting = np.zeros(n, dtype=np.int64)
     for e in range(n_e):
-        pred_ptr[e_dst[e] + 1] += 1
-        succ_ptr[e_src[e] + 1] += 1
         if not is_fixed[e_src[e]]:
             waiting[e_dst[e]] += 1
-    for i in range(n):
-        pred_ptr[i + 1] += pred_ptr[i]
-        succ_ptr[i + 1] += succ_ptr[i]
-    pred_idx = np.empty(n_e, dtype=np.int64)
-    pred_b = np.empty(n_e)
-    succ_idx = np.empty(n_e, dtype=np.int64)
-    pfill = pred_ptr[:-1].copy()
-    sfill = succ_ptr[:-1].copy()
-    for e in range(n_e):
-        a, b = e_src[e], e_dst[e]
-        pred_idx[pfill[b]] = a
-        pred_b[pfill[b]] = e_b[e]
-        pfill[b] += 1
-        succ_idx[sfill[a]] = b
-        sfill[a] += 1
     # the ready heap holds task indices, ordered by (key, topological position)
     hk = keys
     hp = topo_pos

@@ -98,20 +98,27 @@ def run_compiled(sched: ListScheduler, keys: Sequence[int], algorithm: str, dens
     finish = np.array(sched.finish, dtype=np.float64)
     where = np.array(sched.where, dtype=np.int64)
     lat, bw = dense
-    order, out_k, out_s, out_f, out_d = _get()(
+    out = _get()(
         np.array(keys, dtype=np.int64), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
         is_fixed, np.ascontiguousarray(prep.w), np.ascontiguousarray(lat),
         np.ascontiguousarray(bw), float(prep.now), bool(sched.insertion), cluster.slot_base,
         cluster.slot_counts, st, fi, cnt, hor, head, finish, where, len(prep.todo),
     )  # fmt: skip
-    ids, dev_ids, placements = graph.ids, cluster.ids, sched.placements
+    _collect(graph, cluster, out, sched.placements)
+    return Plan(placements=sched.placements, algorithm=algorithm)
+
+
+def _collect(graph: TaskGraph, cluster: Cluster, out: Any, into: dict[str, Placement]) -> None:
+    """The kernel's placements (task, slot, start, finish, device, in the order made) into
+    `into`, in that order."""
+    order, out_k, out_s, out_f, out_d = out
+    ids, dev_ids = graph.ids, cluster.ids
     rows = zip(
         [ids[i] for i in order.tolist()], out_k.tolist(), out_s.tolist(), out_f.tolist(),
         out_d.tolist(), strict=True,
     )  # fmt: skip
     for tid, k, s, f, d in rows:
-        placements[tid] = Placement(tid, dev_ids[d], k, s, f)
-    return Plan(placements=placements, algorithm=algorithm)
+        into[tid] = Placement(tid, dev_ids[d], k, s, f)
 
 
 def heft_direct(
@@ -122,8 +129,9 @@ def heft_direct(
     `ListScheduler` (same ranks, keys and loop), without their set-up, which on a 10-task
     request took most of the time. None when the request needs the general path: numba off,
     a model without a batch interface, busy windows, a cluster too large for dense
-    matrices, constraints, or a compute time that is not a finite number >= 0 (the general
-    path rules such pairs out, explains an `Unschedulable`, or raises).
+    matrices, a task some device is ruled out for, or a compute time that is not a finite
+    number >= 0 (the general path rules such pairs out, explains an `Unschedulable`, or
+    raises).
     """
     kernel = _get()
     n, m = len(graph), len(cluster)
@@ -150,17 +158,13 @@ def heft_direct(
     if len(keys) != n:  # a negative, infinite or NaN compute time somewhere
         return None
     lat, bw = dense
-    order, out_k, out_s, out_f, out_d = kernel(
+    out = kernel(
         keys, arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes, _NONE_FIXED[0], w,
         np.ascontiguousarray(lat), np.ascontiguousarray(bw), float(now), bool(insertion),
         cluster.slot_base, cluster.slot_counts, *_NONE_BOOKED, *_NONE_FIXED[1:], n,
     )  # fmt: skip
-    ids, dev_ids = graph.ids, cluster.ids
-    rows = zip(
-        [ids[i] for i in order.tolist()], out_k.tolist(), out_s.tolist(), out_f.tolist(),
-        out_d.tolist(), strict=True,
-    )  # fmt: skip
-    placements = {tid: Placement(tid, dev_ids[d], k, s, f) for tid, k, s, f, d in rows}
+    placements: dict[str, Placement] = {}
+    _collect(graph, cluster, out, placements)
     return Plan(placements=placements, algorithm="heft" if insertion else "heft-noins")
 
 
@@ -218,7 +222,7 @@ def warm_up() -> bool:
     _warm = True
     from orchestrator.scheduling.cost import MatrixCostModel
     from orchestrator.scheduling.heft import heft
-    from orchestrator.scheduling.model import Cluster, Device, Task, TaskGraph
+    from orchestrator.scheduling.model import Device, Task
 
     graph = TaskGraph([Task("a"), Task("b")], {("a", "b"): 1.0})
     cluster = Cluster([Device("x", "a", "s"), Device("y", "a", "s")])

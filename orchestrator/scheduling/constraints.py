@@ -74,13 +74,8 @@ def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
 
 def eligibility_matrix(graph: TaskGraph, cluster: Cluster) -> NDArray[np.bool_]:
     """tasks x devices eligibility; tasks with identical constraints share one computation."""
-    groups = graph.constraint_groups
-    if len(groups) == 1:  # one kind of task (often: unconstrained): one row, repeated
-        one = np.empty((len(graph), len(cluster)), dtype=np.bool_)
-        one[:] = eligibility_mask(graph.tasks[0], cluster)
-        return one
     out = np.empty((len(graph), len(cluster)), dtype=np.bool_)
-    for rows in groups:
+    for rows in graph.constraint_groups:
         out[rows] = eligibility_mask(graph.tasks[int(rows[0])], cluster)
     return out
 

@@ -275,7 +275,7 @@ class Cluster:
         self.slot_base = np.zeros(n, dtype=np.int64)
         np.cumsum(self.slot_counts[:-1], out=self.slot_base[1:])
         #: whether any device has busy windows (planning skips looking for them when not)
-        self.any_busy = any(d.busy or d.slot_busy for d in self.devices)
+        self.any_busy = _any_busy(self.devices)
         self.kinds, self.kind_codes = _codes([d.kind for d in self.devices])
         self.tiers, self.tier_codes = _codes([d.tier for d in self.devices])
         self.sites, self.site_codes = _codes([d.site for d in self.devices])
@@ -308,7 +308,7 @@ class Cluster:
         for i, windows in extra.items():
             devices[i] = replace(devices[i], slot_busy=windows)
         out.devices = tuple(devices)
-        out.any_busy = any(d.busy or d.slot_busy for d in out.devices)
+        out.any_busy = _any_busy(out.devices)
         return out
 
     def __len__(self) -> int:
@@ -322,3 +322,7 @@ class Cluster:
 
     def device(self, device_id: str) -> Device:
         return self.devices[self.index[device_id]]
+
+
+def _any_busy(devices: Sequence[Device]) -> bool:
+    return any(d.busy or d.slot_busy for d in devices)

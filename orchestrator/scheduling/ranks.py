@@ -137,11 +137,15 @@ def priority_keys(rank: NDArray[np.float64]) -> list[int]:
     """
     if len(rank) <= SMALL_KEYS:
         return _small_keys(rank.tolist())
+    return _array_keys(rank)
+
+
+def _array_keys(rank: NDArray[np.float64]) -> list[int]:
     finite = rank[np.isfinite(rank)]
     scale = float(np.abs(finite).max()) if finite.size else 0.0
-    if scale == 0.0:
-        return [0] * len(rank)
     quantum = scale * 2.0**-30
+    if quantum == 0.0:  # no rank, or every one too close to 0 to tell apart: all tie
+        return [0] * len(rank)
     clipped = np.where(np.isfinite(rank), rank, scale * 2.0)
     keys: list[int] = (-np.rint(clipped / quantum)).astype(np.int64).tolist()
     return keys
@@ -153,8 +157,8 @@ SMALL_KEYS = 32
 
 def _small_keys(rank: list[float]) -> list[int]:
     scale = max((abs(r) for r in rank if math.isfinite(r)), default=0.0)
-    if scale == 0.0:
-        return [0] * len(rank)
     quantum = scale * 2.0**-30
+    if quantum == 0.0:
+        return [0] * len(rank)
     big = scale * 2.0
     return [-round((r if math.isfinite(r) else big) / quantum) for r in rank]

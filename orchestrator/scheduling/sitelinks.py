@@ -5,9 +5,9 @@ the WAN default; LAN default inside a site). A cluster of 10,000 devices may spa
 with half a million listed links, so walking the dict per planning call costs more than the
 plan. `SiteLinks` walks it once per cost model into arrays over every site the dict names;
 `SiteView` then serves one cluster's sites from them: a single row when that is all a caller
-needs (the transfers out of one device), device x device matrices for a small cluster, or the
-full site x site matrices (lazily, cached). Even a handful of sites reads the arrays: asking
-`link()` per pair cost 40 us on 8 sites, more than the plan.
+needs (the transfers out of one device), or device x device matrices for a small cluster.
+Even a handful of sites reads the arrays: asking `link()` per pair cost 40 us on 8 sites,
+more than the plan.
 
 The arrays hold exactly the values `link()` returns, so times computed from them are the
 times `LinkCostModel.transfer_time` gives.
@@ -82,22 +82,18 @@ class SiteLinks:
         index, arrays = self._build()
         missing = len(index)
         codes = np.fromiter((index.get(n, missing) for n in sites), np.intp, len(sites))
-        return SiteView(sites, codes, self, arrays)
+        return SiteView(codes, self, arrays)
 
 
 class SiteView:
-    """Links among one cluster's sites (by site code): rows on demand, full matrices lazily."""
+    """Links among one cluster's sites (by site code): rows on demand, cached."""
 
-    __slots__ = ("_arrays", "_codes", "_full", "_links", "_rows", "_unnamed", "sites")
+    __slots__ = ("_arrays", "_codes", "_links", "_rows", "_unnamed")
 
-    def __init__(
-        self, sites: Sequence[str], codes: NDArray[np.intp], links: SiteLinks, arrays: Arrays
-    ) -> None:
-        self.sites = tuple(sites)
+    def __init__(self, codes: NDArray[np.intp], links: SiteLinks, arrays: Arrays) -> None:
         self._codes, self._links, self._arrays = codes, links, arrays
         self._unnamed = len(arrays[0]) - 1  # the index of every site the dict does not name
         self._rows: dict[int, Arrays] = {}
-        self._full: Arrays | None = None
 
     def diagonal(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """(latency, bandwidth) inside each site."""
@@ -128,24 +124,20 @@ class SiteView:
         got = self._rows.get(s)
         if got is not None:
             return got
-        if self._full is not None:
-            lat, bw, price = self._full
-            got = (lat[s], bw[s], price[s])
-        else:
-            codes = self._codes
-            lat, bw, price = (a[codes[s]][codes] for a in self._arrays)
-            if codes[s] == self._unnamed:  # unnamed site: LAN inside itself
-                lan = self._links.lan
-                lat[s], bw[s], price[s] = lan.latency_s, lan.bandwidth_Bps, lan.cost_per_gb
-            got = (lat, bw, price)
+        codes = self._codes
+        lat, bw, price = (a[codes[s]][codes] for a in self._arrays)
+        if codes[s] == self._unnamed:  # unnamed site: LAN inside itself
+            lan = self._links.lan
+            lat[s], bw[s], price[s] = lan.latency_s, lan.bandwidth_Bps, lan.cost_per_gb
+        got = (lat, bw, price)
         self._rows[s] = got
         return got
 
     def device_pairs(
         self, site_codes: NDArray[np.int64]
     ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """(latency, bandwidth) between devices on sites `site_codes`, device x device: `full()`
-        indexed by the codes on both axes, without building the site matrices."""
+        """(latency, bandwidth) between devices on sites `site_codes`, device x device: the
+        links between their sites, LAN inside an unnamed site."""
         idx = self._codes.take(site_codes)
         lat = self._arrays[0].take(idx, axis=0).take(idx, axis=1)
         bw = self._arrays[1].take(idx, axis=0).take(idx, axis=1)
@@ -155,16 +147,3 @@ class SiteView:
             lan = self._links.lan
             lat[inside], bw[inside] = lan.latency_s, lan.bandwidth_Bps
         return lat, bw
-
-    def full(self) -> Arrays:
-        """(latency, bandwidth, $/GB) as site x site matrices."""
-        if self._full is None:
-            codes = self._codes
-            lat, bw, price = (a.take(codes, axis=0).take(codes, axis=1) for a in self._arrays)
-            unnamed = np.flatnonzero(codes == self._unnamed)
-            lan = self._links.lan
-            lat[unnamed, unnamed] = lan.latency_s
-            bw[unnamed, unnamed] = lan.bandwidth_Bps
-            price[unnamed, unnamed] = lan.cost_per_gb
-            self._full = (lat, bw, price)
-        return self._full
