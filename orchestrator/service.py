@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +30,7 @@ from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.scheduling import Placement, Unschedulable, compiled
+from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import (
@@ -69,12 +69,6 @@ OFFER_TIMEOUT_S = 2.0
 COMMIT_BACKOFF_S = 0.2
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
-#: A task free to start (committed, inputs made) but not reported started for this long is
-#: logged and its agent asked to start it again (commits are idempotent).
-STALL_S = 10.0
-#: A started task whose end is not reported within STALL_S + this many times its predicted
-#: duration has its pipeline's events read again (its end event may have been missed).
-OVERDUE_FACTOR = 3.0
 PIPELINES_BUCKET = "MARS_PIPELINES"
 #: Finished pipelines kept in memory (all of them stay readable from KV; `list` shows the
 #: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
@@ -95,11 +89,7 @@ class Orchestrator:
         stall_s: float = STALL_S,
     ) -> None:
         self.nats_url = nats_url
-        self.stall_s = stall_s
-        #: (pipeline, task, token, "stalled" or "overdue") already reported
-        self._stalls: set[tuple[str, str, int, str]] = set()
-        #: pipeline -> when its events were last read again for a stall
-        self._stall_replays: dict[str, float] = {}
+        self.watchdog = Watchdog(self, stall_s)
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
@@ -204,7 +194,7 @@ class Orchestrator:
         await nc.flush()
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
-        self._spawn(self._stall_loop())
+        self._spawn(self.watchdog.run())
         self._spawn(self.failover.run())
         await self.adaptive.start()
         # long-lived objects made at start need no more GC scans; fewer full collections
@@ -551,61 +541,6 @@ class Orchestrator:
                     await self.store.renew(key, pids, now + self.lease_s, now)
                 except Exception as exc:
                     log.warning("renewing %s failed: %s", key, exc)
-
-    async def _stall_loop(self) -> None:
-        """Watch for tasks free to start that never start, and started ones whose end never
-        comes: say so once per task, ask their agents again (the first kind) and read the
-        pipeline's events again from the stream. Events reach us on a core NATS subscription;
-        a task whose events missed it, or a commit an agent took but did not act on, would
-        otherwise hold its pipeline open for ever."""
-        while True:
-            await asyncio.sleep(self.stall_s / 2)  # a watchdog's cadence
-            now = self._now()
-            live = set()
-            for run in list(self.pipelines.values()):
-                if run.terminal or not self.failover.may_act(run.pipeline_id):
-                    continue
-                live.add(run.pipeline_id)
-                stalled = run.stalled(now, self.stall_s)
-                fresh = [
-                    t for t in stalled
-                    if (run.pipeline_id, t, run.tasks[t].token, "stalled") not in self._stalls
-                ]  # fmt: skip
-                for t in fresh:
-                    tr = run.tasks[t]
-                    self._stalls.add((run.pipeline_id, t, tr.token, "stalled"))
-                    log.warning(
-                        "pipeline %s: task %s free to start on %s:%s (token %d) for over %.0f s "
-                        "and not started; asking again",
-                        run.pipeline_id, t, tr.agent_id, tr.device_id, tr.token, self.stall_s,
-                    )  # fmt: skip
-                if stalled:
-                    run.note(f"stalled, commit sent again: {', '.join(stalled)}")
-                    self._spawn(self._commit_all(run, set(stalled)))
-                overdue = run.overdue(now, self.stall_s, OVERDUE_FACTOR)
-                for t in overdue:
-                    tr = run.tasks[t]
-                    if (run.pipeline_id, t, tr.token, "overdue") not in self._stalls:
-                        self._stalls.add((run.pipeline_id, t, tr.token, "overdue"))
-                        log.warning(
-                            "pipeline %s: task %s started on %s:%s (token %d) but not reported "
-                            "finished, far past its prediction; reading its events again",
-                            run.pipeline_id, t, tr.agent_id, tr.device_id, tr.token,
-                        )  # fmt: skip
-                due = now - self._stall_replays.get(run.pipeline_id, -math.inf) >= self.stall_s
-                if (stalled or overdue) and due:
-                    self._stall_replays[run.pipeline_id] = now
-                    self._spawn(self._replay_quietly(run))
-            self._stalls = {s for s in self._stalls if s[0] in live}
-            self._stall_replays = {p: t for p, t in self._stall_replays.items() if p in live}
-
-    async def _replay_quietly(self, run: PipelineRun) -> None:
-        """The pipeline's task events again from MARS_EVENTS: a start or end that reached the
-        stream but not our live subscription is applied (repeats are ignored by event id)."""
-        try:
-            await self.failover.replay(run)
-        except Exception as exc:
-            log.warning("replaying events of %s failed: %s", run.pipeline_id, exc)
 
     async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
         assert self.nc is not None

@@ -4,10 +4,13 @@ again until answered."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 import pytest
+from nats.aio.client import Client as NATS
 
 from orchestrator.service import Orchestrator
 from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec, subjects
@@ -24,6 +27,19 @@ def _offer(agent_id: str, incarnation: str, tid: str, **kw: Any) -> TaskOffer:
         token=kw.pop("token", 1), task=TaskSpec.model_validate({"id": tid, "run": {
             "kind": "synthetic", "seconds": 0.01}}), **kw,
     )  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def orchestrator_and_client(nats_url: str) -> AsyncIterator[tuple[Orchestrator, NATS]]:
+    """An orchestrator and a plain client that plays agents by hand."""
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    nc = await nats.connect(nats_url)
+    try:
+        yield orch, nc
+    finally:
+        await nc.close()
+        await orch.stop()
 
 
 async def test_batch_replies_per_offer_in_order(nats_url: str) -> None:
@@ -58,9 +74,6 @@ async def test_batch_replies_per_offer_in_order(nats_url: str) -> None:
 
 async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
     """A responder serving only `cmd.offer` (as agents before batching did)."""
-    orch = Orchestrator(nats_url)
-    await orch.start()
-    nc = await nats.connect(nats_url)
     seen: list[str] = []
 
     async def single(msg: Any) -> None:
@@ -72,7 +85,7 @@ async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
         )  # fmt: skip
         await msg.respond(encode(reply))
 
-    try:
+    async with orchestrator_and_client(nats_url) as (orch, nc):
         await nc.subscribe(subjects.offer("legacy"), cb=single)
         await nc.flush()
         offers = [_offer("legacy", "i", f"t{i}") for i in range(3)]
@@ -86,9 +99,6 @@ async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
         assert [(r.task_id, r.accepted, r.code) for r in gone] == [
             ("a", False, "unhealthy"), ("b", False, "unhealthy")
         ]  # fmt: skip
-    finally:
-        await nc.close()
-        await orch.stop()
 
 
 async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> None:
@@ -97,9 +107,6 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
     from orchestrator.pipelines import PipelineRun
     from schemas import CommitCommand, PipelineSpec
 
-    orch = Orchestrator(nats_url)
-    await orch.start()
-    nc = await nats.connect(nats_url)
     got: list[CommitCommand] = []
 
     async def flaky(msg: Any) -> None:
@@ -108,7 +115,7 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
         if len(got) > 1:  # the first one goes unanswered
             await msg.respond(encode(cmd))
 
-    try:
+    async with orchestrator_and_client(nats_url) as (orch, nc):
         await nc.subscribe(subjects.commit("slow"), cb=flaky)
         await nc.flush()
         spec = PipelineSpec.model_validate(
@@ -118,6 +125,3 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
         run.tasks["a"].agent_id, run.tasks["a"].state = "slow", "accepted"
         await orch._commit_all(run, {"a"})
         assert [c.task_ids for c in got] == [["a"], ["a"]]
-    finally:
-        await nc.close()
-        await orch.stop()

@@ -1,14 +1,20 @@
-"""A task free to start that never starts is noticed and its agent asked again (real
-nats-server): the orchestrator must not hold a pipeline open for ever on one lost message."""
+"""The stall watchdog over a real nats-server: a task that never starts, or whose end never
+reaches the orchestrator, does not hold its pipeline open for ever."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable
 
 import pytest
+from nats.aio.msg import Msg
 
+from orchestrator.pipelines import PipelineRun
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
+from schemas.codec import decode
+from schemas.events import TaskEvent
 from schemas.placement import CommitCommand
 from tests.harness import RecordingAgent, agent_config
 
@@ -17,10 +23,33 @@ pytestmark = pytest.mark.integration
 DEVICE = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
 
 
-async def test_a_commit_taken_but_not_acted_on_is_sent_again(
-    nats_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def chain(*tasks: str) -> PipelineSpec:
+    """Short synthetic tasks, each depending on the one before."""
+    return PipelineSpec.model_validate({"name": "p", "tasks": [
+        {"id": t, "run": {"kind": "synthetic", "seconds": 0.01}, "deps": list(tasks[:i][-1:])}
+        for i, t in enumerate(tasks)
+    ]})  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def one_agent(
+    nats_url: str, lose: Callable[[TaskEvent], bool] | None = None
+) -> AsyncIterator[tuple[Orchestrator, RecordingAgent, list[str]]]:
+    """An orchestrator (stall time 0.4 s) whose live task-event path drops the events `lose`
+    picks (their ids are listed), and one agent."""
     orch = Orchestrator(nats_url, stall_s=0.4)
+    lost: list[str] = []
+    if lose is not None:
+        live = orch._on_live_task_event
+
+        async def lossy(msg: Msg) -> None:
+            ev = decode(msg.data, TaskEvent)
+            if lose(ev):
+                lost.append(ev.event_id)
+                return
+            await live(msg)
+
+        orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
     await orch.start()
     agent = RecordingAgent(
         nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
@@ -29,6 +58,23 @@ async def test_a_commit_taken_but_not_acted_on_is_sent_again(
     await agent.start()
     try:
         assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        yield orch, agent, lost
+    finally:
+        await agent.stop()
+        await orch.stop()
+
+
+async def run_to_end(orch: Orchestrator, spec: PipelineSpec) -> PipelineRun:
+    await orch.submit_spec(spec, "p")
+    run = await orch.wait_terminal("p", 10.0)
+    assert run.state == "succeeded", run.reason
+    return run
+
+
+async def test_a_commit_taken_but_not_acted_on_is_sent_again(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with one_agent(nats_url) as (orch, agent, _):
         real = agent.core.commit
         dropped: list[list[str]] = []
 
@@ -40,19 +86,11 @@ async def test_a_commit_taken_but_not_acted_on_is_sent_again(
             return real(cmd)
 
         agent.core.commit = forgetful  # type: ignore[method-assign]
-        spec = PipelineSpec.model_validate(
-            {"name": "p", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0.01}}]}
-        )
         with caplog.at_level(logging.WARNING, logger="mars"):
-            await orch.submit_spec(spec, "p")
-            run = await orch.wait_terminal("p", 10.0)
-        assert run.state == "succeeded", run.reason
+            run = await run_to_end(orch, chain("t"))
         assert dropped == [["t"]]
         assert [r for r in caplog.records if "free to start" in r.getMessage()]
         assert any(line.startswith("stalled, commit sent again: t") for line in run.placement_log)
-    finally:
-        await agent.stop()
-        await orch.stop()
 
 
 async def test_task_events_the_live_subscription_missed_are_read_from_the_stream(
@@ -60,76 +98,16 @@ async def test_task_events_the_live_subscription_missed_are_read_from_the_stream
 ) -> None:
     """The task ran and its events reached MARS_EVENTS, but not the orchestrator's live
     subscription: the watchdog replays the pipeline's events and the pipeline ends."""
-    from nats.aio.msg import Msg
-
-    orch = Orchestrator(nats_url, stall_s=0.4)
-    live = orch._on_live_task_event
-    missed: list[str] = []
-
-    async def lossy(msg: Msg) -> None:
-        if msg.subject.endswith(".t"):  # every live event of task t is lost
-            missed.append(msg.subject)
-            return
-        await live(msg)
-
-    orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
-    await orch.start()
-    agent = RecordingAgent(
-        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
-        agent_id="a1", calibrate=False,
-    )  # fmt: skip
-    await agent.start()
-    try:
-        assert await orch.wait_for_agents(1, timeout=10.0) == 1
-        spec = PipelineSpec.model_validate({"name": "p", "tasks": [
-            {"id": "t", "run": {"kind": "synthetic", "seconds": 0.01}},
-            {"id": "u", "run": {"kind": "synthetic", "seconds": 0.01}, "deps": ["t"]},
-        ]})  # fmt: skip
-        await orch.submit_spec(spec, "p")
-        run = await orch.wait_terminal("p", 10.0)
-        assert run.state == "succeeded", run.reason
-        assert missed  # the live path really lost them
+    async with one_agent(nats_url, lambda ev: ev.task_id == "t") as (orch, _, lost):
+        run = await run_to_end(orch, chain("t", "u"))
+        assert lost  # the live path really lost them
         assert run.tasks["t"].state == "succeeded"  # known only from the stream
-    finally:
-        await agent.stop()
-        await orch.stop()
 
 
 async def test_a_lost_end_event_is_read_from_the_stream(nats_url: str) -> None:
     """Task t's start reached the orchestrator, its end only the stream: t is overdue after
     the stall time plus a few predicted durations, and the watchdog reads the events again."""
-    from nats.aio.msg import Msg
-
-    from schemas.codec import decode
-    from schemas.events import TaskEvent
-
-    orch = Orchestrator(nats_url, stall_s=0.4)
-    live = orch._on_live_task_event
-    missed: list[str] = []
-
-    async def lossy(msg: Msg) -> None:
-        ev = decode(msg.data, TaskEvent)
-        if ev.task_id == "t" and ev.state == "succeeded":
-            missed.append(ev.event_id)
-            return
-        await live(msg)
-
-    orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
-    await orch.start()
-    agent = RecordingAgent(
-        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
-        agent_id="a1", calibrate=False,
-    )  # fmt: skip
-    await agent.start()
-    try:
-        assert await orch.wait_for_agents(1, timeout=10.0) == 1
-        spec = PipelineSpec.model_validate(
-            {"name": "p", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0.01}}]}
-        )
-        await orch.submit_spec(spec, "p")
-        run = await orch.wait_terminal("p", 10.0)
-        assert run.state == "succeeded", run.reason
-        assert missed  # the end really missed the live path
-    finally:
-        await agent.stop()
-        await orch.stop()
+    lose_end = lambda ev: ev.task_id == "t" and ev.state == "succeeded"  # noqa: E731
+    async with one_agent(nats_url, lose_end) as (orch, _, lost):
+        await run_to_end(orch, chain("t"))
+        assert lost

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.scheduling import Placement, Plan, Unschedulable, heft
+from orchestrator.scheduling.engine import Prepared
 
 from .sched_problems import (
     PlainCostModel,
@@ -82,19 +83,27 @@ def test_fixed_must_be_closed_under_predecessors() -> None:
         heft(graph, cluster, LinkCostModel(), fixed={"a": Placement("a", "zz", 0, 0.0, 1.0)})
 
 
+def _replan_request(pb: Problem, seed: int, frac: float) -> Prepared | None:
+    """A re-planning request: HEFT's plan with a random closed subset of it fixed, `now` at
+    `frac` of its makespan (None when the problem is unschedulable)."""
+    first = _plan_or_unschedulable(pb)
+    if first is None:
+        return None
+    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
+    return Prepared(pb.graph, pb.cluster, pb.cost, fixed, pb.now + frac * (first.makespan - pb.now))
+
+
 @SETTINGS
 @given(problems(), st.booleans(), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
 def test_list_loop_matches_numpy_loop(pb: Problem, insertion: bool, seed: int, frac: float) -> None:
     """The plain-float loop for small clusters makes exactly the numpy loop's decisions."""
-    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
 
-    first = _plan_or_unschedulable(pb)
-    if first is None:
+    prep = _replan_request(pb, seed, frac)
+    if prep is None:
         return
-    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
-    now = pb.now + frac * (first.makespan - pb.now)
-    prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, now)
+    fixed, now = prep.fixed, prep.now
     assume(prep.table.dense_lists() is not None)  # a cost model with matrices: the small path
     keys = priority_keys(prep.upward())
     by_lists = ListScheduler(prep, insertion, lists="python").run(keys, None, "heft")
@@ -112,16 +121,13 @@ def test_compiled_loop_matches_list_loop(
     windows included (numba is in the test extra, so this runs in CI)."""
     pytest.importorskip("numba")
     from orchestrator.scheduling import compiled
-    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
 
     assert compiled.runner() is not None
-    first = _plan_or_unschedulable(pb)
-    if first is None:
+    prep = _replan_request(pb, seed, frac)
+    if prep is None:
         return
-    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
-    now = pb.now + frac * (first.makespan - pb.now)
-    prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, now)
     dense = prep.table.dense()
     assume(prep.table.dense_lists() is not None)
     assert dense is not None
@@ -140,14 +146,13 @@ def test_compiled_loop_matches_numpy_loop_on_larger_clusters(
     """Above 32 devices the compiled loop replaces the numpy one (up to 256 devices)."""
     pytest.importorskip("numba")
     from orchestrator.scheduling import compiled
-    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
 
-    first = _plan_or_unschedulable(pb)
-    if first is None:
+    prep = _replan_request(pb, seed, 0.0)
+    if prep is None:
         return
-    fixed = {t: first.placements[t] for t in closed_subset(pb, seed)}
-    prep = Prepared(pb.graph, pb.cluster, pb.cost, fixed, pb.now)
+    fixed = prep.fixed
     dense = prep.table.dense()
     assume(dense is not None)
     assert dense is not None
@@ -194,7 +199,7 @@ def test_direct_heft_matches_the_general_path(pb: Problem, insertion: bool) -> N
     plan of the general path: upward ranks and keys in Python, the Python or numpy loop."""
     pytest.importorskip("numba")
     from orchestrator.scheduling import compiled
-    from orchestrator.scheduling.engine import ListScheduler, Prepared
+    from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
 
     try:

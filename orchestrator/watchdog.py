@@ -1,0 +1,97 @@
+"""The stall watchdog: no pipeline is held open for ever by one lost message.
+
+Task events reach the orchestrator on a core NATS subscription, commits are single requests.
+A task free to start (committed, every input made, its planned start come) that is not
+reported started within `stall_s`, or a started task whose end is not reported within
+`stall_s` plus OVERDUE_FACTOR times its prediction, is logged once; the first kind's agent is
+asked to start it again (commits are idempotent), and for either the pipeline's task events
+are read again from MARS_EVENTS (repeats are ignored by event id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from orchestrator.pipelines import PipelineRun
+
+if TYPE_CHECKING:
+    from orchestrator.service import Orchestrator
+
+log = logging.getLogger("mars.watchdog")
+
+#: Seconds a task may be free to start without starting.
+STALL_S = 10.0
+#: A started task is overdue after STALL_S plus this many times its predicted duration.
+OVERDUE_FACTOR = 3.0
+
+
+class Watchdog:
+    def __init__(self, orch: Orchestrator, stall_s: float = STALL_S) -> None:
+        self.o = orch
+        self.stall_s = stall_s
+        #: (pipeline, task, token, kind) already reported
+        self._reported: set[tuple[str, str, int, str]] = set()
+        #: pipeline -> when its events were last read again
+        self._replayed: dict[str, float] = {}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.stall_s / 2)  # a watchdog's cadence
+            self.check()
+
+    def check(self) -> None:
+        """One look at every live pipeline this replica may act for."""
+        o, now = self.o, self.o._now()
+        live = set()
+        for run in list(o.pipelines.values()):
+            if run.terminal or not o.failover.may_act(run.pipeline_id):
+                continue
+            live.add(run.pipeline_id)
+            stalled = run.stalled(now, self.stall_s)
+            if self._report(
+                run,
+                stalled,
+                "stalled",
+                "free to start on {} for over "
+                f"{self.stall_s:.0f} s and not started; asking again",
+            ):
+                run.note(f"stalled, commit sent again: {', '.join(stalled)}")
+            if stalled:
+                o._spawn(o._commit_all(run, set(stalled)))
+            overdue = run.overdue(now, self.stall_s, OVERDUE_FACTOR)
+            self._report(
+                run,
+                overdue,
+                "overdue",
+                "started on {} but not reported finished, "
+                "far past its prediction; reading its events again",
+            )
+            last = self._replayed.get(run.pipeline_id, -math.inf)
+            if (stalled or overdue) and now - last >= self.stall_s:
+                self._replayed[run.pipeline_id] = now
+                o._spawn(self._replay(run))
+        self._reported = {r for r in self._reported if r[0] in live}
+        self._replayed = {p: t for p, t in self._replayed.items() if p in live}
+
+    def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
+        """Log each task of `tids` not reported yet as `kind`; True if any was new."""
+        fresh = False
+        for t in tids:
+            tr = run.tasks[t]
+            key = (run.pipeline_id, t, tr.token, kind)
+            if key in self._reported:
+                continue
+            self._reported.add(key)
+            fresh = True
+            where = f"{tr.agent_id}:{tr.device_id} (token {tr.token})"
+            log.warning("pipeline %s: task %s %s", run.pipeline_id, t, what.format(where))
+        return fresh
+
+    async def _replay(self, run: PipelineRun) -> None:
+        try:
+            await self.o.failover.replay(run)
+        except Exception as exc:
+            log.warning("replaying events of %s failed: %s", run.pipeline_id, exc)
