@@ -51,6 +51,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.codec import decode
 from schemas.recovery import ClusterEvent
+from schemas.rpc import settle
 from sim.linkemu import LinkProxy
 
 WORKERS = 4
@@ -136,7 +137,7 @@ class Bench:
         self.nc = await nats.connect(self.url)
         await self.nc.subscribe(subjects.CLUSTER_EVENTS, cb=self.watch.on_cluster)
         await self.nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self.watch.on_task)
-        await self.nc.flush()
+        await settle(self.nc)
         self.kv = await self.nc.jetstream().key_value(subjects.RESULTS_BUCKET)
 
     async def stop(self) -> None:

@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 
 from edge_agent.journal import Journal, JournalFull
 from schemas import subjects
+from schemas.rpc import settle
 
 log = logging.getLogger("mars.agent.outbox")
 MSG_ID = "Nats-Msg-Id"
@@ -174,7 +175,7 @@ class Outbox:
     async def _publish_plain(self, subject: str, key: str, data: bytes) -> None:
         assert self.nc is not None
         await self.nc.publish(subject, data, headers={MSG_ID: key})
-        await self.nc.flush(timeout=max(1, round(self.ack_timeout)))
+        await settle(self.nc, self.ack_timeout)
 
     async def _best_effort(self, subject: str, key: str, data: bytes) -> None:
         try:

@@ -48,7 +48,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import ServiceError, respond
+from schemas.rpc import ServiceError, respond, settle
 
 log = logging.getLogger("mars.agent")
 VERSION = "0.1.0"
@@ -154,7 +154,7 @@ class Agent:
         await nc.subscribe(subjects.probe(self.agent_id), cb=self._on_probe)
         if self.links.enabled:
             await self.links.attach(nc)
-        await nc.flush()
+        await settle(nc)  # offers and probes sent once start returns find their subscriptions
         await self._publish_advert()
         self._spawn(self._heartbeat_loop())
         self.online.set()

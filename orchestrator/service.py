@@ -60,7 +60,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import RemoteError, ServiceError, handle, request
+from schemas.rpc import RemoteError, ServiceError, handle, request, settle
 
 log = logging.getLogger("mars.orchestrator")
 VERSION = "0.1.0"
@@ -191,12 +191,12 @@ class Orchestrator:
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
         self._service = svc
-        await nc.flush()
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
         self._spawn(self.watchdog.run())
         self._spawn(self.failover.run())
         await self.adaptive.start()
+        await settle(nc)  # every subscription is live before a caller's first request
         # long-lived objects made at start need no more GC scans; fewer full collections
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)

@@ -26,7 +26,7 @@ from schemas.errors import ErrorCode
 
 log = logging.getLogger("mars.rpc")
 
-__all__ = ["RemoteError", "ServiceError", "handle", "request", "respond"]
+__all__ = ["RemoteError", "ServiceError", "handle", "request", "respond", "settle"]
 
 Req = TypeVar("Req", bound=WireModel)
 Rep = TypeVar("Rep", bound=WireModel)
@@ -89,3 +89,17 @@ async def request(
         subject, encode(req, encoding), timeout=timeout, headers=headers_for(encoding)
     )
     return decode_reply(msg.data, msg.headers, reply_model)
+
+
+async def settle(nc: Any, timeout: float = 2.0) -> None:
+    """Return once the server has processed every command `nc` queued before the call.
+
+    A single `flush()` does not promise that with nats-py (2.16): it writes its PING to the
+    socket ahead of commands still queued for the flusher task, so the PONG can arrive before an
+    earlier SUB has reached the server, and a request from another connection then meets "no
+    responders". The first flush hands the queue to the socket; the second PING travels behind
+    it, so its PONG means the server has seen everything.
+    """
+    wait = max(1, round(timeout))
+    await nc.flush(timeout=wait)
+    await nc.flush(timeout=wait)

@@ -16,6 +16,7 @@ import yaml
 from orchestrator.service import Orchestrator
 from schemas import Heartbeat, PipelineSpec, subjects
 from schemas.codec import decode
+from schemas.rpc import settle
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +45,7 @@ async def test_sigterm_drains_and_finishes_running_work(nats_url: str, tmp_path:
             draining.set()
 
     await nc.subscribe(subjects.heartbeat("term"), cb=on_hb)
+    await settle(nc)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "orchestrator.cli", "agent", "--nats", nats_url,
         "--config", str(cfg), "--id", "term", "--grace", "30",

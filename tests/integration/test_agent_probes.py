@@ -19,6 +19,7 @@ from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, Heartbeat
 from schemas.codec import ERROR_HEADER, decode
 from schemas.limits import MAX_PROBE_BYTES
+from schemas.rpc import settle
 from tests.harness import agent_config
 
 pytestmark = pytest.mark.integration
@@ -57,6 +58,7 @@ async def test_advert_reflects_this_host_and_declared_devices(nats_url: str) -> 
     nc = await nats.connect(nats_url)
     watch = AdvertWatch()
     await nc.subscribe(subjects.advert("host-1"), cb=watch.on_msg)
+    await settle(nc)
     agent = Agent(nats_url, cfg, agent_id="host-1", calibrate=False)
     try:
         await agent.start()
@@ -93,6 +95,7 @@ async def test_calibrated_agent_advertises_measurements_and_reports_drift(nats_u
 
     await nc.subscribe(subjects.advert("cal-1"), cb=watch.on_msg)
     await nc.subscribe(subjects.ALL_DRIFT, cb=on_drift)
+    await settle(nc)
     t0 = time.perf_counter()
     agent = Agent(nats_url, cfg, agent_id="cal-1")  # calibrates at start
     start_s = time.perf_counter() - t0
@@ -167,6 +170,7 @@ async def test_link_probes_between_sites_reach_adverts_and_the_link_model(nats_u
 
     await nc.subscribe(subjects.ALL_ADVERTS, cb=on_advert)
     await nc.subscribe(subjects.ALL_HEARTBEATS, cb=on_hb)
+    await settle(nc)
     agents = [Agent(nats_url, cfg, agent_id=aid, calibrate=False) for aid, cfg in configs.items()]
 
     def all_measured(a: dict[str, AgentAdvert]) -> bool:

@@ -30,7 +30,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import request
+from schemas.rpc import request, settle
 from tests.harness import agent_config
 
 pytestmark = pytest.mark.integration
@@ -226,7 +226,7 @@ async def test_cancel_releases_retained_outputs(nats_url: str) -> None:
         # a late receipt for a released output is harmless
         ack = DataAck(pipeline_id="cp", consumer="sink", ok=True, producer="src", token=1)
         await nc.publish(subjects.data_ack("solo"), encode(ack))
-        await nc.flush()
+        await settle(nc)
     finally:
         await nc.close()
         await a.stop()

@@ -33,7 +33,7 @@ from schemas import (
     subjects,
 )
 from schemas.codec import ERROR_HEADER, decode
-from schemas.rpc import RemoteError, ServiceError, request
+from schemas.rpc import RemoteError, ServiceError, request, settle
 from tests.harness import agent_config
 from tests.integration.test_exec_runner import dead, read_fifo
 
@@ -269,7 +269,7 @@ async def draining_seen(url: str) -> AsyncIterator[tuple[Any, asyncio.Event]]:
 
     try:
         await nc.subscribe(subjects.heartbeat(AID), cb=on_hb)
-        await nc.flush()
+        await settle(nc)
         yield nc, seen
     finally:
         await nc.close()

@@ -21,6 +21,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.codec import decode
 from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, PipelineRecord, run_key
+from schemas.rpc import settle
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ class EventTap:
                 self.changed.notify_all()
 
         await self.nc.subscribe(f"{subjects.EVENTS}.task.{pipeline_id}.>", cb=on)
-        await self.nc.flush()
+        await settle(self.nc)
 
     async def wait(self, task_id: str, state: str, timeout: float = 20.0) -> None:
         async with asyncio.timeout(timeout), self.changed:

@@ -12,6 +12,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from schemas.rpc import settle
 from sim.linkemu import LinkProfile, LinkProxy
 
 pytestmark = pytest.mark.integration
@@ -186,7 +187,7 @@ async def test_nats_client_behind_a_cut_link(nats_url: str) -> None:
             await got.put(msg.data)
 
         await direct.subscribe("t.cut", cb=on_msg)
-        await direct.flush()
+        await settle(direct)
         await behind.publish("t.cut", b"before")
         assert await asyncio.wait_for(got.get(), 5) == b"before"
         proxy.cut()

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NATS
 from orchestrator.service import Orchestrator
 from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec, subjects
 from schemas.codec import decode, encode
-from schemas.rpc import request
+from schemas.rpc import request, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
 
     async with orchestrator_and_client(nats_url) as (orch, nc):
         await nc.subscribe(subjects.offer("legacy"), cb=single)
-        await nc.flush()
+        await settle(nc)
         offers = [_offer("legacy", "i", f"t{i}") for i in range(3)]
         replies = await orch.offer_many(offers)
         assert sorted(seen) == ["t0", "t1", "t2"]
@@ -117,7 +117,7 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
 
     async with orchestrator_and_client(nats_url) as (orch, nc):
         await nc.subscribe(subjects.commit("slow"), cb=flaky)
-        await nc.flush()
+        await settle(nc)
         spec = PipelineSpec.model_validate(
             {"name": "c", "tasks": [{"id": "a", "run": {"kind": "synthetic", "seconds": 0.01}}]}
         )

@@ -23,6 +23,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
 from schemas.recovery import ClusterEvent, TaskResult
+from schemas.rpc import settle
 from sim.linkemu import LinkProxy
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
 
@@ -72,7 +73,7 @@ class ClusterEvents:
     async def start(self, url: str) -> None:
         self.nc = await nats.connect(url)
         await self.nc.subscribe(subjects.CLUSTER_EVENTS, cb=self._on)
-        await self.nc.flush()
+        await settle(self.nc)
 
     async def _on(self, msg: Msg) -> None:
         self.seen.append((time.monotonic(), decode(msg.data, ClusterEvent)))

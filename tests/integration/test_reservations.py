@@ -19,6 +19,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encode
+from schemas.rpc import settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -160,7 +161,7 @@ async def test_a_stale_tokens_result_is_ignored(nats_url: str) -> None:
             error="from an old placement",
         )
         await nc.publish(subjects.task_event("st-1", "slow"), encode(forged))
-        await nc.flush()
+        await settle(nc)
         done = await orch.wait_terminal("st-1", 10)
         assert done.state == "succeeded"
         assert done.stale_events >= 1
