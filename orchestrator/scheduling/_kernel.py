@@ -348,3 +348,21 @@ def kernel(
             if waiting[j] == 0:
                 size = heap_push(heap, size, j, hk, hp)
     return order, out_k, out_s, out_f, out_d
+
+
+@njit
+def heft_direct(w, total, topo_pos, e_src, e_dst, e_b, lat_mean, inv_mean, lat, bw, now,
+                insertion, base, nsl):  # fmt: skip
+    """`upward_keys` then `kernel` with nothing fixed or booked, in one call from Python (each
+    call from Python costs microseconds of argument checks). Empty outputs where
+    `upward_keys` gives no keys."""
+    n = w.shape[0]
+    keys = upward_keys(w, total, topo_pos, e_src, e_dst, e_b, lat_mean, inv_mean)
+    if keys.shape[0] != n:
+        none = np.zeros(0, dtype=np.int64)
+        return none, none, np.zeros(0), np.zeros(0), none
+    return kernel(
+        keys, topo_pos, e_src, e_dst, e_b, np.zeros(0, dtype=np.bool_), w, lat, bw, now,
+        insertion, base, nsl, np.empty((0, 0)), np.empty((0, 0)), np.zeros(0, dtype=np.int64),
+        np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), n,
+    )  # fmt: skip

@@ -113,12 +113,11 @@ def _collect(graph: TaskGraph, cluster: Cluster, out: Any, into: dict[str, Place
     `into`, in that order."""
     order, out_k, out_s, out_f, out_d = out
     ids, dev_ids = graph.ids, cluster.ids
-    rows = zip(
-        [ids[i] for i in order.tolist()], out_k.tolist(), out_s.tolist(), out_f.tolist(),
-        out_d.tolist(), strict=True,
-    )  # fmt: skip
-    for tid, k, s, f, d in rows:
-        into[tid] = Placement(tid, dev_ids[d], k, s, f)
+    tids = [ids[i] for i in order.tolist()]
+    devs = [dev_ids[d] for d in out_d.tolist()]
+    rows = zip(tids, devs, out_k.tolist(), out_s.tolist(), out_f.tolist(), strict=True)
+    make = tuple.__new__  # Placement's own __new__ without its per-field argument handling
+    into.update(zip(tids, [make(Placement, r) for r in rows], strict=True))
 
 
 def heft_direct(
@@ -140,7 +139,12 @@ def heft_direct(
     if not is_batch(cost):
         return None
     for group in graph.constraint_groups:  # (usually one: unconstrained tasks)
-        if not np.logical_and.reduce(eligibility_mask(graph.tasks[int(group[0])], cluster)):
+        task = graph.tasks[int(group[0])]
+        if task.pinned is None and not (task.kinds or task.tiers or task.labels):
+            allowed = task.min_memory_mb <= cluster.min_memory  # memory is its only limit
+        else:
+            allowed = bool(np.logical_and.reduce(eligibility_mask(task, cluster)))
+        if not allowed:
             return None  # some task may not run somewhere: the general path rules it out
     w = np.asarray(cost.compute_matrix(graph.tasks, cluster), dtype=np.float64)
     if w.shape != (n, m) or not w.flags.c_contiguous:
@@ -151,18 +155,14 @@ def heft_direct(
         return None
     lat_mean, inv_mean = table.affine()
     arrays = graph.arrays
-    keys = _upward_keys()(
-        w, np.add.reduce(w, axis=1), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
-        float(lat_mean), float(inv_mean),
-    )  # fmt: skip
-    if len(keys) != n:  # a negative, infinite or NaN compute time somewhere
-        return None
     lat, bw = dense
-    out = kernel(
-        keys, arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes, _NONE_FIXED[0], w,
-        np.ascontiguousarray(lat), np.ascontiguousarray(bw), float(now), bool(insertion),
-        cluster.slot_base, cluster.slot_counts, *_NONE_BOOKED, *_NONE_FIXED[1:], n,
+    out = _module.heft_direct(
+        w, np.add.reduce(w, axis=1), arrays.topo_pos, arrays.src, arrays.dst, arrays.nbytes,
+        float(lat_mean), float(inv_mean), np.ascontiguousarray(lat), np.ascontiguousarray(bw),
+        float(now), bool(insertion), cluster.slot_base, cluster.slot_counts,
     )  # fmt: skip
+    if len(out[0]) != n:  # a negative, infinite or NaN compute time somewhere
+        return None
     placements: dict[str, Placement] = {}
     _collect(graph, cluster, out, placements)
     return Plan(placements=placements, algorithm="heft" if insertion else "heft-noins")

@@ -54,7 +54,7 @@ class LinkCostModel:
     else `wan`. Transfer time is `latency + bytes / bandwidth`.
     """
 
-    __slots__ = ("_site_links", "lan", "links", "local_Bps", "wan")
+    __slots__ = ("_site_links", "_table", "lan", "links", "local_Bps", "wan")
 
     def __init__(
         self,
@@ -71,6 +71,7 @@ class LinkCostModel:
         self.wan = wan
         self.local_Bps = local_Bps
         self._site_links: SiteLinks | None = None
+        self._table: tuple[Cluster, LinkTransferTable] | None = None
 
     def link(self, src_site: str, dst_site: str) -> Link:
         if src_site == dst_site:
@@ -105,7 +106,15 @@ class LinkCostModel:
         return out
 
     def transfer_table(self, cluster: Cluster) -> TransferTable:
-        return LinkTransferTable(cluster, self.site_view(cluster), self.local_Bps)
+        """The table for `cluster`, kept for the last cluster asked about: the algorithms of one
+        portfolio, and requests against an unchanged cluster view, share its link matrices and
+        means instead of building them again (clusters are snapshots, never changed)."""
+        last = self._table
+        if last is not None and last[0] is cluster:
+            return last[1]
+        table = LinkTransferTable(cluster, self.site_view(cluster), self.local_Bps)
+        self._table = (cluster, table)
+        return table
 
 
 class MatrixCostModel:

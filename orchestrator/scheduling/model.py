@@ -246,6 +246,7 @@ class Cluster:
         "kinds",
         "label_codes",
         "memory",
+        "min_memory",
         "n_slots",
         "site_codes",
         "sites",
@@ -268,6 +269,8 @@ class Cluster:
         n = len(self.devices)
         self.speed = np.fromiter((d.speed for d in self.devices), np.float64, n)
         self.memory = np.fromiter((d.memory_mb for d in self.devices), np.float64, n)
+        #: the least memory of any device (a task needing no more may run on every one)
+        self.min_memory = float(self.memory.min()) if n else math.inf
         self.slots: tuple[int, ...] = tuple(d.slots for d in self.devices)
         self.n_slots = sum(self.slots)
         self.slot_counts = np.asarray(self.slots, dtype=np.int64).reshape(n)

@@ -96,6 +96,22 @@ def test_link_table_rows_are_fresh_arrays() -> None:
     assert table.row(10.0, 0)[1] == pytest.approx(1e-3 + 10.0 / 125e6)
 
 
+def test_link_table_is_kept_for_the_last_cluster_only() -> None:
+    """The algorithms of a portfolio share one cluster's table; another cluster (another
+    snapshot, even of the same devices) gets its own, never a stale one."""
+    model = LinkCostModel({("s0", "s1"): Link(0.05, 1e6)})
+    first = Cluster([D0, D2, D3])
+    table = model.transfer_table(first)
+    assert model.transfer_table(first) is table
+    other = Cluster([D3, D0])
+    moved = model.transfer_table(other)
+    assert moved is not table
+    assert moved.row(1e6, 0).tolist() == [0.0, 0.05 + 1.0]  # d3 (s1) to d0 (s0), its own view
+    again = model.transfer_table(first)
+    assert again is not table  # only the last cluster is kept
+    assert again.row(1e6, 0).tolist() == table.row(1e6, 0).tolist()
+
+
 def test_matrix_cost_model() -> None:
     m = MatrixCostModel({"t": {"d0": 4.0, "d2": 7.0}})
     cluster = Cluster([D0, D1, D2])
