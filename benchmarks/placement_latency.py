@@ -2,9 +2,13 @@
 
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
+        [--agent-procs 1]
 
-An embedded nats-server, ONE `mars orchestrator` process and one `mars sim agents` process
-(`--agents` real agents whose devices are emulated: declared, never measured).
+An embedded nats-server, ONE `mars orchestrator` process and `--agent-procs` `mars sim agents`
+processes sharing `--agents` real agents whose devices are emulated (declared, never
+measured). One process for all agents (the default) makes every offer wait its turn behind
+the other agents' work in one event loop; real agents are processes of their own, so on a
+machine with cores to spare several processes are nearer to a fleet.
 
 1. Latency: `--submissions` sequential submissions of `--tasks`-task pipelines (random DAG
    shapes, seeded; synthetic sleep tasks of 1-5 ms), each timed on the client with
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import time
 from collections import Counter
@@ -140,10 +145,11 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
         "orchestrator",
         ["orchestrator", "--nats", url, "--plan-budget-ms", str(args.plan_budget_ms)],
     )
-    services.spawn(
-        "sim-agents",
-        ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "pl"],
-    )
+    for k, count in enumerate(shares(args.agents, args.agent_procs)):
+        services.spawn(
+            "sim-agents" if args.agent_procs == 1 else f"sim-agents-{k}",
+            ["sim", "agents", "--nats", url, "--count", str(count), "--prefix", f"pl{k}"],
+        )
     client = await Client.connect(url, timeout=30.0)
     terminals = Terminals()
     try:
@@ -237,7 +243,8 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     )
     print("goal: P99 <= 10 ms (agent-based seed: 89 ms P99; traditional scheduler: 420 ms)")
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
-    print("run on the same 2 cores; isolated: it follows the end of the previous pipeline.")
+    print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
+    print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es).")
     print(f"orchestrator plan budget beyond HEFT: {args.plan_budget_ms:g} ms")
     for name, phase, states in (
         ("back-to-back", r.latency, r.latency_states),
@@ -277,6 +284,11 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     return 0
 
 
+def shares(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` counts that differ by at most one."""
+    return [total // parts + (k < total % parts) for k in range(parts)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--agents", type=int, default=100)
@@ -292,9 +304,14 @@ def main(argv: list[str] | None = None) -> int:
         default=2.0,
         help="the orchestrator's portfolio budget beyond HEFT (its default: 2; 0: HEFT only)",
     )
+    ap.add_argument(
+        "--agent-procs", type=int, default=1, help="processes the agents are spread over"
+    )
     args = ap.parse_args(argv)
-    if min(args.agents, args.tasks, args.submissions, args.submitters) < 1:
+    if min(args.agents, args.tasks, args.submissions, args.submitters, args.agent_procs) < 1:
         ap.error("counts must be >= 1")
+    if args.agent_procs > args.agents:
+        ap.error("--agent-procs must be <= --agents")
     t0 = time.perf_counter()
     with log_dir("mars-placement-latency-") as logs, EmbeddedNats() as srv:
         progress(f"nats-server on {srv.url}")

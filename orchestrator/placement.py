@@ -205,14 +205,17 @@ class Placer:
                         st.fixed[tid] = p
                 continue
             # 3. routing may have changed for tasks accepted earlier: re-send what differs
-            if only is None:
-                final_ids = set(placements)
+            if only is None and not st.fixed:
+                final = offers  # every task was offered in this round, as planned: none differs
             else:
-                final_ids = set(only) | {
-                    d for t in only for d in spec.tasks[run.index[t]].deps
-                    if run.tasks[d].state in ("offered", "accepted")
-                }  # fmt: skip
-            final = {tid: self._offer(run, tid, placements, st, order) for tid in final_ids}
+                if only is None:
+                    final_ids = set(placements)
+                else:
+                    final_ids = set(only) | {
+                        d for t in only for d in spec.tasks[run.index[t]].deps
+                        if run.tasks[d].state in ("offered", "accepted")
+                    }  # fmt: skip
+                final = {tid: self._offer(run, tid, placements, st, order) for tid in final_ids}
             stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
             stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
             if stale:
