@@ -86,10 +86,10 @@ class Services:
         self.names: list[str] = []
         self._logs: list[IO[bytes]] = []
 
-    def spawn(self, name: str, args: Sequence[str]) -> None:
+    def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> None:
         fh = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop())
         self._logs.append(fh)
-        self.procs.append(spawn(args, log=fh))
+        self.procs.append(spawn(args, log=fh, env=env))
         self.names.append(name)
 
     def check(self) -> None:

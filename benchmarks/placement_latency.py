@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
     services.spawn(
         "orchestrator",
         ["orchestrator", "--nats", url, "--plan-budget-ms", str(args.plan_budget_ms)],
+        env={"MARS_DEBUG": "mars.timing"},  # one line per placement with its steps' times
     )
     for k, count in enumerate(shares(args.agents, args.agent_procs)):
         services.spawn(
@@ -321,11 +323,57 @@ def main(argv: list[str] | None = None) -> int:
         if any(s["no terminal event"] for s in states):
             keep_logs(logs, "a pipeline got no terminal event")
         stalls = stalled_tasks(logs / "orchestrator.log")
+        steps = step_times(logs / "orchestrator.log")
         if stalls:
             keep_logs(logs, f"the orchestrator's watchdog reported {stalls} task(s)")
     rc = report(args, results, time.perf_counter() - t0)
+    print_steps(steps, results)
     print(f"tasks the orchestrator's watchdog found stalled or overdue: {stalls}")
     return rc
+
+
+STEP_RE = re.compile(rb"placed (\S+) ((?:\w+_ms=[0-9.]+ ?)+)")
+STEPS = ("claim", "plan", "book", "offer", "rest", "total")
+
+
+def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
+    """Per phase (the pipeline id's prefix), each step's milliseconds over its placements,
+    from the orchestrator's `mars.timing` debug lines."""
+    out: dict[str, dict[str, list[float]]] = {}
+    if not log.exists():
+        return out
+    with log.open("rb") as fh:
+        for line in fh:
+            m = STEP_RE.search(line)
+            if m is None:
+                continue
+            phase = m.group(1).decode().split("-", 1)[0]
+            per = out.setdefault(phase, {s: [] for s in STEPS})
+            got = dict(item.decode().partition("_ms=")[::2] for item in m.group(2).split())
+            ms = {k: float(got.get(k, "nan")) for k in STEPS if k != "rest"}
+            ms["rest"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
+            for k, v in ms.items():
+                per[k].append(v)
+    return out
+
+
+def print_steps(steps: dict[str, dict[str, list[float]]], r: Results) -> None:
+    """Where the reply's time goes: the orchestrator's own clock around each step (claim:
+    the ownership lease; plan; book: the CAS bookings; offer: the agents' admission; rest:
+    the handler's other work), the handler in all, and the client's time for comparison
+    (the difference is the request and reply in transit, and waiting for the handler)."""
+    rows = []
+    for tag, name, phase in (("lat", "back-to-back", r.latency), ("iso", "isolated", r.isolated)):
+        per = steps.get(tag)
+        if not per or not per["total"]:
+            continue
+        for q in (50, 99):
+            client = pct([x * 1e3 for x in phase.latencies_s], q)
+            rows.append([name, f"P{q}", *(pct(per[s], q) for s in STEPS), client])
+    if not rows:
+        return
+    print("\nper step, ms (each column's own percentile; orchestrator clock, debug log):")
+    print(table(rows, ["phase", "pct", *STEPS[:-1], "handler", "client"]))
 
 
 def stalled_tasks(log: Path) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -29,3 +30,7 @@ def setup(verbosity: int = 0) -> None:
     root.setLevel(level)
     # nats-py logs reconnect chatter at INFO/ERROR; keep it behind -vv
     logging.getLogger("nats").setLevel(logging.DEBUG if verbosity >= 2 else logging.CRITICAL)
+    # MARS_DEBUG=mars.timing,mars.placement: debug records of just these loggers
+    for name in os.environ.get("MARS_DEBUG", "").split(","):
+        if name.strip():
+            logging.getLogger(name.strip()).setLevel(logging.DEBUG)  # root stays quiet

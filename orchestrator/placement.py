@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -113,10 +114,13 @@ class Placer:
             st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}
             st.tokens = {tid: tr.token for tid, tr in run.tasks.items() if tid not in only}
         reasons: dict[str, str] = {}
+        steps = run.step_s = {"plan": 0.0, "book": 0.0, "offer": 0.0}
+        clock = time.perf_counter
         for rnd in range(MAX_ROUNDS):
             now = o.wall()
             eff = effective_priority(spec.priority, run.submitted_wall, now)
             async with self._booking:
+                t_plan = clock()
                 try:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
@@ -131,6 +135,8 @@ class Placer:
                     details.update(reasons)
                     raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
                 plan = planned.plan
+                t_book = clock()
+                steps["plan"] += t_book - t_plan
                 todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
                 # 1. book every involved device by CAS
                 by_key: dict[str, list[BookingWindow]] = {}
@@ -148,6 +154,7 @@ class Placer:
                     o.store.book(k, by_key[k], now, self._evictor(eff, now))
                     for k in keys
                 ))  # fmt: skip
+                steps["book"] += clock() - t_book
             run.cas_retries += sum(r.cas_retries for r in results)
             bad = {r.key for r in results if not r.ok}
             for r in results:
@@ -173,7 +180,9 @@ class Placer:
             placements = {**st.fixed, **todo}
             order = plan_order(placements)
             offers = {tid: self._offer(run, tid, placements, st, order) for tid in todo}
+            t_offer = clock()
             replies: list[OfferReply] = await o.offer_many(list(offers.values()))
+            steps["offer"] += clock() - t_offer
             rejected = [rep for rep in replies if not rep.accepted]
             for rep in replies:
                 if rep.accepted:
@@ -219,7 +228,9 @@ class Placer:
             stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
             stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
             if stale:
+                t_offer = clock()
                 again = await o.offer_many(stale)
+                steps["offer"] += clock() - t_offer
                 if not all(r.accepted for r in again):
                     run.note(f"round {rnd}: routing update refused; re-planning")
                     continue

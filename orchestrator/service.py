@@ -63,6 +63,8 @@ from schemas.placement import (
 from schemas.rpc import RemoteError, ServiceError, handle, request, settle
 
 log = logging.getLogger("mars.orchestrator")
+#: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
+timing_log = logging.getLogger("mars.timing")
 VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
 #: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
@@ -358,9 +360,11 @@ class Orchestrator:
             if existing.spec != req.pipeline:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self._submit_reply(existing)
+        t0 = time.perf_counter()
         elsewhere = await self.failover.claim(pid, req.pipeline)  # the ownership lease
         if elsewhere is not None:
             return elsewhere
+        claim_s = time.perf_counter() - t0
         run = PipelineRun(
             pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner
         )
@@ -383,7 +387,16 @@ class Orchestrator:
         self._spawn(self._commit_all(run, set(run.tasks)))
         await self._publish_pipeline(run)
         self._spawn(self.persist(run))  # off the reply's path; status falls back to memory
-        return self._submit_reply(run)
+        reply = self._submit_reply(run)
+        if timing_log.isEnabledFor(logging.DEBUG):
+            st = run.step_s
+            timing_log.debug(
+                "placed %s claim_ms=%.3f plan_ms=%.3f book_ms=%.3f offer_ms=%.3f total_ms=%.3f "
+                "conflicts=%d rejections=%d", pid, 1e3 * claim_s, 1e3 * st.get("plan", 0.0),
+                1e3 * st.get("book", 0.0), 1e3 * st.get("offer", 0.0),
+                1e3 * (time.perf_counter() - t0), run.conflicts, run.rejections,
+            )  # fmt: skip
+        return reply
 
     async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:
         """In-process submit (tests, tools): the same path as the API."""
