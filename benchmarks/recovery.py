@@ -46,7 +46,7 @@ from edge_agent.service import Agent
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun
 from orchestrator.procs import spawn
-from orchestrator.results import result_key
+from orchestrator.results import revisions
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.codec import decode
@@ -124,7 +124,6 @@ class Bench:
         self.survivors: list[Agent] = []
         self.watch = Watch()
         self.nc: Any = None
-        self.kv: Any = None
         self.rng = random.Random(8)
 
     async def start(self) -> None:
@@ -138,7 +137,6 @@ class Bench:
         await self.nc.subscribe(subjects.CLUSTER_EVENTS, cb=self.watch.on_cluster)
         await self.nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self.watch.on_task)
         await settle(self.nc)
-        self.kv = await self.nc.jetstream().key_value(subjects.RESULTS_BUCKET)
 
     async def stop(self) -> None:
         await self.nc.close()
@@ -177,11 +175,9 @@ class Bench:
         await self.orch.wait_terminal(pid, timeout=30.0)
         trial.ok = run.state == "succeeded"
         trial.note = run.reason
+        committed = await revisions(self.nc.jetstream(), pid)
         for t in run.tasks:
-            try:
-                n = len([e for e in await self.kv.history(result_key(pid, t)) if e.value])
-            except Exception:
-                n = 0
+            n = len(committed.get(t, []))
             trial.lost += n == 0
             trial.duplicated += n > 1
 

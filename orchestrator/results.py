@@ -69,3 +69,32 @@ class ResultLedger:
             return decode(entry.value, TaskResult)
         except (KeyNotFoundError, DecodeError):
             return None
+
+
+async def revisions(
+    js: Any, pipeline_id: str, *, bucket: str = subjects.RESULTS_BUCKET
+) -> dict[str, list[TaskResult]]:
+    """Every revision the bucket still holds of each result of a pipeline (an audit: exactly
+    once means one each), oldest first.
+
+    Counted by the server first (stream info per subject), then exactly that many messages
+    read: nats-py's `kv.history` decides "no more" from a consumer-info race and can return
+    nothing for a key that has a value.
+    """
+    stream = f"KV_{bucket}"
+    prefix = f"$KV.{bucket}.{pipeline_id}."
+    info = await js.stream_info(stream, subjects_filter=prefix + ">")
+    total = sum((info.state.subjects or {}).values())
+    out: dict[str, list[TaskResult]] = {}
+    if not total:
+        return out
+    sub = await js.subscribe(prefix + ">", stream=stream, ordered_consumer=True)
+    try:
+        for _ in range(total):
+            msg = await sub.next_msg(timeout=5.0)
+            task_id = msg.subject[len(prefix) :]
+            if msg.data:  # a delete or purge marker holds no result
+                out.setdefault(task_id, []).append(decode(msg.data, TaskResult))
+    finally:
+        await sub.unsubscribe()
+    return out

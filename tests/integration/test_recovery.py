@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 
 from orchestrator.pipelines import PipelineRun
 from orchestrator.procs import spawn
-from orchestrator.results import result_key
+from orchestrator.results import revisions
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
@@ -99,18 +99,11 @@ def on_agent(run: PipelineRun, agent: str, state: str) -> bool:
 
 
 async def results(url: str, run: PipelineRun) -> dict[str, list[TaskResult]]:
-    """Every revision of every task's committed result."""
+    """Every revision of every task's committed result (none: an empty list)."""
     nc = await nats.connect(url)
     try:
-        kv = await nc.jetstream().key_value(subjects.RESULTS_BUCKET)
-        out: dict[str, list[TaskResult]] = {}
-        for tid in run.tasks:
-            try:
-                hist = await kv.history(result_key(run.pipeline_id, tid))
-            except Exception:
-                hist = []
-            out[tid] = [decode(e.value, TaskResult) for e in hist if e.value]
-        return out
+        got = await revisions(nc.jetstream(), run.pipeline_id)
+        return {tid: got.get(tid, []) for tid in run.tasks}
     finally:
         await nc.close()
 
