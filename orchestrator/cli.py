@@ -342,7 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--plan-budget-ms",
         type=float,
         default=2.0,
-        help="time the plan portfolio may spend beyond HEFT per request (default 2; 0: HEFT only)",
+        help=(
+            "time the plan portfolio may spend beyond HEFT on a request placed alone "
+            "(default 2; 0: HEFT only); none while other placements are under way"
+        ),
     )
     o.set_defaults(fn=cmd_orchestrator)
 

@@ -79,6 +79,14 @@ class Placer:
         # Plan-and-book is serialised inside one process (it takes milliseconds): placements
         # of one replica then never race each other, and CAS only arbitrates between replicas.
         self._booking = asyncio.Lock()
+        #: placements under way in this process
+        self.placing = 0
+
+    def budget_s(self) -> float:
+        """The portfolio's time beyond HEFT for the next plan: all of it when this placement
+        is the only one under way, none while others are (they queue behind the planner, so
+        under load plans come sooner rather than better; HEFT's are still link-aware)."""
+        return self.o.plan_budget_s if self.placing <= 1 else 0.0
 
     def _evictor(self, eff: float, now: float) -> Callable[[BookingWindow], bool]:
         return lambda w: self._evictable(w, eff, now)
@@ -105,6 +113,15 @@ class Placer:
     ) -> None:
         """Place `only` these tasks (default: all), everything else staying where it is;
         never a task on a device of `exclude`'s (task, device) pairs."""
+        self.placing += 1
+        try:
+            await self._place(run, only, exclude)
+        finally:
+            self.placing -= 1
+
+    async def _place(
+        self, run: PipelineRun, only: set[str] | None, exclude: set[tuple[str, str]] | None
+    ) -> None:
         o = self.o
         spec = run.spec
         st = Round(t0=run.t0 if run.t0 else o.wall())
@@ -125,7 +142,7 @@ class Placer:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
                         blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
-                        rel_now=max(0.0, now - st.t0), budget_s=o.plan_budget_s,
+                        rel_now=max(0.0, now - st.t0), budget_s=self.budget_s(),
                         predictor=o.predictor,
                     )  # fmt: skip
                 except Unschedulable as exc:
