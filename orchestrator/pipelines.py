@@ -83,7 +83,8 @@ class PipelineRun:
     conflicts: int = 0
     rejections: int = 0
     cas_retries: int = 0
-    #: Seconds the last placement spent per step (plan, book, offer), summed over its rounds.
+    #: Seconds the last placement spent per step (plan, book, offer), summed over its rounds,
+    #: and the portfolio budget of its last plan (`budget`).
     step_s: dict[str, float] = field(default_factory=dict)
     #: Exactly once (see orchestrator/results.py) and recoveries (orchestrator/recovery.py).
     results_committed: int = 0

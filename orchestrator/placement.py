@@ -131,18 +131,19 @@ class Placer:
             st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}
             st.tokens = {tid: tr.token for tid, tr in run.tasks.items() if tid not in only}
         reasons: dict[str, str] = {}
-        steps = run.step_s = {"plan": 0.0, "book": 0.0, "offer": 0.0}
+        steps = run.step_s = {"plan": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0}
         clock = time.perf_counter
         for rnd in range(MAX_ROUNDS):
             now = o.wall()
             eff = effective_priority(spec.priority, run.submitted_wall, now)
             async with self._booking:
+                budget = steps["budget"] = self.budget_s()
                 t_plan = clock()
                 try:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
                         blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
-                        rel_now=max(0.0, now - st.t0), budget_s=self.budget_s(),
+                        rel_now=max(0.0, now - st.t0), budget_s=budget,
                         predictor=o.predictor,
                     )  # fmt: skip
                 except Unschedulable as exc:

@@ -76,6 +76,8 @@ PIPELINES_BUCKET = "MARS_PIPELINES"
 #: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
 #: collection took 80-300 ms and set the placement-latency tail.
 MAX_PIPELINES_KEPT = 250
+#: Submit requests one process serves at once (each waits its turn at the planner).
+MAX_CONCURRENT_SUBMITS = 64
 
 
 class Orchestrator:
@@ -120,6 +122,10 @@ class Orchestrator:
         self.prediction_errors = ErrorStats()
         self.history: History | None = None
         self._stopping = asyncio.Event()
+        #: Submit requests being served at once (the planner itself is serialised in `Placer`;
+        #: claims, bookings and offers of different pipelines overlap), and the ids under way.
+        self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
+        self._submitting: dict[str, asyncio.Event] = {}
 
     def _now(self) -> float:
         return time.monotonic()
@@ -184,7 +190,7 @@ class Orchestrator:
             description="MARS pipeline API",
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
-            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit)),
+            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit, concurrent=True)),
             ("status", subjects.STATUS, self._ep(StatusRequest, self.status)),
             ("list", subjects.LIST, self._ep(ListRequest, self.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.cancel)),
@@ -238,13 +244,35 @@ class Orchestrator:
         self.nc = None
 
     def _ep(
-        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
+        self,
+        model: type[Any],
+        fn: Callable[[Any], Awaitable[WireModel]],
+        *,
+        concurrent: bool = False,
     ) -> Callable[[Request], Awaitable[None]]:
-        async def endpoint(req: Request) -> None:
-            body, headers = await handle(req.data, req.headers, model, fn)
-            await req.respond(body, headers=headers)
+        """An endpoint handler. nats-py runs one subscription's callbacks one after another,
+        so a `concurrent` endpoint hands each request to its own task (at most
+        MAX_CONCURRENT_SUBMITS at once; beyond that the subscription waits, and requests
+        queue in the client library) and takes the next one at once."""
 
-        return endpoint
+        async def serve(req: Request) -> None:
+            try:
+                body, headers = await handle(req.data, req.headers, model, fn)
+                await req.respond(body, headers=headers)
+            except Exception as exc:  # the requester times out; the service stays up
+                log.warning("could not answer %s: %s", req.subject, exc)
+
+        async def endpoint(req: Request) -> None:
+            await serve(req)
+
+        async def endpoint_concurrent(req: Request) -> None:
+            await self._submit_slots.acquire()
+            task = asyncio.create_task(serve(req))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(lambda _t: self._submit_slots.release())
+
+        return endpoint_concurrent if concurrent else endpoint
 
     # -- cluster view ---------------------------------------------------------------------------
     async def _on_advert(self, msg: Msg) -> None:
@@ -355,6 +383,16 @@ class Orchestrator:
     # -- API ------------------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         pid = req.pipeline_id or uuid.uuid4().hex
+        while (under_way := self._submitting.get(pid)) is not None:
+            await under_way.wait()  # the same id submitted twice at once: answer as it ended
+        self._submitting[pid] = done = asyncio.Event()
+        try:
+            return await self._submit(req, pid)
+        finally:
+            del self._submitting[pid]
+            done.set()
+
+    async def _submit(self, req: SubmitRequest, pid: str) -> SubmitReply:
         existing = self.pipelines.get(pid)
         if existing is not None:
             if existing.spec != req.pipeline:
@@ -392,9 +430,11 @@ class Orchestrator:
             st = run.step_s
             timing_log.debug(
                 "placed %s claim_ms=%.3f plan_ms=%.3f book_ms=%.3f offer_ms=%.3f total_ms=%.3f "
-                "conflicts=%d rejections=%d", pid, 1e3 * claim_s, 1e3 * st.get("plan", 0.0),
+                "budget_ms=%.1f conflicts=%d rejections=%d", pid, 1e3 * claim_s,
+                1e3 * st.get("plan", 0.0),
                 1e3 * st.get("book", 0.0), 1e3 * st.get("offer", 0.0),
-                1e3 * (time.perf_counter() - t0), run.conflicts, run.rejections,
+                1e3 * (time.perf_counter() - t0), 1e3 * st.get("budget", 0.0), run.conflicts,
+                run.rejections,
             )  # fmt: skip
         return reply
 
