@@ -190,6 +190,8 @@ class DataPlane:
             return
         self._pushing.add(flight)
         try:
+            if self.store.entries.get(entry.key) is not entry:
+                return  # not retained any more: acked by all, replaced by a re-run, dropped
             ack: DataAck | None
             if agent_id == self.agent_id:
                 ack = self._deliver(self._reference(entry, consumer), self.store.read(entry))
@@ -215,7 +217,9 @@ class DataPlane:
                 )
                 self._refused.add(flight)
         except Exception as exc:
-            log.warning("shipping %s/%s -> %s failed: %s", *flight[:2], consumer, exc)
+            log.warning(
+                "shipping %s/%s -> %s failed: %r", *flight[:2], consumer, exc, exc_info=True
+            )
         finally:
             self._pushing.discard(flight)
 

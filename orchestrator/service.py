@@ -76,8 +76,6 @@ PIPELINES_BUCKET = "MARS_PIPELINES"
 #: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
 #: collection took 80-300 ms and set the placement-latency tail.
 MAX_PIPELINES_KEPT = 250
-#: Submit requests one process serves at once (each waits its turn at the planner).
-MAX_CONCURRENT_SUBMITS = 64
 
 
 class Orchestrator:
@@ -122,10 +120,6 @@ class Orchestrator:
         self.prediction_errors = ErrorStats()
         self.history: History | None = None
         self._stopping = asyncio.Event()
-        #: Submit requests being served at once (the planner itself is serialised in `Placer`;
-        #: claims, bookings and offers of different pipelines overlap), and the ids under way.
-        self._submit_slots = asyncio.Semaphore(MAX_CONCURRENT_SUBMITS)
-        self._submitting: dict[str, asyncio.Event] = {}
 
     def _now(self) -> float:
         return time.monotonic()
@@ -190,7 +184,7 @@ class Orchestrator:
             description="MARS pipeline API",
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
-            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit, concurrent=True)),
+            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit)),
             ("status", subjects.STATUS, self._ep(StatusRequest, self.status)),
             ("list", subjects.LIST, self._ep(ListRequest, self.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.cancel)),
@@ -244,35 +238,17 @@ class Orchestrator:
         self.nc = None
 
     def _ep(
-        self,
-        model: type[Any],
-        fn: Callable[[Any], Awaitable[WireModel]],
-        *,
-        concurrent: bool = False,
+        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
     ) -> Callable[[Request], Awaitable[None]]:
         """An endpoint handler. nats-py runs one subscription's callbacks one after another,
-        so a `concurrent` endpoint hands each request to its own task (at most
-        MAX_CONCURRENT_SUBMITS at once; beyond that the subscription waits, and requests
-        queue in the client library) and takes the next one at once."""
-
-        async def serve(req: Request) -> None:
-            try:
-                body, headers = await handle(req.data, req.headers, model, fn)
-                await req.respond(body, headers=headers)
-            except Exception as exc:  # the requester times out; the service stays up
-                log.warning("could not answer %s: %s", req.subject, exc)
+        so submissions are placed one at a time (see docs/reservations.md: serving them side
+        by side was tried, and let the fleet be booked faster than it ran)."""
 
         async def endpoint(req: Request) -> None:
-            await serve(req)
+            body, headers = await handle(req.data, req.headers, model, fn)
+            await req.respond(body, headers=headers)
 
-        async def endpoint_concurrent(req: Request) -> None:
-            await self._submit_slots.acquire()
-            task = asyncio.create_task(serve(req))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            task.add_done_callback(lambda _t: self._submit_slots.release())
-
-        return endpoint_concurrent if concurrent else endpoint
+        return endpoint
 
     # -- cluster view ---------------------------------------------------------------------------
     async def _on_advert(self, msg: Msg) -> None:
@@ -383,16 +359,6 @@ class Orchestrator:
     # -- API ------------------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         pid = req.pipeline_id or uuid.uuid4().hex
-        while (under_way := self._submitting.get(pid)) is not None:
-            await under_way.wait()  # the same id submitted twice at once: answer as it ended
-        self._submitting[pid] = done = asyncio.Event()
-        try:
-            return await self._submit(req, pid)
-        finally:
-            del self._submitting[pid]
-            done.set()
-
-    async def _submit(self, req: SubmitRequest, pid: str) -> SubmitReply:
         existing = self.pipelines.get(pid)
         if existing is not None:
             if existing.spec != req.pipeline:
