@@ -26,6 +26,7 @@ from orchestrator.scheduling.constraints import (
     Unschedulable,
     eligibility_mask,
     eligibility_matrix,
+    eligible_everywhere,
     ineligibility,
 )
 from orchestrator.scheduling.cost import (
@@ -75,6 +76,7 @@ __all__ = [
     "earliest_start",
     "eligibility_mask",
     "eligibility_matrix",
+    "eligible_everywhere",
     "heft",
     "heft_lookahead",
     "ineligibility",

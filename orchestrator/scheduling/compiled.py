@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.scheduling.constraints import eligibility_mask
+from orchestrator.scheduling.constraints import eligible_everywhere
 from orchestrator.scheduling.cost import CostModel, is_batch
 from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
@@ -58,10 +58,6 @@ def _get() -> Any:
     if not _loaded:
         _module, _loaded = _load(), True
     return None if _module is None else _module.kernel
-
-
-def _upward_keys() -> Any:
-    return _module.upward_keys
 
 
 #: Most timeline cells (slots x room per slot) the compiled loop allocates per array.
@@ -139,12 +135,7 @@ def heft_direct(
     if not is_batch(cost):
         return None
     for group in graph.constraint_groups:  # (usually one: unconstrained tasks)
-        task = graph.tasks[int(group[0])]
-        if task.pinned is None and not (task.kinds or task.tiers or task.labels):
-            allowed = task.min_memory_mb <= cluster.min_memory  # memory is its only limit
-        else:
-            allowed = bool(np.logical_and.reduce(eligibility_mask(task, cluster)))
-        if not allowed:
+        if not eligible_everywhere(graph.tasks[int(group[0])], cluster):
             return None  # some task may not run somewhere: the general path rules it out
     w = np.asarray(cost.compute_matrix(graph.tasks, cluster), dtype=np.float64)
     if w.shape != (n, m) or not w.flags.c_contiguous:
@@ -174,8 +165,6 @@ Timelines = tuple[
 ]  # fmt: skip
 
 
-#: is_fixed, finish, where for a request with nothing fixed (the kernel makes them)
-_NONE_FIXED = (np.zeros(0, dtype=np.bool_), np.zeros(0), np.zeros(0, dtype=np.int64))
 _NONE_BOOKED: Timelines = (
     np.empty((0, 0)), np.empty((0, 0)), np.empty(0, dtype=np.int64), np.empty(0), np.empty(0),
 )  # fmt: skip

@@ -72,6 +72,14 @@ def eligibility_mask(task: Task, cluster: Cluster) -> NDArray[np.bool_]:
     return mask
 
 
+def eligible_everywhere(task: Task, cluster: Cluster) -> bool:
+    """Whether `eligibility_mask` is True on every device, without building it when memory
+    is the task's only limit (the usual task)."""
+    if task.pinned is None and not (task.kinds or task.tiers or task.labels):
+        return task.min_memory_mb <= cluster.min_memory
+    return bool(np.logical_and.reduce(eligibility_mask(task, cluster)))
+
+
 def eligibility_matrix(graph: TaskGraph, cluster: Cluster) -> NDArray[np.bool_]:
     """tasks x devices eligibility; tasks with identical constraints share one computation."""
     out = np.empty((len(graph), len(cluster)), dtype=np.bool_)

@@ -15,6 +15,7 @@ from orchestrator.scheduling import (
     TaskGraph,
     Unschedulable,
     eligibility_mask,
+    eligible_everywhere,
     heft,
     ineligibility,
 )
@@ -50,6 +51,7 @@ def test_mask_agrees_with_ineligibility(seed: int) -> None:
         task = random_task(rng, i, cluster)
         want = [ineligibility(task, d) is None for d in cluster]
         assert eligibility_mask(task, cluster).tolist() == want
+        assert eligible_everywhere(task, cluster) == all(want)
 
 
 def test_unschedulable_lists_every_device_and_why() -> None:
