@@ -349,10 +349,18 @@ class Agent:
 
     async def _on_commit(self, msg: Msg) -> None:
         async def commit(cmd: CommitCommand) -> CommitCommand:
+            jobs = [
+                j for t in cmd.task_ids if (j := self.core.jobs.get((cmd.pipeline_id, t)))
+            ]  # fmt: skip
+            # Committed before: the orchestrator asks again because it sees them free to
+            # start (every input made) but not started, so an input may have been lost on
+            # its way here: ask the producers now rather than at the next sweep.
+            again = [j for j in jobs if j.committed]
+            fresh = [j for j in jobs if not j.committed]
             self.core.commit(cmd)
             self._start_ready()
-            jobs = [self.core.jobs.get((cmd.pipeline_id, t)) for t in cmd.task_ids]
-            self.data.fetch_missing([j for j in jobs if j is not None], ready_only=True)
+            self.data.fetch_missing(fresh, ready_only=True)
+            self.data.fetch_missing(again, force=True)
             return cmd
 
         await respond(self.nc, msg, CommitCommand, commit)

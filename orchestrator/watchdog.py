@@ -4,7 +4,8 @@ Task events reach the orchestrator on a core NATS subscription, commits are sing
 A task free to start (committed, every input made, its planned start come) that is not
 reported started within `stall_s`, or a started task whose end is not reported within
 `stall_s` plus OVERDUE_FACTOR times its prediction, is logged once; the first kind's agent is
-asked to start it again (commits are idempotent), and for either the pipeline's task events
+asked to start it again (commits are idempotent; a repeated one also makes the agent fetch
+any input still missing), and for either the pipeline's task events
 are read again from MARS_EVENTS (repeats are ignored by event id).
 """
 

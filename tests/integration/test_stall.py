@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from nats.aio.msg import Msg
 
+from edge_agent import dataplane
+from edge_agent.retention import Retained
 from orchestrator.pipelines import PipelineRun
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
@@ -111,3 +113,27 @@ async def test_a_lost_end_event_is_read_from_the_stream(nats_url: str) -> None:
     async with one_agent(nats_url, lose_end) as (orch, _, lost):
         await run_to_end(orch, chain("t"))
         assert lost
+
+
+async def test_an_input_lost_on_its_way_is_fetched_when_the_commit_is_sent_again(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """t's output never reaches u (its push is lost) and the data plane's own sweep is out of
+    the picture: u is free to start but cannot, the watchdog sends its commit again, and the
+    agent, committed twice, asks for the missing input at once."""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    async with one_agent(nats_url) as (orch, agent, _):
+        real = agent.data._push
+        lost: list[str] = []
+
+        async def lossy(entry: Retained, consumer: str, agent_id: str) -> None:
+            if not lost:
+                lost.append(consumer)  # the first push goes nowhere
+                return
+            await real(entry, consumer, agent_id)
+
+        agent.data._push = lossy  # type: ignore[method-assign]
+        run = await run_to_end(orch, chain("t", "u"))
+        assert lost == ["u"]
+        assert any(line.startswith("stalled, commit sent again: u") for line in run.placement_log)
+        assert agent.data.stats["inputs"] == 1  # delivered by the fetch, not the lost push
