@@ -148,12 +148,24 @@ class AgentCore:
 
     # -- progress ------------------------------------------------------------------------------
     def commit(self, cmd: CommitCommand) -> int:
+        """Commit the named jobs; returns how many were newly committed. A provisionally
+        offered job (token 0) takes its token from the command and stays uncommitted without
+        one; a job is never committed under a token other than its own."""
         n = 0
+        tokens = cmd.token_of()
         for tid in cmd.task_ids:
             job = self.jobs.get((cmd.pipeline_id, tid))
-            if job is not None and not job.committed:
-                job.committed = True
-                n += 1
+            if job is None or job.committed:
+                continue
+            token = tokens.get(tid)
+            if job.offer.token == 0:
+                if not token:
+                    continue  # provisional and no token yet: it must not run
+                job.offer = job.offer.model_copy(update={"token": token})
+            elif token is not None and token != job.offer.token:
+                continue  # a commit for another placement of this task than the one held
+            job.committed = True
+            n += 1
         return n
 
     def deliver(self, msg: DataTransfer, data: bytes | None = None) -> DataAck:
@@ -215,6 +227,8 @@ class AgentCore:
             k for k in self.jobs if k[0] == cmd.pipeline_id and (only is None or k[1] in only)
         ]:
             job = self.jobs[key]
+            if cmd.max_token is not None and job.offer.token > cmd.max_token:
+                continue  # placed again since: this withdrawal is not about that placement
             if job.state == "running":
                 out.append(job)
                 continue  # its slot is freed when the shell reports it finished

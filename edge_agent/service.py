@@ -358,6 +358,7 @@ class Agent:
             again = [j for j in jobs if j.committed]
             fresh = [j for j in jobs if not j.committed]
             self.core.commit(cmd)
+            fresh = [j for j in fresh if j.committed]  # not one without a current token
             self._start_ready()
             self.data.fetch_missing(fresh, ready_only=True)
             self.data.fetch_missing(again, force=True)

@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -110,17 +110,24 @@ class Placer:
         run: PipelineRun,
         only: set[str] | None = None,
         exclude: set[tuple[str, str]] | None = None,
+        gate: Awaitable[object] | None = None,
     ) -> None:
         """Place `only` these tasks (default: all), everything else staying where it is;
-        never a task on a device of `exclude`'s (task, device) pairs."""
+        never a task on a device of `exclude`'s (task, device) pairs. `gate` (the ownership
+        claim of a new pipeline, sent before planning so its round trip overlaps the plan) is
+        awaited before anything is booked; whatever it raises ends the placement."""
         self.placing += 1
         try:
-            await self._place(run, only, exclude)
+            await self._place(run, only, exclude, gate)
         finally:
             self.placing -= 1
 
     async def _place(
-        self, run: PipelineRun, only: set[str] | None, exclude: set[tuple[str, str]] | None
+        self,
+        run: PipelineRun,
+        only: set[str] | None,
+        exclude: set[tuple[str, str]] | None,
+        gate: Awaitable[object] | None,
     ) -> None:
         o = self.o
         spec = run.spec
@@ -131,7 +138,7 @@ class Placer:
             st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}
             st.tokens = {tid: tr.token for tid, tr in run.tasks.items() if tid not in only}
         reasons: dict[str, str] = {}
-        steps = run.step_s = {"plan": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0}
+        steps = run.step_s = {"claim": 0.0, "plan": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0}
         clock = time.perf_counter
         for rnd in range(MAX_ROUNDS):
             now = o.wall()
@@ -153,9 +160,15 @@ class Placer:
                     details.update(reasons)
                     raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
                 plan = planned.plan
+                steps["plan"] += clock() - t_plan
+                if gate is not None:
+                    t_gate = clock()
+                    await gate  # our claim on the pipeline: nothing is booked before it
+                    gate = None
+                    steps["claim"] = clock() - t_gate
                 t_book = clock()
-                steps["plan"] += t_book - t_plan
                 todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
+                placements = {**st.fixed, **todo}
                 # 1. book every involved device by CAS
                 by_key: dict[str, list[BookingWindow]] = {}
                 ends = window_ends(plan.placements, todo)
@@ -168,10 +181,29 @@ class Placer:
                         preemptible=spec.preemptible, submitted=run.submitted_wall,
                     ))  # fmt: skip
                 keys = sorted(by_key)
-                results: list[BookResult] = await asyncio.gather(*(
+                booking = asyncio.gather(*(
                     o.store.book(k, by_key[k], now, self._evictor(eff, now))
                     for k in keys
                 ))  # fmt: skip
+                # A first placement is offered while its bookings are written (token 0, the
+                # commit brings each task's token): admission and CAS in one round trip. Any
+                # later round books first and offers with the token.
+                provisional = rnd == 0 and only is None and not st.fixed
+                order = plan_order(placements)
+                offered: asyncio.Future[list[OfferReply]] | None = None
+                offers: dict[str, TaskOffer] = {}
+                if provisional:
+                    offers = {
+                        tid: self._offer(run, tid, placements, st, order, provisional=True)
+                        for tid in todo
+                    }  # fmt: skip
+                    offered = asyncio.ensure_future(o.offer_many(list(offers.values())))
+                try:
+                    results: list[BookResult] = await booking
+                except BaseException:
+                    if offered is not None:  # withdraw what was admitted for nothing
+                        self.o._spawn(self._withdraw(run, offers, offered))
+                    raise
                 steps["book"] += clock() - t_book
             run.cas_retries += sum(r.cas_retries for r in results)
             bad = {r.key for r in results if not r.ok}
@@ -186,45 +218,47 @@ class Placer:
                     who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))
                     run.note(f"round {rnd}: conflict on {r.key} with {who}; re-planning")
                     reasons[f"conflict@{r.key}"] = f"round {rnd}: lost to {who}"[:2048]
-            if bad:
-                moved = {w.task_id for k in bad for w in by_key[k]}
-                affected = descendants(run, moved) & set(todo)
-                await self._release(run, by_key, affected, bad)
-                for tid, p in todo.items():
-                    if tid not in affected:
-                        st.fixed[tid] = p
-                continue
-            # 2. offer every new placement to its agent (admission)
-            placements = {**st.fixed, **todo}
-            order = plan_order(placements)
-            offers = {tid: self._offer(run, tid, placements, st, order) for tid in todo}
+            # 2. offer every new placement to its agent (admission), unless already offered
             t_offer = clock()
-            replies: list[OfferReply] = await o.offer_many(list(offers.values()))
+            if offered is None:
+                if bad:
+                    replies: list[OfferReply] = []
+                else:
+                    offers = {
+                        tid: self._offer(run, tid, placements, st, order) for tid in todo
+                    }  # fmt: skip
+                    replies = await o.offer_many(list(offers.values()))
+            else:
+                replies = await offered
             steps["offer"] += clock() - t_offer
             rejected = [rep for rep in replies if not rep.accepted]
             for rep in replies:
                 if rep.accepted:
                     st.sent[rep.task_id] = offers[rep.task_id]
-            if rejected:
-                for rep in rejected:
-                    run.rejections += 1
-                    dev = todo[rep.task_id].device_id
-                    st.excluded.add((rep.task_id, dev))
-                    if rep.code in DEVICE_WIDE:
-                        st.excluded.update((t.id, dev) for t in spec.tasks)
-                    msg = f"{rep.code}: {rep.reason}"
-                    reasons[f"{rep.task_id}@{dev}"] = msg
-                    run.note(
-                        f"round {rnd}: {rep.agent_id} rejected {rep.task_id} ({msg}); "
-                        "re-planning elsewhere"
-                    )
-                affected = descendants(run, {rep.task_id for rep in rejected}) & set(todo)
-                await self._release(run, by_key, affected, set())
-                await o.cancel_tasks(
-                    run,
-                    {t: todo[t] for t in affected if t in st.sent},
-                    "re-planned after a rejection",
+            for rep in rejected:
+                run.rejections += 1
+                dev = todo[rep.task_id].device_id
+                st.excluded.add((rep.task_id, dev))
+                if rep.code in DEVICE_WIDE:
+                    st.excluded.update((t.id, dev) for t in spec.tasks)
+                msg = f"{rep.code}: {rep.reason}"
+                reasons[f"{rep.task_id}@{dev}"] = msg
+                run.note(
+                    f"round {rnd}: {rep.agent_id} rejected {rep.task_id} ({msg}); "
+                    "re-planning elsewhere"
                 )
+            if bad or rejected:
+                moved = {w.task_id for k in bad for w in by_key[k]}
+                moved |= {rep.task_id for rep in rejected}
+                affected = descendants(run, moved) & set(todo)
+                await self._release(run, by_key, affected, bad)
+                withdrawn = {t: todo[t] for t in affected if t in st.sent}
+                if withdrawn:
+                    await o.cancel_tasks(
+                        run, withdrawn,
+                        "re-planned after a " + ("rejection" if rejected else "conflict"),
+                        max_token=max(st.sent[t].token for t in withdrawn),
+                    )  # fmt: skip
                 for t in affected:
                     st.sent.pop(t, None)
                 for tid, p in todo.items():
@@ -258,7 +292,7 @@ class Placer:
             run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
             for tid, x in final.items():
                 tr = run.tasks[tid]
-                tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, x.token
+                tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, st.tokens[tid]
                 p = placements[tid]
                 tr.predicted_s = p.finish - p.start
                 tr.base_s = planned.cost.base(tid, p.device_id)
@@ -273,6 +307,8 @@ class Placer:
         placements: dict[str, Placement],
         st: Round,
         order: dict[str, int],
+        *,
+        provisional: bool = False,
     ) -> TaskOffer:
         spec_by_id = run.spec_by_id
         task = spec_by_id[tid]
@@ -285,12 +321,26 @@ class Placer:
         return TaskOffer(
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
-            slot=p.slot, token=st.tokens[tid], order=order[tid], task=task,
+            slot=p.slot, token=0 if provisional else st.tokens[tid], order=order[tid], task=task,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
                              ready=run.tasks[d].state == "succeeded")
                     for d in task.deps],
             consumers=consumers,
         )  # fmt: skip
+
+    async def _withdraw(
+        self,
+        run: PipelineRun,
+        offers: dict[str, TaskOffer],
+        offered: asyncio.Future[list[OfferReply]],
+    ) -> None:
+        """Cancel the provisional offers of a placement whose booking failed outright."""
+        replies = await offered
+        took = {r.task_id for r in replies if r.accepted}
+        if took:
+            where = {t: Placement(t, f"{x.agent_id}:{x.device_id}", x.slot, 0.0, 0.0)
+                     for t, x in offers.items() if t in took}  # fmt: skip
+            await self.o.cancel_tasks(run, where, "placement failed", max_token=0)
 
     async def _release(
         self,

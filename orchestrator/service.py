@@ -60,7 +60,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import RemoteError, ServiceError, handle, request, settle
+from schemas.rpc import RemoteError, ServiceError, handle, let_sends_out, request, settle
 
 log = logging.getLogger("mars.orchestrator")
 #: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
@@ -365,25 +365,37 @@ class Orchestrator:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self._submit_reply(existing)
         t0 = time.perf_counter()
-        elsewhere = await self.failover.claim(pid, req.pipeline)  # the ownership lease
-        if elsewhere is not None:
-            return elsewhere
-        claim_s = time.perf_counter() - t0
         run = PipelineRun(
             pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner
         )
-        self._remember(run)
         run.state = "placing"
+        # The ownership claim goes out first and is awaited only before booking, so its
+        # round trip overlaps planning; the run is remembered once the claim is ours.
+        claim = asyncio.ensure_future(self._own(run))
+        await let_sends_out()
         try:
-            await self.placer.place(run)
+            await self.placer.place(run, gate=claim)
+            failed: PlacementFailed | None = None
         except PlacementFailed as exc:
-            unsched = isinstance(exc.__cause__, Unschedulable)
-            run.finish("unschedulable" if unsched else "failed", str(exc), self._now())
+            failed = exc
+        except BaseException:
+            if not claim.done():
+                claim.cancel()
+            with contextlib.suppress(BaseException):
+                await claim
+            raise
+        try:
+            await claim  # a plan can fail before the gate: whose pipeline is it?
+        except OwnedElsewhere as other:
+            return other.reply
+        if failed is not None:
+            unsched = isinstance(failed.__cause__, Unschedulable)
+            run.finish("unschedulable" if unsched else "failed", str(failed), self._now())
             await self._finished(run)
             await self._publish_pipeline(run)
             raise ServiceError(
-                "unschedulable" if unsched else "conflict", str(exc)[:2048], exc.details
-            ) from exc
+                "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
+            ) from failed
         run.committed_at = self._now()
         run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
@@ -396,13 +408,21 @@ class Orchestrator:
             st = run.step_s
             timing_log.debug(
                 "placed %s claim_ms=%.3f plan_ms=%.3f book_ms=%.3f offer_ms=%.3f total_ms=%.3f "
-                "budget_ms=%.1f conflicts=%d rejections=%d", pid, 1e3 * claim_s,
+                "budget_ms=%.1f conflicts=%d rejections=%d", pid, 1e3 * st.get("claim", 0.0),
                 1e3 * st.get("plan", 0.0),
                 1e3 * st.get("book", 0.0), 1e3 * st.get("offer", 0.0),
                 1e3 * (time.perf_counter() - t0), 1e3 * st.get("budget", 0.0), run.conflicts,
                 run.rejections,
             )  # fmt: skip
         return reply
+
+    async def _own(self, run: PipelineRun) -> None:
+        """Claim a new pipeline's ownership lease and remember the run; OwnedElsewhere when
+        another replica holds it (carrying that replica's answer)."""
+        elsewhere = await self.failover.claim(run.pipeline_id, run.spec)
+        if elsewhere is not None:
+            raise OwnedElsewhere(elsewhere)
+        self._remember(run)
 
     async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:
         """In-process submit (tests, tools): the same path as the API."""
@@ -484,7 +504,11 @@ class Orchestrator:
                 per_agent.setdefault(agent, []).append(tid)
 
         async def one(agent_id: str, tids: list[str]) -> None:
-            cmd = CommitCommand(pipeline_id=run.pipeline_id, task_ids=tids)
+            # each task's token: a first placement was offered before its booking was written
+            cmd = CommitCommand(
+                pipeline_id=run.pipeline_id, task_ids=tids,
+                tokens=[run.tasks[t].token for t in tids],
+            )  # fmt: skip
             attempt = 0
             while True:
                 attempt += 1
@@ -507,17 +531,23 @@ class Orchestrator:
         await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
 
     async def cancel_tasks(
-        self, run: PipelineRun, where: dict[str, Placement], reason: str
+        self,
+        run: PipelineRun,
+        where: dict[str, Placement],
+        reason: str,
+        max_token: int | None = None,
     ) -> None:
-        """Withdraw these tasks from the agents that accepted them."""
+        """Withdraw these tasks from the agents that accepted them (with `max_token`: only
+        placements made under at most that token, never one that followed)."""
         assert self.nc is not None
         per_agent: dict[str, list[str]] = {}
         for tid, p in where.items():
             per_agent.setdefault(p.device_id.split(":", 1)[0], []).append(tid)
         for agent_id, tids in per_agent.items():
             cmd = CancelCommand(
-                pipeline_id=run.pipeline_id, reason=reason[:2048], task_ids=sorted(tids)
-            )
+                pipeline_id=run.pipeline_id, reason=reason[:2048], task_ids=sorted(tids),
+                max_token=max_token,
+            )  # fmt: skip
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.cancel(agent_id), encode(cmd))
 
@@ -682,6 +712,14 @@ class Orchestrator:
                 lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].settled
             )
         return self.pipelines[pipeline_id]
+
+
+class OwnedElsewhere(Exception):
+    """A submitted pipeline id is owned by another replica: answer with its reply."""
+
+    def __init__(self, reply: SubmitReply) -> None:
+        super().__init__(f"pipeline {reply.pipeline_id} is owned elsewhere")
+        self.reply = reply
 
 
 def _unanswered(offer: TaskOffer, reason: str) -> OfferReply:

@@ -54,7 +54,8 @@ class TaskOffer(WireModel):
     incarnation: Ident
     device_id: Ident
     slot: Annotated[int, Field(ge=0, le=1024)] = 0
-    #: Fencing token: results are accepted only under the token that placed them.
+    #: Fencing token: results are accepted only under the token that placed them. 0: a
+    #: provisional offer, sent while the booking is written; the commit brings the token.
     token: Count
     #: Position of this task in the plan's order on its device.
     order: Count = 0
@@ -88,10 +89,30 @@ class OfferBatchReply(WireModel):
 
 
 class CommitCommand(WireModel):
-    """Start the accepted tasks of a pipeline (all offers were accepted first)."""
+    """Start the accepted tasks of a pipeline (all offers were accepted first).
+
+    `tokens`, when given, holds each task's fencing token in `task_ids`' order. A first
+    placement is offered while its bookings are still being written, so its offers carry
+    token 0 ("provisional") and the token arrives here: an agent runs a provisionally offered
+    task only once a commit has given it a token, and never under a token older than the one
+    it holds.
+    """
 
     pipeline_id: Ident
     task_ids: Annotated[list[Ident], Field(max_length=10_000)]
+    tokens: Annotated[list[Count], Field(max_length=10_000)] | None = None
+
+    @model_validator(mode="after")
+    def _one_token_per_task(self) -> Self:
+        if self.tokens is not None and len(self.tokens) != len(self.task_ids):
+            raise ValueError(
+                f"{len(self.tokens)} tokens for {len(self.task_ids)} tasks: one each, in order"
+            )
+        return self
+
+    def token_of(self) -> dict[str, int]:
+        """Task id -> token (empty without tokens)."""
+        return dict(zip(self.task_ids, self.tokens, strict=True)) if self.tokens else {}
 
 
 class CancelCommand(WireModel):
@@ -99,6 +120,9 @@ class CancelCommand(WireModel):
     reason: Text = ""
     #: Only these tasks (None: every task of the pipeline on this agent).
     task_ids: Annotated[list[Ident], Field(max_length=10_000)] | None = None
+    #: Only jobs placed under at most this token: a withdrawal overtaken by the task's next
+    #: placement (a higher token) leaves that placement alone. None: whatever the token.
+    max_token: Count | None = None
 
 
 class DrainCommand(WireModel):

@@ -105,8 +105,7 @@ async def test_two_orchestrators_booking_the_same_devices_never_overlap(nats_url
         )
         assert hist.count >= 24
         assert hist.violations == []
-        assert total_conflicts >= 0  # reported below; correctness never depends on it
-        print(f"revisions={hist.count} conflicts+retries={total_conflicts}")
+        print(f"revisions={hist.count} conflicts+retries={total_conflicts}")  # for the log
     finally:
         stop.set()
         await watcher

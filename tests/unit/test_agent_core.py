@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
 from edge_agent.core import AgentCore
 from schemas import (
     CancelCommand,
@@ -118,3 +121,44 @@ def test_onnx_model_check_uses_builtin_models() -> None:
     assert ex.has_model(OnnxRun(model="tiny_cnn")) is None
     assert "not found" in (ex.has_model(OnnxRun(model="../../etc/passwd")) or "")
     assert "sha256" in (ex.has_model(OnnxRun(model="tiny_cnn", sha256="a" * 64)) or "")
+
+
+def test_provisional_offer_runs_only_under_the_token_its_commit_brings() -> None:
+    c = core()
+    assert c.admit(offer("a", token=0)).accepted
+    assert c.admit(offer("a", token=0)).accepted  # a retried provisional offer
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["a"]))  # no token: must not run
+    assert not c.jobs[("p", "a")].committed and c.take_ready() == []
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[7]))
+    [job] = c.take_ready()
+    assert job.offer.token == 7  # events and outputs are tagged with it
+    # a provisional offer never displaces a placement that has a token
+    assert c.admit(offer("b", token=3)).accepted
+    assert c.admit(offer("b", token=0)).code == "stale_token"
+
+
+def test_commit_with_another_placements_token_is_ignored() -> None:
+    c = core()
+    assert c.admit(offer("a", token=5)).accepted
+    assert c.commit(CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[4])) == 0
+    assert c.take_ready() == []
+    assert c.commit(CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[5])) == 1
+    assert [j.offer.token for j in c.take_ready()] == [5]
+
+
+def test_commit_tokens_must_match_the_tasks() -> None:
+    with pytest.raises(ValidationError):
+        CommitCommand(pipeline_id="p", task_ids=["a", "b"], tokens=[1])
+    assert CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[2]).token_of() == {"a": 2}
+
+
+def test_cancel_leaves_a_later_placement_alone() -> None:
+    c = core()
+    assert c.admit(offer("a", token=0)).accepted
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["a"], max_token=0))
+    assert ("p", "a") not in c.jobs
+    assert c.admit(offer("a", token=0)).code == "duplicate"  # a withdrawn provisional offer
+    assert c.admit(offer("a", token=9)).accepted  # its next placement has a real token
+    # a late withdrawal of the provisional offer does not touch the new placement
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["a"], max_token=0))
+    assert c.jobs[("p", "a")].offer.token == 9

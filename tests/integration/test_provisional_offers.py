@@ -1,0 +1,136 @@
+"""A first placement's offers travel while its bookings are written (token 0, "provisional");
+each task still runs only under the fencing token its booking produced, which the commit
+brings. Over a real nats-server, with the messages read off the wire by a second client."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import nats
+import pytest
+
+from orchestrator.reservations.store import BookingStore, device_key
+from schemas import PipelineSpec, subjects
+from schemas.bookings import BookingWindow, DeviceBookings
+from schemas.codec import decode
+from schemas.placement import CancelCommand, CommitCommand, OfferBatch, TaskOffer
+from schemas.rpc import settle
+from tests.harness import agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def pipeline(name: str, tasks: list[dict[str, Any]]) -> PipelineSpec:
+    return PipelineSpec.model_validate({"name": name, "tasks": tasks})
+
+
+def sleep_task(tid: str, seconds: float, **kw: Any) -> dict[str, Any]:
+    return {"id": tid, "run": {"kind": "synthetic", "seconds": seconds}, **kw}
+
+
+class Wire:
+    """Offers, commits and cancels as the agents receive them, in arrival order."""
+
+    def __init__(self) -> None:
+        self.offers: list[TaskOffer] = []
+        self.commits: list[CommitCommand] = []
+        self.cancels: list[CancelCommand] = []
+
+    async def listen(self, nc: Any) -> None:
+        async def on_offer(msg: Any) -> None:
+            self.offers.append(decode(msg.data, TaskOffer))
+
+        async def on_offers(msg: Any) -> None:
+            self.offers.extend(decode(msg.data, OfferBatch).offers)
+
+        async def on_commit(msg: Any) -> None:
+            self.commits.append(decode(msg.data, CommitCommand))
+
+        async def on_cancel(msg: Any) -> None:
+            self.cancels.append(decode(msg.data, CancelCommand))
+
+        await nc.subscribe(subjects.offer("*"), cb=on_offer)
+        await nc.subscribe(subjects.offers("*"), cb=on_offers)
+        await nc.subscribe(subjects.commit("*"), cb=on_commit)
+        await nc.subscribe(subjects.cancel("*"), cb=on_cancel)
+        await settle(nc)
+
+    def committed_tokens(self, pid: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.commits:
+            if c.pipeline_id == pid:
+                out.update(c.token_of())
+        return out
+
+
+async def test_first_offers_are_provisional_and_tasks_run_under_their_booking_tokens(
+    nats_url: str,
+) -> None:
+    configs = {name: agent_config("s", "edge", cpu_slots=1) for name in ("a", "b")}
+    orch, agents = await start_cluster(nats_url, configs)
+    nc = await nats.connect(nats_url)
+    wire = Wire()
+    await wire.listen(nc)
+    try:
+        tasks = [sleep_task("x", 0.02), sleep_task("y", 0.02), sleep_task("z", 0.02, deps=["x"])]
+        reply = await orch.submit_spec(pipeline("prov", tasks), "prov-1")
+        assert reply.state == "running"
+        run = await orch.wait_terminal("prov-1", 20)
+        assert run.state == "succeeded", run.reason
+        assert run.conflicts == 0 and run.rejections == 0 and run.stale_events == 0
+        await settle(nc)
+        offers = [x for x in wire.offers if x.pipeline_id == "prov-1"]
+        assert sorted(x.task.id for x in offers) == ["x", "y", "z"]  # one round, no re-sends
+        assert all(x.token == 0 for x in offers)
+        tokens = {t: tr.token for t, tr in run.tasks.items()}
+        assert all(tok > 0 for tok in tokens.values())
+        assert wire.committed_tokens("prov-1") == tokens
+        # each token is the revision of the booking that holds the task's window
+        kv = await nc.jetstream().key_value("MARS_BOOKINGS")
+        for tid, tr in run.tasks.items():
+            entry = await kv.get(device_key(tr.agent_id or "", tr.device_id or ""), tokens[tid])
+            book = decode(entry.value or b"", DeviceBookings)
+            assert any(w.pipeline_id == "prov-1" and w.task_id == tid for w in book.windows)
+        ran = [(p, t) for a in agents for (p, t, *_rest) in a.log if p == "prov-1"]
+        assert sorted(ran) == [("prov-1", "x"), ("prov-1", "y"), ("prov-1", "z")]  # once each
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_first_round_conflict_withdraws_the_provisional_offer(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
+    nc = await nats.connect(nats_url)
+    wire = Wire()
+    await wire.listen(nc)
+    other = BookingStore(nc.jetstream())
+    await other.start()
+    try:
+        # The orchestrator stops following the bucket, so it plans on a view that misses the
+        # window booked next: its first CAS must lose, whatever the timing.
+        await orch.store.stop()
+        now = time.time()
+        foreign = BookingWindow(
+            pipeline_id="foreign", task_id="f", slot=0, start=now, end=now + 0.3,
+            expires=now + 30, owner="another-replica",
+        )  # fmt: skip
+        assert (await other.book(device_key("a", "cpu0"), [foreign], now)).ok
+        reply = await orch.submit_spec(pipeline("late", [sleep_task("t", 0.01)]), "late-1")
+        assert reply.state == "running"
+        run = await orch.wait_terminal("late-1", 20)
+        assert run.state == "succeeded", run.reason
+        assert run.conflicts == 1
+        assert any("conflict on dev.a.cpu0 with foreign/f" in x for x in run.placement_log)
+        await settle(nc)
+        first, second = [x for x in wire.offers if x.pipeline_id == "late-1"]
+        assert first.token == 0  # offered while the (losing) booking was written
+        assert second.token == run.tasks["t"].token > 0  # booked first, then offered
+        withdrawn = [c for c in wire.cancels if c.pipeline_id == "late-1"]
+        assert [(c.task_ids, c.max_token) for c in withdrawn] == [(["t"], 0)]
+        assert wire.committed_tokens("late-1") == {"t": second.token}
+        assert [e[1] for e in agents[0].log if e[0] == "late-1"] == ["t"]  # ran once
+    finally:
+        await other.stop()
+        await nc.close()
+        await stop_cluster(orch, agents)
