@@ -60,25 +60,28 @@ def encode(model: WireModel, encoding: Encoding = "msgpack") -> bytes:
 
 
 def _check_depth(obj: Any) -> None:
-    """Nesting at most MAX_DEPTH and string map keys; only containers are walked (a message is
-    mostly scalars, and this runs on every message received)."""
-    if not isinstance(obj, dict | list):
-        return
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    while stack:
-        item, depth = stack.pop()
+    """Nesting at most MAX_DEPTH and string map keys. Runs on every message received, so it
+    walks one level at a time and looks only at containers (a message is mostly scalars; the
+    decoders make plain dicts and lists, never subclasses)."""
+    level = [obj]
+    depth = 0
+    while level:
+        level = [x for x in level if type(x) is dict or type(x) is list]
+        if not level:
+            return
+        depth += 1
         if depth > MAX_DEPTH:
             raise DecodeError("too_deep", f"payload nests deeper than {MAX_DEPTH} levels")
-        if isinstance(item, dict):
-            for k in item:
-                if not isinstance(k, str):
-                    raise DecodeError("bad_request", "map keys must be strings")
-            values = item.values()
-        else:
-            values = item
-        for v in values:
-            if isinstance(v, dict | list):
-                stack.append((v, depth + 1))
+        nxt: list[Any] = []
+        for item in level:
+            if type(item) is dict:
+                for k in item:
+                    if type(k) is not str:
+                        raise DecodeError("bad_request", "map keys must be strings")
+                nxt += item.values()
+            else:
+                nxt += item
+        level = nxt
 
 
 def _unpack(data: bytes, encoding: Encoding) -> Any:

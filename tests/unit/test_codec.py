@@ -154,3 +154,41 @@ def test_server_advisories_keep_what_recovery_reads_and_refuse_garbage() -> None
     for bad in (b"[1, 2]", b"{}", b'{"client": {"id": "forty-two"}}', b"\xff"):
         with pytest.raises(DecodeError):
             decode(bad, ConnectionAdvisory, "json")
+
+
+def _too_deep(obj: object, depth: int = 1) -> bool:
+    if not isinstance(obj, dict | list):
+        return False
+    vals = obj.values() if isinstance(obj, dict) else obj
+    return depth > MAX_DEPTH or any(_too_deep(v, depth + 1) for v in vals)
+
+
+def _bad_keys(obj: object) -> bool:
+    if isinstance(obj, dict):
+        return any(not isinstance(k, str) for k in obj) or any(_bad_keys(v) for v in obj.values())
+    return isinstance(obj, list) and any(_bad_keys(v) for v in obj)
+
+
+_nested = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda kids: st.lists(kids, max_size=3)
+    | st.dictionaries(st.text(max_size=2) | st.integers(0, 3), kids, max_size=3),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_nested, st.integers(0, MAX_DEPTH + 2))
+def test_depth_and_key_check_matches_the_rule(obj: object, wrap: int) -> None:
+    """The level-by-level walk says what the rule, written recursively, says."""
+    from schemas.codec import _check_depth
+
+    for _ in range(wrap):
+        obj = [obj]
+    want = {c for c, bad in (("too_deep", _too_deep(obj)), ("bad_request", _bad_keys(obj))) if bad}
+    try:
+        _check_depth(obj)
+        got = None
+    except DecodeError as exc:
+        got = exc.code
+    assert got in want if want else got is None  # with both problems, either may come first
