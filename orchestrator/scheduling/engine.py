@@ -124,6 +124,19 @@ class Prepared:
         self.memo: dict[str, NDArray[np.float64] | None] = {}
         self._zero_rows: list[bool] | None = None
 
+    def critical_path_bound(self) -> float:
+        """A finish no plan can beat: `now` plus the longest path through the graph when every
+        task takes its fastest eligible time, every transfer is free and nothing queues.
+        -inf with fixed placements (they may end anywhere)."""
+        if self.fixed:
+            return -math.inf
+        fastest = self.w.min(axis=1).tolist()
+        finish = [0.0] * len(fastest)
+        for i in self.graph.topo:
+            ready = max((finish[j] for j, _ in self.graph.preds[i]), default=0.0)
+            finish[i] = ready + fastest[i]
+        return self.now + max(finish, default=0.0)
+
     def zero_rows(self) -> list[bool]:
         """Per task: whether it takes no time on some device (computed once per request)."""
         if self._zero_rows is None:

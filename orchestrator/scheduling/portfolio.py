@@ -153,12 +153,19 @@ def portfolio(
     objective: Objective | None = None,
     budget_s: float = 0.05,
     prefilter: int | None = None,
+    max_share: float | None = None,
 ) -> Plan:
     """The best plan by `objective` (default: makespan) among the candidates that fit in
     `budget_s` seconds by estimate; with `prefilter`, plan on about that many devices
-    (`prefilter_cluster`). Constraints, fixed placements and errors as `heft`."""
+    (`prefilter_cluster`). Constraints, fixed placements and errors as `heft`.
+
+    Time beyond HEFT is spent only where it can pay: none when HEFT's plan already finishes
+    at the critical-path bound (makespan objective), and with `max_share` at most that share
+    of HEFT's makespan (planning time delays a new pipeline's end as much as a longer plan)."""
     if not budget_s >= 0:
         raise ValueError(f"budget_s must be >= 0, got {budget_s}")
+    if max_share is not None and not max_share >= 0:
+        raise ValueError(f"max_share must be >= 0, got {max_share}")
     objective = objective or Objective()
     compiled.warm_up()  # a first call would otherwise spend the budget loading the kernel
     started = time.perf_counter()
@@ -173,13 +180,17 @@ def portfolio(
     best = heft_prepared(prep)
     best_cost = dollars(best) if objective.uses_money else 0.0
     best_key = objective.key(best.makespan, best_cost)
+    if not objective.uses_money and best.makespan <= prep.critical_path_bound() * (1 + 1e-9):
+        extra_budget = 0.0  # HEFT reached the bound: no candidate can finish sooner
+    else:
+        extra_budget = budget_s if max_share is None else min(budget_s, max_share * best.makespan)
     queue = [
         *money_candidates(objective, best.makespan, best_cost),
         *TIME_CANDIDATES,
     ]
     for cand in queue:
         est = unit * cand.weight
-        if spent + est > budget_s:
+        if spent + est > extra_budget:
             continue
         if time.perf_counter() > deadline:
             break

@@ -171,8 +171,10 @@ def _bad_keys(obj: object) -> bool:
 
 _nested = st.recursive(
     st.none() | st.integers() | st.text(max_size=3),
-    lambda kids: st.lists(kids, max_size=3)
-    | st.dictionaries(st.text(max_size=2) | st.integers(0, 3), kids, max_size=3),
+    lambda kids: (
+        st.lists(kids, max_size=3)
+        | st.dictionaries(st.text(max_size=2) | st.integers(0, 3), kids, max_size=3)
+    ),
     max_leaves=30,
 )
 

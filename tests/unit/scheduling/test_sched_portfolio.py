@@ -138,6 +138,54 @@ def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.Monk
         portfolio(graph, cluster, cost, budget_s=-1.0)
 
 
+def _spy_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ran: list[str] = []
+
+    def spy(c: Candidate) -> Candidate:
+        def run(p: Prepared) -> Plan:
+            ran.append(c.name)
+            return c.run(p)
+
+        return Candidate(c.name, run, c.weight)
+
+    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
+    return ran
+
+
+def test_time_goes_beyond_heft_only_where_it_can_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _spy_candidates(monkeypatch)
+    # a chain, one device far faster than the rest: HEFT runs it all there, at the bound
+    chain = TaskGraph([Task(f"c{i}", work=2.0) for i in range(5)],
+                      {(f"c{i}", f"c{i + 1}"): 1e3 for i in range(4)})  # fmt: skip
+    devices = [Device("fast", "h0", "s0", speed=10.0), Device("slow", "h1", "s0", speed=1.0)]
+    plan = portfolio(chain, Cluster(devices), LinkCostModel(), budget_s=1.0)
+    assert plan.makespan == pytest.approx(1.0)  # 5 x 2 / 10: no plan can end sooner
+    assert ran == []
+    # not at the bound: a share of HEFT's makespan caps the time beyond it
+    graph, cluster, cost = _wide()
+    heft_span = heft(graph, cluster, cost).makespan
+    assert heft_span > Prepared(graph, cluster, cost, None, 0.0).critical_path_bound()
+    portfolio(graph, cluster, cost, max_share=0.0)
+    assert ran == []
+    portfolio(graph, cluster, cost, max_share=1.0 / heft_span)  # a whole second: all fit
+    assert ran == [c.name for c in TIME_CANDIDATES]
+    with pytest.raises(ValueError, match="max_share"):
+        portfolio(graph, cluster, cost, max_share=-0.1)
+
+
+@SETTINGS
+@given(problems())
+def test_no_plan_beats_the_critical_path_bound(pb: Problem) -> None:
+    try:
+        prep = Prepared(pb.graph, pb.cluster, pb.cost, None, pb.now)
+    except Unschedulable:
+        return
+    bound = prep.critical_path_bound()
+    for plan in (heft(pb.graph, pb.cluster, pb.cost, now=pb.now),
+                 portfolio(pb.graph, pb.cluster, pb.cost, now=pb.now)):  # fmt: skip
+        assert plan.makespan >= bound - 1e-9 * max(1.0, abs(bound))
+
+
 def test_prefiltered_portfolio_plans_on_the_full_cluster() -> None:
     graph, cluster, cost = _wide()
     plan = portfolio(graph, cluster, cost, prefilter=2)
