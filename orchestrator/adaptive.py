@@ -30,6 +30,7 @@ from numpy.typing import NDArray
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, descendants
 from orchestrator.planning import SpecCostModel, to_graph, with_bookings
+from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import device_key
 from orchestrator.scheduling import (
     BatchCostModel,
@@ -480,9 +481,7 @@ class Adaptive:
             return None
         devices = {d.id: o.view.device_spec(d.id)[1] for d in cluster.devices}
         pid = run.pipeline_id
-        cluster = with_bookings(
-            cluster, o.store.snapshot(), run.t0, lambda w: w.pipeline_id != pid, wall
-        )
+        cluster = with_bookings(cluster, o.store.snapshot(), run.t0, Blocking(pid), wall)
         tiers = {d.id: d.tier for d in cluster.devices}
         cost = SpecCostModel(run.spec, devices, links, o.predictor, tiers)
         now = max(0.0, wall - run.t0)

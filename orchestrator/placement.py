@@ -14,12 +14,13 @@ import logging
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.pipelines import PipelineRun
 from orchestrator.planning import plan_pipeline
+from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key
 from orchestrator.scheduling import Placement, Unschedulable
 from schemas.api import PlannedTask
@@ -31,8 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mars.placement")
 MAX_ROUNDS = 8
-#: Priority points a waiting pipeline gains per second (aging against starvation).
-AGING_PER_S = 1.0
 DEVICE_WIDE = {"unhealthy", "draining", "stale_incarnation", "unknown_device", "no_capacity"}
 
 
@@ -40,10 +39,6 @@ class PlacementFailed(Exception):
     def __init__(self, message: str, details: dict[str, str]) -> None:
         super().__init__(message)
         self.details = details
-
-
-def effective_priority(priority: int, submitted: float, now: float) -> float:
-    return priority + AGING_PER_S * max(0.0, now - submitted)
 
 
 def descendants(run: PipelineRun, roots: Iterable[str]) -> set[str]:
@@ -88,22 +83,9 @@ class Placer:
         under load plans come sooner rather than better; HEFT's are still link-aware)."""
         return self.o.plan_budget_s if self.placing <= 1 else 0.0
 
-    def _evictor(self, eff: float, now: float) -> Callable[[BookingWindow], bool]:
-        return lambda w: self._evictable(w, eff, now)
-
-    def _blocks(self, run: PipelineRun, eff: float, now: float) -> Callable[[BookingWindow], bool]:
-        pid = run.pipeline_id
-
-        def blocks(w: BookingWindow) -> bool:
-            if w.pipeline_id == pid:
-                return False  # our own earlier windows are replaced, never in the way
-            return not self._evictable(w, eff, now)
-
-        return blocks
-
     @staticmethod
     def _evictable(w: BookingWindow, eff: float, now: float) -> bool:
-        return w.preemptible and effective_priority(w.priority, w.submitted, now) < eff
+        return Blocking(eff=eff, now=now).evictable(w)
 
     async def place(
         self,
@@ -149,7 +131,8 @@ class Placer:
                 try:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
-                        blocks=self._blocks(run, eff, now), excluded=st.excluded, fixed=st.fixed,
+                        blocks=Blocking(run.pipeline_id, eff, now), excluded=st.excluded,
+                        fixed=st.fixed,
                         rel_now=max(0.0, now - st.t0), budget_s=budget,
                         predictor=o.predictor,
                     )  # fmt: skip
@@ -182,7 +165,7 @@ class Placer:
                     ))  # fmt: skip
                 keys = sorted(by_key)
                 booking = asyncio.gather(*(
-                    o.store.book(k, by_key[k], now, self._evictor(eff, now))
+                    o.store.book(k, by_key[k], now, Blocking(eff=eff, now=now).evictable)
                     for k in keys
                 ))  # fmt: skip
                 # A first placement is offered while its bookings are written (token 0, the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,7 +11,8 @@ from numpy.typing import NDArray
 
 from orchestrator.predictor.model import Estimates, Predictor
 from orchestrator.registry import ClusterView
-from orchestrator.reservations.store import Cached, device_key
+from orchestrator.reservations.book import Blocking
+from orchestrator.reservations.store import Cached, device_key_of
 from orchestrator.scheduling import (
     Cluster,
     Device,
@@ -26,7 +27,6 @@ from orchestrator.scheduling import (
     portfolio,
 )
 from schemas.agent import DeviceSpec
-from schemas.bookings import BookingWindow
 from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
 
 
@@ -160,28 +160,33 @@ def with_bookings(
     cluster: Cluster,
     bookings: Mapping[str, Cached],
     t0: float,
-    blocks: Callable[[BookingWindow], bool],
+    blocks: Blocking,
     now: float,
 ) -> Cluster:
     """The cluster with other pipelines' live reservations (those `blocks` keeps) as per-slot
     busy windows, in seconds relative to `t0` on the booking clock; expired ones are ignored
-    (whoever writes the key next drops them)."""
+    (whoever writes the key next drops them). Runs on every plan over every booked window,
+    so it reads each key's windows as plain tuples."""
     overlay: dict[int, tuple[tuple[int, float, float], ...]] = {}
+    own = blocks.pipeline_id
     for i, d in enumerate(cluster.devices):
-        agent_id, dev_id = d.id.split(":", 1)
-        cached = bookings.get(device_key(agent_id, dev_id))
-        if cached is not None:
-            # A window still in the bucket is work not yet known finished: if its planned end
-            # has passed it is still queued or running, so it holds its slot from now for its
-            # planned duration (released windows are gone; expired ones ignored).
-            extra = tuple(
-                (w.slot, max(0.0, w.start - t0), max(w.end, now + (w.end - w.start)) - t0)
-                for w in cached.book.windows
-                if w.expires > now and w.slot < d.slots and blocks(w)
-            )
-            if extra:
-                overlay[i] = extra
-    return cluster.with_slot_busy(overlay) if overlay else cluster
+        cached = bookings.get(device_key_of(d.id))
+        if cached is None:
+            continue
+        # A window still in the bucket is work not yet known finished: if its planned end has
+        # passed it is still queued or running, so it holds its slot from now for its planned
+        # duration (released windows are gone; expired ones ignored).
+        extra = [
+            (slot, s, max(s, max(end, now + (end - start)) - t0))  # never ends before it starts
+            for slot, start, end, expires, pid, pre, prio, sub in cached.rows()
+            if expires > now and slot < d.slots and pid != own
+            and not (pre and blocks.evicts(pre, prio, sub))
+            for s in (max(0.0, start - t0),)
+        ]  # fmt: skip
+        if extra:
+            overlay[i] = tuple(extra)
+    # valid by construction: slots below the device's, finite instants (the schema's), s <= e
+    return cluster.with_slot_busy(overlay, check=False) if overlay else cluster
 
 
 def plan_pipeline(
@@ -191,7 +196,7 @@ def plan_pipeline(
     *,
     bookings: Mapping[str, Cached] | None = None,
     t0: float = 0.0,
-    blocks: Callable[[BookingWindow], bool] = lambda _w: True,
+    blocks: Blocking | None = None,
     excluded: set[tuple[str, str]] | None = None,
     fixed: Mapping[str, Placement] | None = None,
     rel_now: float = 0.0,
@@ -206,7 +211,7 @@ def plan_pipeline(
         raise Unschedulable({t.id: {} for t in spec.tasks})  # says: the cluster has no devices
     devices = {d.id: view.device_spec(d.id)[1] for d in cluster.devices}
     if bookings:
-        cluster = with_bookings(cluster, bookings, t0, blocks, t0 + rel_now)
+        cluster = with_bookings(cluster, bookings, t0, blocks or Blocking(), t0 + rel_now)
     graph = to_graph(spec)
     tiers = {d.id: d.tier for d in cluster.devices}
     cost = SpecCostModel(spec, devices, links, predictor, tiers)

@@ -15,6 +15,48 @@ from dataclasses import dataclass, field
 from schemas.bookings import BookingWindow, DeviceBookings
 
 EPS = 1e-6
+#: Priority points a waiting pipeline gains per second (aging against starvation).
+AGING_PER_S = 1.0
+
+#: A window as plain values, for loops that visit every booked window on every plan:
+#: (slot, start, end, expires, pipeline, preemptible, priority, submitted).
+Row = tuple[int, float, float, float, str, bool, int, float]
+
+
+def effective_priority(priority: int, submitted: float, now: float) -> float:
+    return priority + AGING_PER_S * max(0.0, now - submitted)
+
+
+def rows(book: DeviceBookings) -> tuple[Row, ...]:
+    return tuple(
+        (w.slot, w.start, w.end, w.expires, w.pipeline_id, w.preemptible, w.priority, w.submitted)
+        for w in book.windows
+    )
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Which booked windows a plan must work around at `now`: every live one except its own
+    pipeline's (`pipeline_id`, replaced when it books again) and those it may evict:
+    preemptible ones of lower effective priority than `eff` (None: it evicts nothing)."""
+
+    pipeline_id: str | None = None
+    eff: float | None = None
+    now: float = 0.0
+
+    def evictable(self, w: BookingWindow) -> bool:
+        return self.evicts(w.preemptible, w.priority, w.submitted)
+
+    def evicts(self, preemptible: bool, priority: int, submitted: float) -> bool:
+        return (
+            self.eff is not None
+            and preemptible
+            and effective_priority(priority, submitted, self.now) < self.eff
+        )
+
+    def __call__(self, w: BookingWindow) -> bool:
+        """Whether `w` is in the way."""
+        return w.pipeline_id != self.pipeline_id and not self.evictable(w)
 
 
 def overlaps(a: BookingWindow, b: BookingWindow) -> bool:

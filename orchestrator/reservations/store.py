@@ -33,10 +33,22 @@ def device_key(agent_id: str, device_id: str) -> str:
     return f"dev.{agent_id}.{device_id}"
 
 
+def device_key_of(cluster_device_id: str) -> str:
+    """The key of a scheduler device id (`<agent>:<device>`), without splitting it."""
+    return "dev." + cluster_device_id.replace(":", ".", 1)
+
+
 @dataclass
 class Cached:
     revision: int
     book: DeviceBookings
+    _rows: tuple[rules.Row, ...] | None = field(default=None, repr=False, compare=False)
+
+    def rows(self) -> tuple[rules.Row, ...]:
+        """The windows as plain tuples, made once per revision (planning reads them all)."""
+        if self._rows is None:
+            self._rows = rules.rows(self.book)
+        return self._rows
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -54,6 +54,25 @@ class Device:
     busy: tuple[tuple[float, float], ...] = ()
     #: Windows booked on one slot only: (slot, start, end); e.g. other pipelines' reservations.
     slot_busy: tuple[tuple[int, float, float], ...] = ()
+
+    def with_slot_busy(
+        self, windows: tuple[tuple[int, float, float], ...], *, check: bool = True
+    ) -> Device:
+        """This device with `windows` as its per-slot busy windows, checked as in
+        `__post_init__` (`check=False`: the caller built them as (int slot below `slots`,
+        finite start <= finite end)), without `dataclasses.replace` re-checking everything
+        else: the orchestrator overlays reservations on every plan."""
+        per_slot = windows
+        if check:
+            per_slot = tuple((int(k), float(s), float(e)) for k, s, e in windows)
+            for k, s, e in per_slot:
+                if not (0 <= k < self.slots and math.isfinite(s) and math.isfinite(e) and s <= e):
+                    raise ValueError(f"device {self.id!r}: bad slot window ({k}, {s}, {e})")
+        out = object.__new__(Device)
+        for name in Device.__slots__:
+            object.__setattr__(out, name, getattr(self, name))
+        object.__setattr__(out, "slot_busy", per_slot)
+        return out
 
     def windows(self, slot: int) -> list[tuple[float, float]]:
         """Everything that blocks `slot`: device-wide busy windows and that slot's own."""
@@ -298,8 +317,11 @@ class Cluster:
                 table, codes = self.label_codes[key]
                 codes[i] = table.setdefault(value, len(table))
 
-    def with_slot_busy(self, extra: Mapping[int, tuple[tuple[int, float, float], ...]]) -> Cluster:
-        """This cluster with per-slot busy windows set on some devices (by index).
+    def with_slot_busy(
+        self, extra: Mapping[int, tuple[tuple[int, float, float], ...]], *, check: bool = True
+    ) -> Cluster:
+        """This cluster with per-slot busy windows set on some devices (by index; `check` as
+        in `Device.with_slot_busy`).
 
         Only busy windows differ, so the copy shares every array and index of this one: the
         orchestrator overlays live reservations on each request without rebuilding them.
@@ -309,7 +331,7 @@ class Cluster:
             setattr(out, name, getattr(self, name))
         devices = list(self.devices)
         for i, windows in extra.items():
-            devices[i] = replace(devices[i], slot_busy=windows)
+            devices[i] = devices[i].with_slot_busy(windows, check=check)
         out.devices = tuple(devices)
         out.any_busy = _any_busy(out.devices)
         return out

@@ -9,14 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import (
-    AGING_PER_S,
-    MIN_WINDOW_S,
-    Placer,
-    descendants,
-    effective_priority,
-    window_ends,
-)
+from orchestrator.placement import MIN_WINDOW_S, Placer, descendants, window_ends
+from orchestrator.reservations.book import AGING_PER_S, Blocking, effective_priority
 from orchestrator.scheduling import Placement
 from schemas import PipelineSpec
 from schemas.bookings import BookingWindow
@@ -49,6 +43,13 @@ def test_only_preemptible_lower_priority_windows_are_evictable() -> None:
     assert not Placer._evictable(win(600, True), eff=500, now=100.0)
     # aged: the same low-priority window, waiting long enough, is no longer evictable
     assert not Placer._evictable(win(10, True), eff=500, now=100.0 + 1000 / AGING_PER_S)
+    # what a plan works around: all but its own pipeline's and what it may evict
+    blocks = Blocking("me", eff=500, now=100.0)
+    assert not blocks(win(10, True))
+    assert blocks(win(10, False)) and blocks(win(600, True))
+    mine = win(600, False).model_copy(update={"pipeline_id": "me"})
+    assert not blocks(mine)
+    assert Blocking("me")(win(10, True))  # evicting nothing, it is in the way
 
 
 def test_descendants_follow_dependencies_only_downstream() -> None:

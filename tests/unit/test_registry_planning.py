@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.planning import with_bookings
 from orchestrator.registry import ClusterView
+from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import Cached
 from schemas import AgentAdvert, DeviceSpec
 from schemas.bookings import BookingWindow, DeviceBookings
@@ -70,7 +73,7 @@ def test_reservations_become_slot_busy_windows() -> None:
         cluster,
         {"dev.a.cpu0": Cached(7, book)},
         t0=100.0,
-        blocks=lambda x: x.pipeline_id != "me",
+        blocks=Blocking("me"),
         now=100.0,
     )
     busy = sorted(out.devices[0].slot_busy)
@@ -88,3 +91,46 @@ def test_planning_on_an_empty_fleet_says_so() -> None:
     with pytest.raises(Unschedulable) as err:
         plan_pipeline(spec, ClusterView(3), now=0.0)
     assert "the cluster has no devices" in str(err.value)
+
+
+_window = st.tuples(
+    st.sampled_from(["me", "other", "third"]),  # pipeline
+    st.integers(0, 2),  # slot (the device has 2)
+    st.floats(90.0, 130.0),  # start
+    st.floats(0.0, 20.0),  # duration
+    st.floats(95.0, 140.0),  # expires
+    st.booleans(),  # preemptible
+    st.integers(0, 20),  # priority
+    st.floats(0.0, 120.0),  # submitted
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_window, max_size=12), st.none() | st.floats(0.0, 40.0), st.floats(95.0, 125.0))
+def test_overlay_keeps_exactly_the_windows_in_the_way(
+    raw: list[tuple[str, int, float, float, float, bool, int, float]],
+    eff: float | None,
+    now: float,
+) -> None:
+    """The overlay (plain tuples, the rule inlined) equals the rule applied window by window."""
+    view = ClusterView()
+    view.on_advert(advert("a"), 0.0)
+    cluster, _ = view.snapshot(0.0)
+    windows = [
+        BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=k, start=s, end=s + d, expires=x,
+                      preemptible=pre, priority=prio, submitted=sub)
+        for i, (p, k, s, d, x, pre, prio, sub) in enumerate(raw)
+    ]  # fmt: skip
+    blocks, t0 = Blocking("me", eff, now), 100.0
+    out = with_bookings(
+        cluster, {"dev.a.cpu0": Cached(3, DeviceBookings(device="dev.a.cpu0", windows=windows))},
+        t0, blocks, now,
+    )  # fmt: skip
+    want = sorted(
+        (w.slot, s, max(s, max(w.end, now + (w.end - w.start)) - t0))
+        for w in windows
+        if w.expires > now and w.slot < 2 and blocks(w)
+        for s in (max(0.0, w.start - t0),)
+    )  # `now` may be before t0 (a wall clock stepped back): such a window is empty, not bad
+    assert sorted(out.devices[0].slot_busy) == want
+    cluster.devices[0].with_slot_busy(out.devices[0].slot_busy)  # what the check would pass
