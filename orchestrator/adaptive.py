@@ -578,7 +578,10 @@ class Adaptive:
             run.note(d.line())
             if d.replan:
                 await self._move(run, s, d)
-            await self.o.persist(run)
+                await self.o.persist(run)
+            # a decision to keep the plan changes nothing a new owner needs: its log line
+            # reaches the record with the pipeline's next write (under load, late tasks are
+            # priced often; a record write for each was CPU spent on nothing)
         async with self.o._changed:
             self.o._changed.notify_all()
         return d
