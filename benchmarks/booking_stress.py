@@ -51,6 +51,7 @@ from nats.js.api import KeyValueConfig, StreamConfig, StreamSource
 from nats.js.errors import NoKeysError
 
 from benchmarks.common import pct, progress, table
+from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.procs import spawn, stop_all
@@ -610,11 +611,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with log_dir("mars-booking-stress-") as logs, EmbeddedNats() as srv:
         progress(f"nats-server on {srv.url}; creating {BUCKET} and its audit mirror")
-        asyncio.run(prepare_audit(srv.url))
+        eventloop.run(prepare_audit(srv.url))
         with Services(logs) as services:
-            load = asyncio.run(drive(srv.url, args, services))
+            load = eventloop.run(drive(srv.url, args, services))
         progress("services stopped; auditing every mirrored revision")
-        audit = asyncio.run(audit_mirror(srv.url))
+        audit = eventloop.run(audit_mirror(srv.url))
     return report(args, load, audit, time.perf_counter() - t0)
 
 

@@ -47,6 +47,7 @@ from benchmarks.booking_stress import (
     wait_ready,
 )
 from benchmarks.common import pct, progress, table
+from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from schemas.codec import RemoteError
@@ -247,7 +248,10 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
     print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
     print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es).")
-    print(f"orchestrator plan budget beyond HEFT: {args.plan_budget_ms:g} ms")
+    print(
+        f"orchestrator plan budget beyond HEFT: {args.plan_budget_ms:g} ms; every process "
+        f"on the {eventloop.loop_name()} event loop (MARS_LOOP=asyncio for the standard one)"
+    )
     for name, phase, states in (
         ("back-to-back", r.latency, r.latency_states),
         ("isolated", r.isolated, r.isolated_states),
@@ -318,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     with log_dir("mars-placement-latency-") as logs, EmbeddedNats() as srv:
         progress(f"nats-server on {srv.url}")
         with Services(logs) as services:
-            results = asyncio.run(drive(srv.url, args, services))
+            results = eventloop.run(drive(srv.url, args, services))
         states = (results.latency_states, results.isolated_states, results.throughput_states)
         if any(s["no terminal event"] for s in states):
             keep_logs(logs, "a pipeline got no terminal event")

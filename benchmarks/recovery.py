@@ -43,6 +43,7 @@ from nats.aio.msg import Msg
 from benchmarks.common import pct, progress, table
 from edge_agent.config import AgentConfig
 from edge_agent.service import Agent
+from orchestrator import eventloop
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun
 from orchestrator.procs import spawn
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="trials per failure kind")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    return asyncio.run(main_async(max(1, args.trials)))
+    return eventloop.run(main_async(max(1, args.trials)))
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import eventloop
 from sim.run import add_arguments as add_sim_run_arguments
 
 DEFAULT_URL = os.environ.get("MARS_NATS_URL", "nats://127.0.0.1:4222")
@@ -27,7 +28,7 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
                 loop.add_signal_handler(sig, stop.set)
         await main(stop)
 
-    asyncio.run(runner())
+    eventloop.run(runner())
     return 0
 
 
@@ -71,7 +72,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return asyncio.run(go())
+        return eventloop.run(go())
     except Exception as exc:
         return _fail(exc)
 
@@ -139,7 +140,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0 if st.state == "succeeded" else 1
 
     try:
-        return asyncio.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc)
 
@@ -157,7 +158,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return asyncio.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc)
 
@@ -169,7 +170,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return asyncio.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc)
 
@@ -184,7 +185,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return asyncio.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc)
 
@@ -196,7 +197,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return asyncio.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc)
 

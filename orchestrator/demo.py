@@ -8,7 +8,6 @@ actual timeline. Everything it started is stopped on exit and on Ctrl-C.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import subprocess
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipeline_files import load_pipeline
@@ -129,7 +129,7 @@ def run_demo(pipeline: Path | None = None, timeout: float = 25.0, verbose: int =
                         log=log,
                     )
                 )
-            rc = asyncio.run(_drive(server.url, pipeline or example_path(), timeout))
+            rc = eventloop.run(_drive(server.url, pipeline or example_path(), timeout))
         except KeyboardInterrupt:
             print("\ninterrupted; stopping everything")
             rc = 130

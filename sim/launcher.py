@@ -35,6 +35,7 @@ from typing import Any
 import psutil
 import yaml
 
+from orchestrator import eventloop
 from orchestrator.natsserver import find_binary, free_port
 from schemas.linkcontrol import LinkControl
 from sim.linkemu import LinkSpecEntry, control_request, profile_to_dict, write_spec
@@ -240,7 +241,7 @@ def _start(
         _record(state, "agent", aid, proc, alog)
 
     n = len(agents)
-    alive = asyncio.run(_wait_for_agents(state, n, timeout))
+    alive = eventloop.run(_wait_for_agents(state, n, timeout))
     if alive < n:
         dead = [p for p in state.processes if _ours(p) is None]
         detail = "".join(f"\n--- {p.role} {p.name}:\n{_tail(p.log)}" for p in dead[:3])
@@ -329,7 +330,7 @@ def link_control(run_dir: str | Path, op: str, agent: str | None = None, **kw: A
     if agent is not None and agent not in state.links:
         raise SimError(f"no agent {agent!r} in this fleet (known: {sorted(state.links)})")
     req = LinkControl.model_validate({"op": op, "link": agent, **kw})
-    rep = asyncio.run(control_request(state.control_port, req))
+    rep = eventloop.run(control_request(state.control_port, req))
     if not rep.ok:
         raise SimError(f"{rep.code}: {rep.error}")
     return {name: status.model_dump() for name, status in rep.links.items()}
