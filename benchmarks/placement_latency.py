@@ -146,7 +146,8 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
     services.spawn(
         "orchestrator",
         ["orchestrator", "--nats", url, "--plan-budget-ms", str(args.plan_budget_ms)],
-        env={"MARS_DEBUG": "mars.timing"},  # one line per placement with its steps' times
+        # one line per placement with its steps' times (plus loggers named in MARS_DEBUG)
+        env={"MARS_DEBUG": ",".join(filter(None, ["mars.timing", os.environ.get("MARS_DEBUG")]))},
     )
     for k, count in enumerate(shares(args.agents, args.agent_procs)):
         services.spawn(

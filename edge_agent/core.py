@@ -135,7 +135,14 @@ class AgentCore:
                 return self._reject(offer, "missing_model", problem)
         if existing is None and len(self.jobs) >= MAX_JOBS:
             return self._reject(offer, "no_capacity", f"{MAX_JOBS} jobs queued")
-        self.jobs[key] = Job(offer)
+        job = self.jobs[key] = Job(offer)
+        if existing is not None:
+            # Placed here again (a newer token, e.g. moved by adaptive re-planning onto this
+            # same agent): inputs that already arrived stay. Their producers were told they
+            # were delivered and may have let them go; dropping them would leave the task
+            # waiting for ever for data nobody holds any more.
+            wanted = {i.task_id for i in offer.inputs}
+            job.inputs = {p: d for p, d in existing.inputs.items() if p in wanted}
         return self._accept(offer)
 
     def _accept(self, offer: TaskOffer) -> OfferReply:

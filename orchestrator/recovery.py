@@ -36,6 +36,7 @@ from orchestrator.health import (
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key
 from orchestrator.results import ResultLedger
+from orchestrator.scheduling import Placement
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
@@ -322,16 +323,20 @@ class Recovery:
         gone: set[str],
         why: str,
         incarnation: str | None = None,
+        starved: set[str] | None = None,
     ) -> None:
-        """Re-place `seeds` (default: the unfinished tasks on the `gone` agents) and whatever
-        must run again to feed them, everything else fixed. When nothing can take them, the
-        tasks stay where they were (an agent that comes back, or a new incarnation replaying
-        its journal, may still finish them) and the attempt is repeated now and then."""
+        """Re-place `seeds` (default: the unfinished tasks on the `gone` agents; `starved`:
+        exactly those tasks) and whatever must run again to feed them, everything else fixed.
+        When nothing can take them, the tasks stay where they were (an agent that comes back,
+        or a new incarnation replaying its journal, may still finish them) and the attempt is
+        repeated now and then."""
         async with self._lock(run.pipeline_id):
             if run.terminal or not self.o.failover.may_act(run.pipeline_id):
                 self._stuck.pop(run.pipeline_id, None)
                 return  # finished, or another replica owns it now
-            if seeds is None:
+            if starved is not None:
+                seeds = {t for t in starved if run.tasks[t].state in ("offered", "accepted")}
+            elif seeds is None:
                 seeds = {
                     t
                     for t, tr in run.tasks.items()
@@ -364,6 +369,14 @@ class Recovery:
                         moved.setdefault(run.pipeline_id, set()).update(
                             t for t, (_, a, _) in saved.items() if a == agent
                         )
+                if starved is not None:  # their agents are alive: withdraw what moved away
+                    away = {
+                        t: Placement(t, f"{agent}:", 0, 0.0, 0.0)
+                        for t, (_, agent, _) in saved.items()
+                        if agent and agent != run.tasks[t].agent_id
+                    }
+                    for t, p in away.items():
+                        await self.o.cancel_tasks(run, {t: p}, why, max_token=saved[t][2])
                 await self.o._commit_all(run, redo)
                 run.recoveries += 1
                 self.stats["tasks_replaced"] += len(redo)
@@ -376,6 +389,14 @@ class Recovery:
         await self.o.persist(run)
         async with self.o._changed:
             self.o._changed.notify_all()
+
+    async def rerun_starved(self, run: PipelineRun, tasks: set[str]) -> None:
+        """Tasks free to start that did not start even after being asked again: an input they
+        wait for may be gone for good (its producer let it go after a delivery the consumer
+        then lost, e.g. around a move). Re-place them, and re-run every producer that no
+        longer holds their input."""
+        why = f"starved of inputs: {', '.join(sorted(tasks))}"
+        await self._recover_run(run, None, set(), why, starved=tasks)
 
     def _wait_for_capacity(
         self,

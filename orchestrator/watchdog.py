@@ -27,6 +27,8 @@ log = logging.getLogger("mars.watchdog")
 STALL_S = 10.0
 #: A started task is overdue after STALL_S plus this many times its predicted duration.
 OVERDUE_FACTOR = 3.0
+#: Asked again this many watchdog looks ago and still not started: its inputs are re-made.
+STARVED_AFTER_LOOKS = 2
 
 
 class Watchdog:
@@ -37,6 +39,8 @@ class Watchdog:
         self._reported: set[tuple[str, str, int, str]] = set()
         #: pipeline -> when its events were last read again
         self._replayed: dict[str, float] = {}
+        #: (pipeline, task, token) stalled -> looks it has stayed stalled since first seen
+        self._stalled_looks: dict[tuple[str, str, int], int] = {}
 
     async def run(self) -> None:
         while True:
@@ -47,6 +51,7 @@ class Watchdog:
         """One look at every live pipeline this replica may act for."""
         o, now = self.o, self.o._now()
         live = set()
+        looks: dict[tuple[str, str, int], int] = {}
         for run in list(o.pipelines.values()):
             if run.terminal or not o.failover.may_act(run.pipeline_id):
                 continue
@@ -62,6 +67,14 @@ class Watchdog:
                 run.note(f"stalled, commit sent again: {', '.join(stalled)}")
             if stalled:
                 o._spawn(o._commit_all(run, set(stalled)))
+                starved = self._starved(run, stalled, looks)
+                if starved:
+                    log.warning(
+                        "pipeline %s: %s still not started after being asked again; re-placing "
+                        "them and re-running producers whose outputs are gone",
+                        run.pipeline_id, ", ".join(sorted(starved)),
+                    )  # fmt: skip
+                    o._spawn(o.recovery.rerun_starved(run, starved))
             overdue = run.overdue(now, self.stall_s, OVERDUE_FACTOR)
             self._report(
                 run,
@@ -74,8 +87,22 @@ class Watchdog:
             if (stalled or overdue) and now - last >= self.stall_s:
                 self._replayed[run.pipeline_id] = now
                 o._spawn(self._replay(run))
+        self._stalled_looks = looks  # a task that started (or moved) is forgotten
         self._reported = {r for r in self._reported if r[0] in live}
         self._replayed = {p: t for p, t in self._replayed.items() if p in live}
+
+    def _starved(
+        self, run: PipelineRun, stalled: list[str], looks: dict[tuple[str, str, int], int]
+    ) -> set[str]:
+        """Count this look for each stalled task (under its current token); those stalled for
+        STARVED_AFTER_LOOKS looks since the one that asked again, once each."""
+        out = set()
+        for t in stalled:
+            key = (run.pipeline_id, t, run.tasks[t].token)
+            n = looks[key] = self._stalled_looks.get(key, 0) + 1
+            if n == 1 + STARVED_AFTER_LOOKS:
+                out.add(t)
+        return out
 
     def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
         """Log each task of `tids` not reported yet as `kind`; True if any was new."""

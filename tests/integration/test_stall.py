@@ -17,7 +17,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
 from schemas.codec import decode
 from schemas.events import TaskEvent
-from schemas.placement import CommitCommand
+from schemas.placement import CommitCommand, DataAck, DataTransfer
 from tests.harness import RecordingAgent, agent_config
 
 pytestmark = pytest.mark.integration
@@ -137,3 +137,30 @@ async def test_an_input_lost_on_its_way_is_fetched_when_the_commit_is_sent_again
         assert lost == ["u"]
         assert any(line.startswith("stalled, commit sent again: u") for line in run.placement_log)
         assert agent.data.stats["inputs"] == 1  # delivered by the fetch, not the lost push
+
+
+async def test_an_input_gone_for_good_is_made_again(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """u's agent acknowledges t's output but loses it, so t's agent lets the output go: asking
+    u to start again cannot help (nobody holds the input). After two more looks the watchdog
+    has u re-placed and t run again, and the pipeline ends."""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    async with one_agent(nats_url) as (orch, agent, _):
+        real = agent.core.deliver
+        lost: list[str] = []
+
+        def forgetful(msg: DataTransfer, data: bytes | None = None) -> DataAck:
+            if msg.consumer == "u" and not lost:
+                lost.append(msg.producer)  # acknowledged, then gone
+                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+            return real(msg, data)
+
+        agent.core.deliver = forgetful  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="mars"):
+            run = await run_to_end(orch, chain("t", "u"))
+        assert lost == ["t"]
+        assert [task for (_, task, *_rest) in agent.log] == ["t", "t", "u"]  # t made again
+        assert [r for r in caplog.records if "still not started" in r.getMessage()]
+        assert any("starved of inputs: u" in x and "re-running t" in x for x in run.placement_log)
+        assert run.results_committed == 2  # t's second result is the same task's: dropped

@@ -162,3 +162,30 @@ def test_cancel_leaves_a_later_placement_alone() -> None:
     # a late withdrawal of the provisional offer does not touch the new placement
     c.cancel(CancelCommand(pipeline_id="p", task_ids=["a"], max_token=0))
     assert c.jobs[("p", "a")].offer.token == 9
+
+
+def test_placed_here_again_keeps_the_inputs_that_arrived() -> None:
+    """A consumer re-placed onto the same agent (newer token) keeps delivered inputs: their
+    producers count them delivered and may have released them."""
+    c = core()
+    assert c.admit(offer("b", token=5, deps=("x", "y"))).accepted
+    ack = c.deliver(
+        DataTransfer(pipeline_id="p", producer="x", consumer="b", token=1, data=b"1", sha256=SHA)
+    )
+    assert ack.ok
+    assert c.admit(offer("b", token=9, deps=("x", "y"))).accepted  # moved here again
+    assert c.jobs[("p", "b")].offer.token == 9
+    assert c.jobs[("p", "b")].inputs == {"x": b"1"}
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["b"], tokens=[9]))
+    assert c.take_ready() == []  # y has not arrived
+    c.deliver(
+        DataTransfer(pipeline_id="p", producer="y", consumer="b", token=1, data=b"2", sha256=SHA)
+    )
+    assert [j.offer.task.id for j in c.take_ready()] == ["b"]
+    # an input the new placement no longer has is not carried over
+    assert c.admit(offer("d", token=5, deps=("x",))).accepted
+    c.deliver(
+        DataTransfer(pipeline_id="p", producer="x", consumer="d", token=1, data=b"1", sha256=SHA)
+    )
+    assert c.admit(offer("d", token=6, deps=())).accepted
+    assert c.jobs[("p", "d")].inputs == {}
