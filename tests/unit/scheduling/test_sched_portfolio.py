@@ -110,10 +110,8 @@ def _wide() -> tuple[TaskGraph, Cluster, LinkCostModel]:
     return TaskGraph(tasks, edges), Cluster(devices), LinkCostModel()
 
 
-def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    graph, cluster, cost = _wide()
+def _spy_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ran: list[str] = []
-    real = TIME_CANDIDATES
 
     def spy(c: Candidate) -> Candidate:
         def run(p: Prepared) -> Plan:
@@ -122,7 +120,14 @@ def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.Monk
 
         return Candidate(c.name, run, c.weight)
 
-    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in real))
+    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
+    return ran
+
+
+def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, cluster, cost = _wide()
+    real = TIME_CANDIDATES
+    ran = _spy_candidates(monkeypatch)
     portfolio(graph, cluster, cost)
     assert ran == [c.name for c in real]  # a small problem: everything fits
     ran.clear()
@@ -136,20 +141,6 @@ def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.Monk
     assert ran == ["heft-noins"]  # after HEFT's unit, only it fits in the remaining 1.05
     with pytest.raises(ValueError, match="budget_s"):
         portfolio(graph, cluster, cost, budget_s=-1.0)
-
-
-def _spy_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    ran: list[str] = []
-
-    def spy(c: Candidate) -> Candidate:
-        def run(p: Prepared) -> Plan:
-            ran.append(c.name)
-            return c.run(p)
-
-        return Candidate(c.name, run, c.weight)
-
-    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
-    return ran
 
 
 def test_time_goes_beyond_heft_only_where_it_can_pay(monkeypatch: pytest.MonkeyPatch) -> None:
