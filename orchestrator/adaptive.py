@@ -288,7 +288,15 @@ def evaluate(s: Situation, factor: float = GAIN_FACTOR) -> Option:
     """The better of: re-plan the unstarted work; also restart the restartable running tasks
     elsewhere. Nothing pinned ever moves."""
     best = _option(s, frozenset())
-    restart = frozenset(t for t in s.restartable if t not in s.pinned)
+    # A running task whose consumer is already reported started or done has in fact finished
+    # (its end event is late): restarting it is pointless, and would leave the consumer fixed
+    # on an input that is not.
+    seen = s.done.keys() | s.running.keys()
+    restart = frozenset(
+        t for t in s.restartable
+        if t not in s.pinned
+        and not any(s.graph.ids[j] in seen for j, _ in s.graph.succs[s.graph.index[t]])
+    )  # fmt: skip
     if restart:
         try:
             alt = _option(s, restart)

@@ -189,3 +189,17 @@ async def test_late_tasks_of_one_pipeline_are_priced_once_per_gap() -> None:
     ad._late(("p1", "b", 1))
     assert orch.priced == ["p1/a", "p2/a", "p1/b"]
     ad.stop()
+
+
+def test_a_task_whose_consumer_started_is_not_restarted() -> None:
+    """Events arrive in any order: c is reported started while b, its producer, still looks
+    running. b has finished in fact; pricing must not try to restart it (that left c fixed on
+    an input that was not, and the whole decision failed)."""
+    graph, cluster, cost, plan = world(1000.0, FAST)
+    s = Situation(
+        graph, cluster, cost, plan, {"a": plan["a"]},
+        {"b": Placement("b", "x:d", 0, 1.0, 21.0), "c": Placement("c", "x:d", 0, 1.4, 2.4)},
+        {"b": 0.5, "c": 0.1}, 1.5, slower={"x:d": 20.0}, restartable=frozenset({"b"}),
+    )  # fmt: skip
+    d = decide("p", "late", s)
+    assert "b" not in d.moved
