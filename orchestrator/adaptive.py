@@ -45,7 +45,7 @@ from orchestrator.scheduling import (
 )
 from orchestrator.scheduling.transfer import TransferTable
 from schemas import subjects
-from schemas.agent import AgentAdvert, CalibrationDrift
+from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec
 from schemas.codec import DecodeError, decode
 from schemas.events import TaskEvent
 from schemas.placement import DataTransfer, EvictNotice, FetchRequest
@@ -334,6 +334,17 @@ class Trigger:
     late_task: str | None = None
 
 
+@dataclass(frozen=True)
+class _Model:
+    """A pipeline's cluster and costs at one moment (both clocks), for pricing it."""
+
+    mono: float
+    wall: float
+    cluster: Cluster
+    cost: SpecCostModel
+    devices: dict[str, DeviceSpec]
+
+
 class Adaptive:
     def __init__(
         self,
@@ -475,9 +486,9 @@ class Adaptive:
             return 0.0
         return max(0.0, self.o.mono() - run.committed_at - tr.started_s)
 
-    def situation(self, run: PipelineRun, trig: Trigger) -> Situation | None:
-        """The pipeline on the scheduler's model (None when a device of it is gone: that is
-        recovery's business, not adaptation's)."""
+    def _model(self, run: PipelineRun) -> _Model | None:
+        """This moment's cluster (with other pipelines' reservations) and costs for `run`;
+        None when a device of it is gone (that is recovery's business, not adaptation's)."""
         o = self.o
         if run.committed_at is None or not run.placements:
             return None
@@ -488,10 +499,23 @@ class Adaptive:
         ):
             return None
         devices = {d.id: o.view.device_spec(d.id)[1] for d in cluster.devices}
-        pid = run.pipeline_id
-        cluster = with_bookings(cluster, o.store.snapshot(), run.t0, Blocking(pid), wall)
+        cluster = with_bookings(
+            cluster, o.store.snapshot(), run.t0, Blocking(run.pipeline_id), wall
+        )
         tiers = {d.id: d.tier for d in cluster.devices}
         cost = SpecCostModel(run.spec, devices, links, o.predictor, tiers)
+        return _Model(mono, wall, cluster, cost, devices)
+
+    def situation(
+        self, run: PipelineRun, trig: Trigger, model: _Model | None = None
+    ) -> Situation | None:
+        """The pipeline on the scheduler's model (None when a device of it is gone). `model`:
+        one made a moment ago for the same pipeline (pricing one moment under two triggers
+        builds the cluster, the reservations and the cost estimates once)."""
+        m = model or self._model(run)
+        if m is None or run.committed_at is None:
+            return None
+        mono, wall, cluster, cost, devices = m.mono, m.wall, m.cluster, m.cost, m.devices
         now = max(0.0, wall - run.t0)
         since_commit = mono - run.committed_at  # seconds on the run's own clock
         done: dict[str, Placement] = {}
@@ -570,10 +594,11 @@ class Adaptive:
             if not self.o.failover.may_act(pid):
                 return None
             try:
-                s = self.situation(run, trig)
-                if s is None:
+                model = self._model(run)
+                s = self.situation(run, trig, model)
+                if s is None or model is None:
                     return None
-                if trig.late_task is not None and not self._critical(run, trig, s):
+                if trig.late_task is not None and not self._critical(run, trig, s, model):
                     log.debug("adaptive: %s is late but off the critical path", trig.detail)
                     return None
                 d = decide(pid, f"{trig.kind}({trig.detail})", s, self.factor)
@@ -594,9 +619,9 @@ class Adaptive:
             self.o._changed.notify_all()
         return d
 
-    def _critical(self, run: PipelineRun, trig: Trigger, s: Situation) -> bool:
+    def _critical(self, run: PipelineRun, trig: Trigger, s: Situation, model: _Model) -> bool:
         """Does the late task's overrun push the pipeline's end out at all?"""
-        on_time = self.situation(run, Trigger(trig.kind, trig.detail, {}))
+        on_time = self.situation(run, Trigger(trig.kind, trig.detail, {}), model)
         return on_time is None or keep_makespan(s) > keep_makespan(on_time) + 1e-6
 
     async def _move(self, run: PipelineRun, s: Situation, d: Decision) -> None:
