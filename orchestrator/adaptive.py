@@ -31,7 +31,7 @@ from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, descendants
 from orchestrator.planning import SpecCostModel, to_graph, with_bookings
 from orchestrator.reservations.book import Blocking
-from orchestrator.reservations.store import device_key
+from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import (
     BatchCostModel,
     Cluster,
@@ -648,7 +648,7 @@ class Adaptive:
         for dev in sorted({p.device_id for p in away.values()}):
             tids = [t for t, p in away.items() if p.device_id == dev]
             with contextlib.suppress(Exception):
-                await o.store.release(device_key(*dev.split(":", 1)), run.pipeline_id, now, tids)
+                await o.store.release(device_key_of(dev), run.pipeline_id, now, tids)
         await o._commit_all(run, todo)
         await self._reroute(run, away)
         run.note(f"adaptive: moved {', '.join(sorted(away)) or 'nothing'}")

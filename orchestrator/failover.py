@@ -23,7 +23,7 @@ from nats.js.errors import KeyWrongLastSequenceError
 
 from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, to_record
 from orchestrator.pipelines import PipelineRun
-from orchestrator.reservations.store import device_key
+from orchestrator.reservations.store import device_key_of
 from schemas import subjects
 from schemas.api import StatusRequest, SubmitReply
 from schemas.codec import encode
@@ -332,7 +332,7 @@ class Failover:
     async def _renew_bookings(self, run: PipelineRun) -> None:
         """The dead owner's last renewal may be old: extend the windows at once."""
         o, now = self.o, self.o.wall()
-        for key in sorted({device_key(*d.split(":", 1)) for d in run.devices()}):
+        for key in sorted({device_key_of(d) for d in run.devices()}):
             with contextlib.suppress(Exception):
                 await o.store.renew(key, {run.pipeline_id}, now + o.lease_s, now)
 

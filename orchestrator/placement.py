@@ -83,10 +83,6 @@ class Placer:
         under load plans come sooner rather than better; HEFT's are still link-aware)."""
         return self.o.plan_budget_s if self.placing <= 1 else 0.0
 
-    @staticmethod
-    def _evictable(w: BookingWindow, eff: float, now: float) -> bool:
-        return Blocking(eff=eff, now=now).evictable(w)
-
     async def place(
         self,
         run: PipelineRun,
@@ -185,7 +181,7 @@ class Placer:
                     results: list[BookResult] = await booking
                 except BaseException:
                     if offered is not None:  # withdraw what was admitted for nothing
-                        self.o._spawn(self._withdraw(run, offers, offered))
+                        self.o._spawn(self._withdraw(run, todo, offered))
                     raise
                 steps["book"] += clock() - t_book
             run.cas_retries += sum(r.cas_retries for r in results)
@@ -314,16 +310,13 @@ class Placer:
     async def _withdraw(
         self,
         run: PipelineRun,
-        offers: dict[str, TaskOffer],
+        todo: dict[str, Placement],
         offered: asyncio.Future[list[OfferReply]],
     ) -> None:
         """Cancel the provisional offers of a placement whose booking failed outright."""
-        replies = await offered
-        took = {r.task_id for r in replies if r.accepted}
+        took = {r.task_id: todo[r.task_id] for r in await offered if r.accepted}
         if took:
-            where = {t: Placement(t, f"{x.agent_id}:{x.device_id}", x.slot, 0.0, 0.0)
-                     for t, x in offers.items() if t in took}  # fmt: skip
-            await self.o.cancel_tasks(run, where, "placement failed", max_token=0)
+            await self.o.cancel_tasks(run, took, "placement failed", max_token=0)
 
     async def _release(
         self,

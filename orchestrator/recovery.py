@@ -34,9 +34,8 @@ from orchestrator.health import (
     Transition,
 )
 from orchestrator.reservations import book as rules
-from orchestrator.reservations.store import device_key
+from orchestrator.reservations.store import device_key_of
 from orchestrator.results import ResultLedger
-from orchestrator.scheduling import Placement
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
@@ -293,7 +292,7 @@ class Recovery:
         """Drop this replica's windows on the dead agent's devices (others' expire or are
         dropped by their owners' recovery)."""
         keys = {
-            device_key(*p.device_id.split(":", 1))
+            device_key_of(p.device_id)
             for r in runs
             for p in r.placements.values()
             if p.device_id.split(":", 1)[0] == agent_id
@@ -351,6 +350,7 @@ class Recovery:
             saved = {
                 t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
             }
+            was = {t: run.placements[t] for t in redo if t in run.placements}
             for t in redo:
                 tr = run.tasks[t]
                 tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
@@ -370,13 +370,10 @@ class Recovery:
                             t for t, (_, a, _) in saved.items() if a == agent
                         )
                 if starved is not None:  # their agents are alive: withdraw what moved away
-                    away = {
-                        t: Placement(t, f"{agent}:", 0, 0.0, 0.0)
-                        for t, (_, agent, _) in saved.items()
-                        if agent and agent != run.tasks[t].agent_id
-                    }
-                    for t, p in away.items():
-                        await self.o.cancel_tasks(run, {t: p}, why, max_token=saved[t][2])
+                    for t, p in was.items():
+                        agent, token = saved[t][1], saved[t][2]
+                        if agent and agent != run.tasks[t].agent_id:
+                            await self.o.cancel_tasks(run, {t: p}, why, max_token=token)
                 await self.o._commit_all(run, redo)
                 run.recoveries += 1
                 self.stats["tasks_replaced"] += len(redo)

@@ -28,7 +28,7 @@ from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
-from orchestrator.reservations.store import BookingStore, device_key
+from orchestrator.reservations.store import BookingStore, device_key_of
 from orchestrator.scheduling import Placement, Unschedulable, compiled
 from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
@@ -554,7 +554,7 @@ class Orchestrator:
     async def _finished(self, run: PipelineRun) -> None:
         """A terminal pipeline gives its reservations back at once."""
         now = self.wall()
-        keys = sorted({device_key(*d.split(":", 1)) for d in run.devices()})
+        keys = sorted({device_key_of(d) for d in run.devices()})
         results = await asyncio.gather(
             *(self.store.release(k, run.pipeline_id, now) for k in keys), return_exceptions=True
         )
@@ -584,7 +584,7 @@ class Orchestrator:
                 if run.terminal:
                     continue
                 for d in run.devices():
-                    by_key.setdefault(device_key(*d.split(":", 1)), set()).add(run.pipeline_id)
+                    by_key.setdefault(device_key_of(d), set()).add(run.pipeline_id)
             for key, pids in by_key.items():
                 try:
                     await self.store.renew(key, pids, now + self.lease_s, now)

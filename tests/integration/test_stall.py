@@ -164,3 +164,47 @@ async def test_an_input_gone_for_good_is_made_again(
         assert [r for r in caplog.records if "still not started" in r.getMessage()]
         assert any("starved of inputs: u" in x and "re-running t" in x for x in run.placement_log)
         assert run.results_committed == 2  # t's second result is the same task's: dropped
+
+
+async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but u's agent drains as it loses the input: u and t are made again on the
+    other agent, and u's old job is withdrawn, not left behind waiting for an input that will
+    never come."""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    orch = Orchestrator(nats_url, stall_s=0.4)
+    await orch.start()
+    config = agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE])
+    agents = {n: RecordingAgent(nats_url, config, agent_id=n, calibrate=False) for n in "ab"}
+    lost: list[str] = []
+
+    def forgetful(agent: RecordingAgent) -> Callable[..., DataAck]:
+        real = agent.core.deliver
+
+        def deliver(msg: DataTransfer, data: bytes | None = None) -> DataAck:
+            if msg.consumer == "u" and not lost:
+                lost.append(agent.agent_id)
+                agent.drain()  # new offers go elsewhere from now on
+                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+            return real(msg, data)
+
+        return deliver
+
+    for a in agents.values():
+        a.core.deliver = forgetful(a)  # type: ignore[method-assign]
+        await a.start()
+    try:
+        assert await orch.wait_for_agents(2, timeout=10.0) == 2
+        run = await run_to_end(orch, chain("t", "u"))
+        [home] = lost  # u's first agent, which lost t's output
+        other = next(n for n in agents if n != home)
+        ran = {n: [task for (_, task, *_rest) in a.log] for n, a in agents.items()}
+        assert ran[other][-1] == "u" and "u" not in ran[home]  # u ran once, on the other
+        assert ran[home].count("t") + ran[other].count("t") == 2  # t made again
+        assert run.tasks["u"].agent_id == other
+        assert ("p", "u") not in agents[home].core.jobs  # withdrawn, not left waiting
+    finally:
+        for a in agents.values():
+            await a.stop()
+        await orch.stop()

@@ -76,3 +76,14 @@ def test_any_sequence_of_adds_never_double_books(reqs: list[tuple[int, float, fl
         res = book.add(b, [w(f"t{i}", start, start + dur, slot=slot, pipe=f"p{i}")], now=0)
         b = res.book
         assert book.double_booked(b.windows) == []
+
+
+_ident = st.from_regex(r"[A-Za-z0-9_-]{1,16}", fullmatch=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ident, _ident)
+def test_a_scheduler_device_id_names_the_same_key(agent: str, device: str) -> None:
+    from orchestrator.reservations.store import device_key, device_key_of
+
+    assert device_key_of(f"{agent}:{device}") == device_key(agent, device)

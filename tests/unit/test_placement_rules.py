@@ -38,11 +38,11 @@ def test_only_preemptible_lower_priority_windows_are_evictable() -> None:
             submitted=100.0,
         )
 
-    assert Placer._evictable(win(10, True), eff=500, now=100.0)
-    assert not Placer._evictable(win(10, False), eff=500, now=100.0)
-    assert not Placer._evictable(win(600, True), eff=500, now=100.0)
+    assert Blocking(eff=500, now=100.0).evictable(win(10, True))
+    assert not Blocking(eff=500, now=100.0).evictable(win(10, False))
+    assert not Blocking(eff=500, now=100.0).evictable(win(600, True))
     # aged: the same low-priority window, waiting long enough, is no longer evictable
-    assert not Placer._evictable(win(10, True), eff=500, now=100.0 + 1000 / AGING_PER_S)
+    assert not Blocking(eff=500, now=100.0 + 1000 / AGING_PER_S).evictable(win(10, True))
     # what a plan works around: all but its own pipeline's and what it may evict
     blocks = Blocking("me", eff=500, now=100.0)
     assert not blocks(win(10, True))
