@@ -267,14 +267,26 @@ def keep_makespan(s: Situation) -> float:
     return makespan(retime(s.graph, s.cluster, cost, s.current, fixed, s.now))
 
 
-def _option(s: Situation, restart: frozenset[str]) -> Option:
+def most_to_gain(s: Situation, keep_s: float) -> float:
+    """An upper bound on what any re-plan saves: every task it places starts at `now` at the
+    earliest, so no re-plan that moves anything ends before `now`."""
+    return keep_s - s.now
+
+
+def cannot_pay(s: Situation, keep_s: float, factor: float = GAIN_FACTOR) -> bool:
+    """No move can be worth it: each moved task costs at least the per-move overhead, and the
+    whole remaining time does not exceed `factor` times that (checked before pricing, which
+    re-plans the pipeline once or twice)."""
+    return most_to_gain(s, keep_s) <= factor * max(0.0, s.overhead_s)
+
+
+def _option(s: Situation, restart: frozenset[str], keep: float) -> Option:
     unstarted = {t for t in s.current if t not in s.done and t not in s.running}
     replanned = unstarted | restart
     pinned = {t: s.current[t].device_id for t in replanned if t in s.pinned}
     banned = frozenset((t, s.current[t].device_id) for t in restart)
     cost = ScaledCost(s.cost, s.slower, pinned, banned)
     fixed = {**s.done, **{t: p for t, p in s.running.items() if t not in restart}}
-    keep = keep_makespan(s)
     plan = heft(s.graph, s.cluster, cost, fixed=fixed, now=s.now)
     moved = {
         t: p for t, p in plan.placements.items()
@@ -284,10 +296,11 @@ def _option(s: Situation, restart: frozenset[str]) -> Option:
     return Option(keep - plan.makespan, price, moved, keep, plan.makespan)
 
 
-def evaluate(s: Situation, factor: float = GAIN_FACTOR) -> Option:
+def evaluate(s: Situation, factor: float = GAIN_FACTOR, keep_s: float | None = None) -> Option:
     """The better of: re-plan the unstarted work; also restart the restartable running tasks
-    elsewhere. Nothing pinned ever moves."""
-    best = _option(s, frozenset())
+    elsewhere. Nothing pinned ever moves. `keep_s`: `keep_makespan(s)` if already known."""
+    keep = keep_makespan(s) if keep_s is None else keep_s
+    best = _option(s, frozenset(), keep)
     # A running task whose consumer is already reported started or done has in fact finished
     # (its end event is late): restarting it is pointless, and would leave the consumer fixed
     # on an input that is not.
@@ -299,7 +312,7 @@ def evaluate(s: Situation, factor: float = GAIN_FACTOR) -> Option:
     )  # fmt: skip
     if restart:
         try:
-            alt = _option(s, restart)
+            alt = _option(s, restart, keep)
         except Unschedulable:  # nowhere else it may run (pinned to its agent, say)
             return best
         if alt.moved and (not best.moved or alt.net(factor) > best.net(factor)):
@@ -307,8 +320,22 @@ def evaluate(s: Situation, factor: float = GAIN_FACTOR) -> Option:
     return best
 
 
-def decide(pipeline_id: str, trigger: str, s: Situation, factor: float = GAIN_FACTOR) -> Decision:
-    opt = evaluate(s, factor)
+def decide(
+    pipeline_id: str,
+    trigger: str,
+    s: Situation,
+    factor: float = GAIN_FACTOR,
+    keep_s: float | None = None,
+) -> Decision:
+    keep = keep_makespan(s) if keep_s is None else keep_s
+    if cannot_pay(s, keep, factor):
+        most = most_to_gain(s, keep)
+        return Decision(
+            pipeline_id, trigger, 0.0, 0.0, False, (), keep, keep,
+            f"not priced: at most {most:.3f}s left to gain, a move costs at least "
+            f"{s.overhead_s:.3f}s", factor,
+        )  # fmt: skip
+    opt = evaluate(s, factor, keep)
     if not opt.moved:
         return Decision(
             pipeline_id, trigger, opt.gain_s, 0.0, False, (), opt.keep_s, opt.replan_s,
@@ -598,10 +625,15 @@ class Adaptive:
                 s = self.situation(run, trig, model)
                 if s is None or model is None:
                     return None
-                if trig.late_task is not None and not self._critical(run, trig, s, model):
+                keep = keep_makespan(s)
+                if (
+                    trig.late_task is not None
+                    and not cannot_pay(s, keep, self.factor)
+                    and not self._critical(run, trig, model, keep)
+                ):
                     log.debug("adaptive: %s is late but off the critical path", trig.detail)
                     return None
-                d = decide(pid, f"{trig.kind}({trig.detail})", s, self.factor)
+                d = decide(pid, f"{trig.kind}({trig.detail})", s, self.factor, keep)
             except Exception as exc:
                 log.warning("adaptive: pricing %s for %s failed: %s", trig.kind, pid, exc)
                 return None
@@ -619,10 +651,11 @@ class Adaptive:
             self.o._changed.notify_all()
         return d
 
-    def _critical(self, run: PipelineRun, trig: Trigger, s: Situation, model: _Model) -> bool:
-        """Does the late task's overrun push the pipeline's end out at all?"""
+    def _critical(self, run: PipelineRun, trig: Trigger, model: _Model, keep_s: float) -> bool:
+        """Does the late task's overrun (`keep_s`: the end it projects) push the pipeline's
+        end out at all?"""
         on_time = self.situation(run, Trigger(trig.kind, trig.detail, {}), model)
-        return on_time is None or keep_makespan(s) > keep_makespan(on_time) + 1e-6
+        return on_time is None or keep_s > keep_makespan(on_time) + 1e-6
 
     async def _move(self, run: PipelineRun, s: Situation, d: Decision) -> None:
         """Carry the decision out through the placement loop: the moved tasks and everything

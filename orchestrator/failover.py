@@ -25,8 +25,7 @@ from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, to
 from orchestrator.pipelines import PipelineRun
 from orchestrator.reservations.store import device_key_of
 from schemas import subjects
-from schemas.api import StatusRequest, SubmitReply
-from schemas.codec import encode
+from schemas.api import StatusReply, StatusRequest, SubmitReply
 from schemas.pipeline import PipelineSpec
 from schemas.rpc import ServiceError
 
@@ -177,6 +176,17 @@ class Failover:
         elif pid in self._finished and self._locks.get(pid) is lock and not lock.locked():
             del self._locks[pid]
 
+    async def status_elsewhere(self, pid: str) -> StatusReply | None:
+        """The status of a pipeline this replica does not hold, as its owner last recorded it
+        (the record is what an adopter resumes from, so it is never older than a status
+        written beside it would be); None when there is no record."""
+        rec, spec = await asyncio.gather(self.runs.record(pid), self.runs.spec(pid))
+        if rec is None or spec is None:
+            return None
+        o = self.o
+        run = from_record(rec[0], spec, owner=rec[0].owner, mono=o.mono(), wall=o.wall())
+        return run.status(o.mono())
+
     async def _persist_later(self, run: PipelineRun) -> None:
         """A write that failed (NATS or JetStream unavailable for a moment, e.g. a server
         restart) is retried with a growing delay: the record is what fail-over resumes from."""
@@ -221,7 +231,6 @@ class Failover:
                     self._rev[pid] = cur[1]  # an earlier life of ours wrote it: take it over
         else:
             return
-        await o._pipes_kv.put(pid, _encode_status(run, o.mono()))
         if run.terminal:
             await self.leases.release(pid)
             self._finished[pid] = None
@@ -393,7 +402,3 @@ class Failover:
                 await o.js.delete_consumer(subjects.EVENTS_STREAM, name)
         self.replayed += n
         return n
-
-
-def _encode_status(run: PipelineRun, now: float) -> bytes:
-    return encode(run.status(now))

@@ -16,7 +16,6 @@ import nats.micro
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import RetentionPolicy, StreamConfig
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.micro.request import Request
 
 from orchestrator.adaptive import Adaptive
@@ -71,11 +70,12 @@ OFFER_TIMEOUT_S = 2.0
 COMMIT_BACKOFF_S = 0.2
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
-PIPELINES_BUCKET = "MARS_PIPELINES"
 #: Finished pipelines kept in memory (all of them stay readable from KV; `list` shows the
 #: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
 #: collection took 80-300 ms and set the placement-latency tail.
 MAX_PIPELINES_KEPT = 250
+#: ... trimmed back to that many each time this many more have come in.
+TRIM_STEP = 50
 
 
 class Orchestrator:
@@ -97,10 +97,10 @@ class Orchestrator:
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
         self.view = ClusterView(misses, salt=self.owner)
         self.pipelines: dict[str, PipelineRun] = {}
+        self._trim_at = MAX_PIPELINES_KEPT + TRIM_STEP
         self.nc: NATS | None = None
         self.js: Any = None
         self.store: BookingStore = None  # type: ignore[assignment]  # set in start()
-        self._pipes_kv: Any = None
         self._service: Any = None
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -154,12 +154,6 @@ class Orchestrator:
             self._spawn(self.history.run(self._stopping))
         except Exception as exc:  # a missing history costs accuracy, not availability
             log.warning("predictor history unavailable: %s", exc)
-        try:
-            self._pipes_kv = await js.key_value(PIPELINES_BUCKET)
-        except BucketNotFoundError:
-            with contextlib.suppress(Exception):
-                await js.create_key_value(bucket=PIPELINES_BUCKET, history=1)
-            self._pipes_kv = await js.key_value(PIPELINES_BUCKET)
         await self.failover.start()
         with contextlib.suppress(Exception):
             await js.add_stream(
@@ -442,11 +436,13 @@ class Orchestrator:
 
     def _remember(self, run: PipelineRun) -> None:
         self.pipelines[run.pipeline_id] = run
-        if len(self.pipelines) > MAX_PIPELINES_KEPT:
+        if len(self.pipelines) > self._trim_at:
+            # in steps, not on every submission: finding the finished ones visits them all
             for pid in [p for p, r in self.pipelines.items() if r.terminal][
                 : len(self.pipelines) - MAX_PIPELINES_KEPT
             ]:
                 del self.pipelines[pid]
+            self._trim_at = max(len(self.pipelines), MAX_PIPELINES_KEPT) + TRIM_STEP
 
     async def offer(self, offer: TaskOffer) -> OfferReply:
         assert self.nc is not None
@@ -653,11 +649,11 @@ class Orchestrator:
         run = self.pipelines.get(req.pipeline_id)
         if run is not None:
             return run.status(self._now())
-        try:  # owned by another replica: its last persisted state
-            entry = await self._pipes_kv.get(req.pipeline_id)
-            return decode(entry.value, StatusReply)
-        except (KeyNotFoundError, DecodeError) as exc:
-            raise ServiceError("not_found", f"no pipeline {req.pipeline_id}") from exc
+        # owned by another replica (or finished long ago): its last persisted record
+        st = await self.failover.status_elsewhere(req.pipeline_id)
+        if st is None:
+            raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
+        return st
 
     async def list(self, req: ListRequest) -> ListReply:
         runs = [r for r in self.pipelines.values() if req.state is None or r.state == req.state]

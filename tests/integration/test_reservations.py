@@ -19,7 +19,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encode
-from schemas.rpc import settle
+from schemas.rpc import ServiceError, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -253,6 +253,13 @@ async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) 
         await orch.wait_terminal("kv-1", 10)
         st = await other.status_of("kv-1")
         assert st.state == "succeeded" and st.owner == orch.owner
+        # rebuilt from the owner's record: what the owner itself answers, clocks aside
+        mine = await orch.status_of("kv-1")
+        assert st.model_dump(exclude={"elapsed_s"}) == mine.model_dump(exclude={"elapsed_s"})
+        assert abs(st.elapsed_s - mine.elapsed_s) < 0.05
+        with pytest.raises(ServiceError) as err:
+            await other.status_of("never-submitted")
+        assert err.value.code == "not_found"
     finally:
         await client.close()
         await other.stop()

@@ -203,3 +203,62 @@ def test_a_task_whose_consumer_started_is_not_restarted() -> None:
     )  # fmt: skip
     d = decide("p", "late", s)
     assert "b" not in d.moved
+
+
+def test_remaining_work_below_the_cheapest_move_is_not_priced() -> None:
+    """Five times slower is worth a move when a second of work is left (above), but not when
+    the whole pipeline has 10 ms left: no move can save more than that, and one costs 20 ms."""
+    graph = TaskGraph([Task(t, 0.003) for t in "abc"], {("a", "b"): 1000.0, ("b", "c"): 0.0})
+    cluster = Cluster([Device("x:d", "x", "A", speed=1.0), Device("y:d", "y", "B", speed=0.8)])
+    cost = LinkCostModel({("A", "B"): FAST})
+    plan = dict(heft_plan(graph, cluster, cost).placements)
+    tiny = Situation(
+        graph, cluster, cost, plan, {"a": plan["a"]}, {}, {}, plan["a"].finish,
+        slower={"x:d": 5.0},
+    )  # fmt: skip
+    d = decide("p", "drift", tiny)
+    assert not d.replan and d.moved == () and "not priced" in d.why
+    assert math.isclose(d.makespan_keep_s - tiny.now, 0.03)  # b and c, 15 ms each on x now
+    big = decide("p", "drift", after_a(5.0, 1000.0, FAST, frozenset()))
+    assert big.replan and "not priced" not in big.why
+
+
+@given(
+    works=st.lists(st.floats(min_value=1e-4, max_value=0.1), min_size=2, max_size=5),
+    speeds=st.lists(st.floats(min_value=0.2, max_value=5.0), min_size=2, max_size=3),
+    slower=st.floats(min_value=1.0, max_value=50.0),
+    done=st.integers(min_value=0, max_value=4),
+    late=st.floats(min_value=0.0, max_value=0.05),
+    slow_link=st.booleans(),
+)
+def test_a_situation_the_bound_skips_is_never_worth_a_move(
+    works: list[float], speeds: list[float], slower: float, done: int, late: float, slow_link: bool
+) -> None:
+    """Skipping the pricing changes no decision: whenever `cannot_pay` holds, the full
+    evaluation (re-plan, and restart of what runs) finds nothing worth moving either."""
+    from orchestrator.adaptive import cannot_pay, evaluate, keep_makespan, most_to_gain
+
+    ids = [f"t{i}" for i in range(len(works))]
+    graph = TaskGraph(
+        [Task(t, w) for t, w in zip(ids, works, strict=True)],
+        {(s, d): 1e5 for s, d in itertools.pairwise(ids)},
+    )
+    devs = [Device(f"n{i}:d", f"n{i}", "AB"[i % 2], speed=v) for i, v in enumerate(speeds)]
+    cluster = Cluster(devs)
+    cost = LinkCostModel({("A", "B"): SLOW if slow_link else FAST})
+    plan = dict(heft_plan(graph, cluster, cost).placements)
+    k = min(done, len(ids) - 1)
+    finished = {t: plan[t] for t in ids[:k]}
+    now = (plan[ids[k - 1]].finish if k else 0.0) + late
+    run_id = ids[k]
+    running = {run_id: Placement(run_id, plan[run_id].device_id, 0, now, now + works[k])}
+    s = Situation(
+        graph, cluster, cost, plan, finished, running, {run_id: late / 2}, now,
+        slower={plan[run_id].device_id: slower}, restartable=frozenset({run_id}),
+    )  # fmt: skip
+    keep = keep_makespan(s)
+    if cannot_pay(s, keep):
+        opt = evaluate(s)
+        assert not opt.moved or not worth_moving(opt.gain_s, opt.cost_s)
+        assert opt.gain_s <= most_to_gain(s, keep) + 1e-9
+        assert not decide("p", "drift", s).replan
