@@ -17,5 +17,11 @@ async def follow(watcher: Any, apply: Callable[[Any], None], idle_s: float = 60.
             raise
         except Exception:
             continue  # idle timeout
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            # asyncio.wait_for (inside `updates`, Python < 3.12) returns an entry that won a
+            # race against our cancellation and drops the cancellation: honour it here, or
+            # whoever cancelled us waits for ever
+            raise asyncio.CancelledError
         if entry is not None:
             apply(entry)
