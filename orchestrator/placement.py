@@ -159,9 +159,11 @@ class Placer:
                         expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
                         preemptible=spec.preemptible, submitted=run.submitted_wall,
                     ))  # fmt: skip
-                booking = asyncio.ensure_future(
-                    o.store.book_many(by_key, now, Blocking(eff=eff, now=now).evictable)
-                )
+                keys = sorted(by_key)
+                booking = asyncio.gather(*(
+                    o.store.book(k, by_key[k], now, Blocking(eff=eff, now=now).evictable)
+                    for k in keys
+                ))  # fmt: skip
                 # A first placement is offered while its bookings are written (token 0, the
                 # commit brings each task's token): admission and CAS in one round trip. Any
                 # later round books first and offers with the token.

@@ -145,7 +145,7 @@ class Orchestrator:
         )
         nc = self.nc
         js = self.js = nc.jetstream()
-        self.store = BookingStore(js, nc=nc)
+        self.store = BookingStore(js)
         await self.store.start()
         self.history = History(js, self.predictor.corrections)
         try:
@@ -551,10 +551,14 @@ class Orchestrator:
         """A terminal pipeline gives its reservations back at once."""
         now = self.wall()
         keys = sorted({device_key_of(d) for d in run.devices()})
-        try:
-            await self.store.release_many(keys, run.pipeline_id, now)
-        except Exception as exc:
-            log.warning("release of %s failed (its windows expire): %s", run.pipeline_id, exc)
+        results = await asyncio.gather(
+            *(self.store.release(k, run.pipeline_id, now) for k in keys), return_exceptions=True
+        )
+        for k, r in zip(keys, results, strict=True):
+            if isinstance(r, BaseException):
+                log.warning(
+                    "release of %s on %s failed (it will expire): %s", run.pipeline_id, k, r
+                )
         await self.persist(run)
         run.settled = True
         async with self._changed:

@@ -20,7 +20,6 @@ from typing import Any
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from orchestrator.kvwatch import follow
-from orchestrator.reservations import batch
 from orchestrator.reservations import book as rules
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import DecodeError, decode, encode
@@ -70,24 +69,13 @@ class Stats:
     conflicts: int = 0
     expired_dropped: int = 0
     evictions: int = 0
-    #: Atomic multi-key writes, and those refused (then written key by key).
-    batches: int = 0
-    batch_fallbacks: int = 0
-
-
-Change = Callable[[DeviceBookings], rules.AddResult]
-Outcome = tuple[rules.AddResult, int, int]
 
 
 class BookingStore:
-    def __init__(self, js: Any, *, bucket: str = BUCKET, history: int = 8, nc: Any = None) -> None:
+    def __init__(self, js: Any, *, bucket: str = BUCKET, history: int = 8) -> None:
         self.js = js
         self.bucket = bucket
         self.history = history
-        #: The connection for atomic batches (`batch.py`); None writes one key at a time.
-        self.nc = nc
-        #: Whether the bucket takes atomic batches (found out at start).
-        self.batches = False
         self.kv: Any = None
         self.cache: dict[str, Cached] = {}
         self.stats = Stats()
@@ -104,8 +92,6 @@ class BookingStore:
             with contextlib.suppress(Exception):  # a concurrent replica may create it first
                 await self.js.create_key_value(bucket=self.bucket, history=self.history)
             self.kv = await self.js.key_value(self.bucket)
-        if self.nc is not None:
-            self.batches = await batch.enable(self.js, f"KV_{self.bucket}")
         self._watcher = await self.kv.watchall()
         # initial values end with a None marker
         while True:
@@ -170,66 +156,21 @@ class BookingStore:
         self.cache[key] = Cached(int(rev), new)
         return int(rev)
 
-    def _lock(self, key: str) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
-
-    async def transact(self, key: str, fn: Change) -> Outcome:
+    async def transact(
+        self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
+    ) -> tuple[rules.AddResult, int, int]:
         """Apply `fn` to the key's current windows and write the result by CAS, re-reading
         and re-applying on a lost race. Returns (result, new revision or 0, CAS retries);
         a key still contended after CAS_RETRIES tries comes back as a conflict."""
-        async with self._lock(key):
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        async with lock:
             return await self._transact(key, fn)
 
-    async def transact_many(self, fns: dict[str, Change]) -> dict[str, Outcome]:
-        """`transact` on several keys, written as one atomic batch when the cached revisions
-        hold (one round trip); when the batch is refused (a replica moved one of the keys),
-        nothing of it was written and every key goes the one-key way, which re-reads the keys
-        that moved. Same outcomes as `transact` per key."""
-        keys = sorted(fns)
-        if not self.batches or len(keys) < 2 or len(keys) > batch.MAX_BATCH:
-            done = await asyncio.gather(*(self.transact(k, fns[k]) for k in keys))
-            return dict(zip(keys, done, strict=True))
-        async with contextlib.AsyncExitStack() as held:
-            for k in keys:  # always in key order: two batches never wait on each other
-                await held.enter_async_context(self._lock(k))
-            out: dict[str, Outcome] = {}
-            todo: list[tuple[str, Cached | None, rules.AddResult]] = []
-            for k in keys:
-                cur = self.cache.get(k)
-                res = fns[k](cur.book if cur is not None else DeviceBookings(device=k))
-                if not res.ok:
-                    out[k] = (res, 0, 0)
-                elif cur is not None and res.book == cur.book:
-                    out[k] = (res, cur.revision, 0)  # nothing to write
-                else:
-                    todo.append((k, cur, res))
-            if len(todo) > 1:
-                items = [
-                    (k, encode(res.book), cur.revision if cur is not None else 0)
-                    for k, cur, res in todo
-                ]  # fmt: skip
-                try:
-                    revs = await batch.write(self.nc, self.bucket, items)
-                except batch.BatchFailed as exc:
-                    self.stats.batch_fallbacks += 1
-                    log.debug("booking batch of %d refused (%s): key by key", len(items), exc)
-                else:
-                    self.stats.batches += 1
-                    for (k, _cur, res), rev in zip(todo, revs, strict=True):
-                        self.stats.writes += 1
-                        self.stats.expired_dropped += res.expired
-                        self.cache[k] = Cached(rev, res.book)
-                        out[k] = (res, rev, 0)
-                    todo = []
-            if todo:
-                done = await asyncio.gather(*(self._transact(k, fns[k]) for k, _, _ in todo))
-                out.update(zip((k for k, _, _ in todo), done, strict=True))
-            return out
-
-    async def _transact(self, key: str, fn: Change) -> Outcome:
+    async def _transact(
+        self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
+    ) -> tuple[rules.AddResult, int, int]:
         cur = self.cache.get(key)
         retries = 0
         for attempt in range(CAS_RETRIES):
@@ -261,26 +202,9 @@ class BookingStore:
         now: float,
         may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
     ) -> BookResult:
-        res = await self.transact(key, lambda b: rules.add(b, windows, now, may_evict))
-        return self._booked(key, res)
-
-    async def book_many(
-        self,
-        by_key: dict[str, list[BookingWindow]],
-        now: float,
-        may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
-    ) -> list[BookResult]:
-        """`book` on every key of `by_key` (as one atomic batch where it can); results in key
-        order."""
-
-        def adding(windows: list[BookingWindow]) -> Change:
-            return lambda b: rules.add(b, windows, now, may_evict)
-
-        done = await self.transact_many({k: adding(w) for k, w in by_key.items()})
-        return [self._booked(k, done[k]) for k in sorted(done)]
-
-    def _booked(self, key: str, outcome: Outcome) -> BookResult:
-        res, rev, retries = outcome
+        res, rev, retries = await self.transact(
+            key, lambda b: rules.add(b, windows, now, may_evict)
+        )
         if not res.ok:
             self.stats.conflicts += 1
             return BookResult(False, key, conflicts=res.conflicts, cas_retries=retries)
@@ -290,13 +214,10 @@ class BookingStore:
     async def release(
         self, key: str, pipeline_id: str, now: float, task_ids: list[str] | None = None
     ) -> int:
-        return (await self.transact(key, _releasing(pipeline_id, now, task_ids)))[1]
+        def fn(b: DeviceBookings) -> rules.AddResult:
+            return rules.AddResult(True, rules.release(b, pipeline_id, now, task_ids))
 
-    async def release_many(self, keys: list[str], pipeline_id: str, now: float) -> dict[str, int]:
-        """Give back every window of a pipeline on these keys (one batch where it can); the
-        revision each key got (0 where the write failed, the windows then expire)."""
-        done = await self.transact_many({k: _releasing(pipeline_id, now, None) for k in keys})
-        return {k: rev for k, (_res, rev, _retries) in done.items()}
+        return (await self.transact(key, fn))[1]
 
     async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
         def fn(b: DeviceBookings) -> rules.AddResult:
@@ -306,7 +227,3 @@ class BookingStore:
             return rules.AddResult(True, out)
 
         return (await self.transact(key, fn))[1]
-
-
-def _releasing(pipeline_id: str, now: float, task_ids: list[str] | None) -> Change:
-    return lambda b: rules.AddResult(True, rules.release(b, pipeline_id, now, task_ids))
