@@ -525,7 +525,7 @@ class Adaptive:
             p.device_id not in cluster for p in run.placements.values()
         ):
             return None
-        devices = {d.id: o.view.device_spec(d.id)[1] for d in cluster.devices}
+        devices = o.view.device_specs(cluster)
         cluster = with_bookings(
             cluster, o.store.snapshot(), run.t0, Blocking(run.pipeline_id), wall
         )

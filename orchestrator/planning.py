@@ -39,7 +39,25 @@ def output_bytes(task: TaskSpec) -> int:
     return 0
 
 
+#: Graphs of the specs planned lately, by spec identity (a run keeps its spec object for life,
+#: and it is planned, re-planned and priced by adaptation many times).
+_GRAPHS: dict[int, tuple[PipelineSpec, TaskGraph]] = {}
+_GRAPHS_KEPT = 1024
+
+
 def to_graph(spec: PipelineSpec) -> TaskGraph:
+    """The scheduler's graph of a spec (specs are immutable, and so are graphs: one per spec)."""
+    hit = _GRAPHS.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit[1]
+    graph = _build_graph(spec)
+    if len(_GRAPHS) >= _GRAPHS_KEPT:
+        _GRAPHS.clear()
+    _GRAPHS[id(spec)] = (spec, graph)
+    return graph
+
+
+def _build_graph(spec: PipelineSpec) -> TaskGraph:
     tasks = [
         Task(
             id=t.id,
@@ -209,7 +227,7 @@ def plan_pipeline(
     cluster, links = view.snapshot(now)
     if not len(cluster):
         raise Unschedulable({t.id: {} for t in spec.tasks})  # says: the cluster has no devices
-    devices = {d.id: view.device_spec(d.id)[1] for d in cluster.devices}
+    devices = view.device_specs(cluster)
     if bookings:
         cluster = with_bookings(cluster, bookings, t0, blocks or Blocking(), t0 + rel_now)
     graph = to_graph(spec)

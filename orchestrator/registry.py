@@ -62,6 +62,10 @@ class ClusterView:
         #: Bumped whenever what an advert says (not just its sequence number) changes.
         self.version = 0
         self._snap: tuple[object, tuple[Cluster, dict[tuple[str, str], Link]]] | None = None
+        #: The salted order key of each agent id (a hash per agent, made once).
+        self._rank: dict[str, bytes] = {}
+        #: Each device's advertised spec, by scheduler device id, for the cached snapshot.
+        self._specs: tuple[object, dict[str, DeviceSpec]] | None = None
 
     def on_advert(self, adv: AgentAdvert, now: float) -> bool:
         """Apply an advert; returns True when it introduced a new agent or incarnation."""
@@ -110,17 +114,35 @@ class ClusterView:
         when membership or an advert's content changed)."""
         live = self.alive(now)
         if self.salt:
-            live.sort(
-                key=lambda e: hashlib.blake2b(
-                    f"{self.salt}/{e.advert.agent_id}".encode(), digest_size=8
-                ).digest()
-            )
+            live.sort(key=lambda e: self._ranked(e.advert.agent_id))
         key = (self.version, tuple(e.advert.agent_id for e in live))
         if self._snap is not None and self._snap[0] == key:
             return self._snap[1]
         out = self._build(live)
         self._snap = (key, out)
         return out
+
+    def _ranked(self, agent_id: str) -> bytes:
+        got = self._rank.get(agent_id)
+        if got is None:
+            if len(self._rank) > 4 * len(self.agents) + 64:  # agents that left long ago
+                self._rank.clear()
+            got = self._rank[agent_id] = hashlib.blake2b(
+                f"{self.salt}/{agent_id}".encode(), digest_size=8
+            ).digest()
+        return got
+
+    def device_specs(self, cluster: Cluster) -> dict[str, DeviceSpec]:
+        """The advertised spec of every device of `cluster` (a snapshot of this view), made
+        once per snapshot: every plan reads all of them."""
+        snap = self._snap
+        if snap is not None and snap[1][0] is cluster:
+            if self._specs is not None and self._specs[0] is snap[0]:
+                return self._specs[1]
+            specs = {d.id: self.device_spec(d.id)[1] for d in cluster.devices}
+            self._specs = (snap[0], specs)
+            return specs
+        return {d.id: self.device_spec(d.id)[1] for d in cluster.devices}
 
     def _build(self, live: list[AgentEntry]) -> tuple[Cluster, dict[tuple[str, str], Link]]:
         devices: list[Device] = []

@@ -41,6 +41,40 @@ def test_snapshot_is_reused_until_membership_or_content_changes() -> None:
     assert [d.id for d in view.snapshot(2.0)[0].devices] == ["a:cpu0"]
 
 
+def test_device_specs_follow_the_snapshot() -> None:
+    view = ClusterView(salt="orch-1")
+    for aid in ("a", "b"):
+        view.on_advert(advert(aid), 0.0)
+    cluster, _ = view.snapshot(0.1)
+    specs = view.device_specs(cluster)
+    assert specs == {d.id: view.device_spec(d.id)[1] for d in cluster.devices}
+    assert view.device_specs(view.snapshot(0.2)[0]) is specs  # same snapshot: made once
+    view.on_advert(advert("a", gflops=99.0, seq=6), 0.3)
+    again = view.device_specs(view.snapshot(0.3)[0])
+    assert again is not specs and again["a:cpu0"].gflops == 99.0
+    # a cluster that is not the view's current snapshot is answered too, just not cached
+    assert view.device_specs(cluster)["a:cpu0"].gflops == 99.0
+
+
+def test_a_spec_has_one_graph() -> None:
+    from orchestrator.planning import to_graph
+    from schemas import PipelineSpec
+
+    raw = {"name": "p", "tasks": [
+        {"id": "a", "run": {"kind": "synthetic", "seconds": 0.1, "output_bytes": 7}},
+        {"id": "b", "deps": ["a"], "run": {"kind": "synthetic", "seconds": 0.1}},
+    ]}  # fmt: skip
+    spec = PipelineSpec.model_validate(raw)
+    graph = to_graph(spec)
+    assert to_graph(spec) is graph
+    twin = to_graph(PipelineSpec.model_validate(raw))
+    assert (
+        twin is not graph
+        and twin.ids == graph.ids
+        and twin.edges == graph.edges == {("a", "b"): 7.0}
+    )
+
+
 def test_replicas_order_devices_differently_but_see_the_same_ones() -> None:
     views = [ClusterView(salt=s) for s in ("orch-1", "orch-2")]
     for v in views:
