@@ -39,25 +39,7 @@ def output_bytes(task: TaskSpec) -> int:
     return 0
 
 
-#: Graphs of the specs planned lately, by spec identity (a run keeps its spec object for life,
-#: and it is planned, re-planned and priced by adaptation many times).
-_GRAPHS: dict[int, tuple[PipelineSpec, TaskGraph]] = {}
-_GRAPHS_KEPT = 1024
-
-
 def to_graph(spec: PipelineSpec) -> TaskGraph:
-    """The scheduler's graph of a spec (specs are immutable, and so are graphs: one per spec)."""
-    hit = _GRAPHS.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit[1]
-    graph = _build_graph(spec)
-    if len(_GRAPHS) >= _GRAPHS_KEPT:
-        _GRAPHS.clear()
-    _GRAPHS[id(spec)] = (spec, graph)
-    return graph
-
-
-def _build_graph(spec: PipelineSpec) -> TaskGraph:
     tasks = [
         Task(
             id=t.id,

@@ -56,25 +56,6 @@ def test_device_specs_follow_the_snapshot() -> None:
     assert view.device_specs(cluster)["a:cpu0"].gflops == 99.0
 
 
-def test_a_spec_has_one_graph() -> None:
-    from orchestrator.planning import to_graph
-    from schemas import PipelineSpec
-
-    raw = {"name": "p", "tasks": [
-        {"id": "a", "run": {"kind": "synthetic", "seconds": 0.1, "output_bytes": 7}},
-        {"id": "b", "deps": ["a"], "run": {"kind": "synthetic", "seconds": 0.1}},
-    ]}  # fmt: skip
-    spec = PipelineSpec.model_validate(raw)
-    graph = to_graph(spec)
-    assert to_graph(spec) is graph
-    twin = to_graph(PipelineSpec.model_validate(raw))
-    assert (
-        twin is not graph
-        and twin.ids == graph.ids
-        and twin.edges == graph.edges == {("a", "b"): 7.0}
-    )
-
-
 def test_replicas_order_devices_differently_but_see_the_same_ones() -> None:
     views = [ClusterView(salt=s) for s in ("orch-1", "orch-2")]
     for v in views:
