@@ -50,6 +50,7 @@ from benchmarks.common import pct, progress, table
 from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
+from orchestrator.service import GC_PAUSE_LOGGED_S
 from schemas.codec import RemoteError
 from schemas.events import PipelineEvent
 from schemas.pipeline import PipelineSpec
@@ -329,11 +330,23 @@ def main(argv: list[str] | None = None) -> int:
             keep_logs(logs, "a pipeline got no terminal event")
         stalls = stalled_tasks(logs / "orchestrator.log")
         steps = step_times(logs / "orchestrator.log")
+        pauses = gc_pauses(logs / "orchestrator.log")
         if stalls:
             keep_logs(logs, f"the orchestrator's watchdog reported {stalls} task(s)")
     rc = report(args, results, time.perf_counter() - t0)
     print_steps(steps, results)
     print(f"tasks the orchestrator's watchdog found stalled or overdue: {stalls}")
+    if pauses:
+        ms = [p for _g, p in pauses]
+        gens = Counter(g for g, _p in pauses)
+        print(
+            f"garbage collections that paused the orchestrator >= "
+            f"{1e3 * GC_PAUSE_LOGGED_S:g} ms: {len(pauses)} (by generation: "
+            + ", ".join(f"{g}: {n}" for g, n in sorted(gens.items()))
+            + f"), longest {max(ms):.1f} ms, {sum(ms):.0f} ms in all"
+        )
+    else:
+        print(f"no garbage collection paused the orchestrator >= {1e3 * GC_PAUSE_LOGGED_S:g} ms")
     return rc
 
 
@@ -387,6 +400,19 @@ def stalled_tasks(log: Path) -> int:
         return 0
     with log.open("rb") as fh:
         return sum(1 for line in fh if b"free to start on" in line or b"not reported fin" in line)
+
+
+def gc_pauses(log: Path) -> list[tuple[int, float]]:
+    """The orchestrator's garbage-collection pauses it logged: (generation, ms); see
+    GC_PAUSE_LOGGED_S."""
+    if not log.exists():
+        return []
+    with log.open("rb") as fh:
+        found = (PAUSE.search(line) for line in fh if b"gc generation=" in line)
+        return [(int(m.group(1)), float(m.group(2))) for m in found if m]
+
+
+PAUSE = re.compile(rb"gc generation=(-?[0-9]+) pause_ms=([0-9.]+)")
 
 
 if __name__ == "__main__":

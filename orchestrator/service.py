@@ -64,6 +64,8 @@ from schemas.rpc import RemoteError, ServiceError, handle, let_sends_out, reques
 log = logging.getLogger("mars.orchestrator")
 #: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
 timing_log = logging.getLogger("mars.timing")
+#: Garbage collections at least this long are logged on `mars.timing` (debug).
+GC_PAUSE_LOGGED_S = 0.002
 VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
 #: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
@@ -196,6 +198,8 @@ class Orchestrator:
         # long-lived objects made at start need no more GC scans; fewer full collections
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
+        if timing_log.isEnabledFor(logging.DEBUG):
+            gc.callbacks.append(_gc_pauses())
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
 
     async def _on_nats_down(self) -> None:
@@ -708,6 +712,25 @@ class Orchestrator:
                 lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].settled
             )
         return self.pipelines[pipeline_id]
+
+
+def _gc_pauses() -> Callable[[str, dict[str, int]], None]:
+    """A `gc.callbacks` hook for the timing log: each collection that stopped the event loop
+    for GC_PAUSE_LOGGED_S or more (a suspect when a placement's time has a long tail)."""
+    began = [0.0]
+
+    def hook(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        paused = time.perf_counter() - began[0]
+        if paused >= GC_PAUSE_LOGGED_S:
+            timing_log.debug(
+                "gc generation=%d pause_ms=%.1f collected=%d",
+                info.get("generation", -1), 1e3 * paused, info.get("collected", 0),
+            )  # fmt: skip
+
+    return hook
 
 
 class OwnedElsewhere(Exception):

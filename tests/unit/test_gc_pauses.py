@@ -1,0 +1,38 @@
+"""The orchestrator's garbage-collection pause log (debug, `mars.timing`) and the latency
+benchmark's reading of it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from benchmarks.placement_latency import gc_pauses
+from orchestrator import service
+
+
+def test_a_long_collection_is_logged_and_a_short_one_is_not(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = service._gc_pauses()
+    clock = iter([10.0, 10.5, 20.0, 20.0005])
+    monkeypatch.setattr("orchestrator.service.time.perf_counter", lambda: next(clock))
+    with caplog.at_level(logging.DEBUG, logger="mars.timing"):
+        hook("start", {"generation": 2})
+        hook("stop", {"generation": 2, "collected": 7})  # 500 ms
+        hook("start", {"generation": 0})
+        hook("stop", {"generation": 0, "collected": 0})  # 0.5 ms: below the bar
+    lines = [r.getMessage() for r in caplog.records if r.name == "mars.timing"]
+    assert lines == ["gc generation=2 pause_ms=500.0 collected=7"]
+
+
+def test_the_benchmark_reads_the_pauses_back(tmp_path: Path) -> None:
+    log = tmp_path / "orchestrator.log"
+    log.write_text(
+        'ts=1 level=debug logger=mars.timing msg="gc generation=2 pause_ms=270.5 collected=0"\n'
+        'ts=2 level=debug logger=mars.timing msg="placed p1 claim_ms=0.5"\n'
+        'ts=3 level=debug logger=mars.timing msg="gc generation=0 pause_ms=2.1 collected=3"\n'
+    )
+    assert gc_pauses(log) == [(2, 270.5), (0, 2.1)]
+    assert gc_pauses(tmp_path / "missing.log") == []
