@@ -72,12 +72,13 @@ OFFER_TIMEOUT_S = 2.0
 COMMIT_BACKOFF_S = 0.2
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
-#: Finished pipelines kept in memory (all of them stay readable from KV; `list` shows the
-#: live ones and these). Fewer means shorter full GC pauses: with 2,000 kept, a gen-2
-#: collection took 80-300 ms and set the placement-latency tail.
-MAX_PIPELINES_KEPT = 250
+#: Finished pipelines kept in memory (`list` shows the live ones and these; `status` of any
+#: other is rebuilt from its record in KV). Every object kept is visited by each full garbage
+#: collection, which stops the orchestrator: with 2,000 kept one took 80-300 ms; measured in
+#: one process after 300 pipelines, 250 kept made ~140 of a 270 ms collection.
+MAX_PIPELINES_KEPT = 64
 #: ... trimmed back to that many each time this many more have come in.
-TRIM_STEP = 50
+TRIM_STEP = 16
 
 
 class Orchestrator:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 ALPHA_MIN = 0.3
@@ -30,24 +30,32 @@ MAX_STREAK = 3
 MAX_LOG = math.log(100.0)
 
 
-@dataclass
+@dataclass(slots=True)
 class Track:
+    """One (task signature, device) correction. Slots and tuples of floats: an orchestrator
+    holds tens of thousands of these, and a full garbage collection visits every tracked
+    object (a tuple of floats is untracked, a list never; an instance dict would be one
+    more)."""
+
     log_factor: float = 0.0
     n: int = 0
-    recent: list[float] = field(default_factory=list)
-    pending: list[float] = field(default_factory=list)
+    recent: tuple[float, ...] = ()
+    pending: tuple[float, ...] = ()
     rejected: int = 0
     updated: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.recent, self.pending = tuple(self.recent), tuple(self.pending)
 
     @property
     def factor(self) -> float:
         return math.exp(self.log_factor)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "recent": list(self.recent), "pending": list(self.pending)}
 
 
-def is_outlier(recent: list[float], r: float) -> bool:
+def is_outlier(recent: Sequence[float], r: float) -> bool:
     """The MAD rule over the accepted window."""
     if len(recent) < MIN_FOR_MAD:
         return False
@@ -64,19 +72,19 @@ def update(t: Track, r: float, now: float = 0.0) -> bool:
     t.updated = now
     if is_outlier(t.recent, r):
         t.rejected += 1
-        t.pending = [*t.pending, r][-MAX_STREAK:]
+        t.pending = (*t.pending, r)[-MAX_STREAK:]
         if len(t.pending) >= MAX_STREAK and not is_outlier(t.pending, t.pending[-1]):
             # a consistent shift, not noise: start over from the new regime
-            t.recent, t.n = list(t.pending), len(t.pending)
+            t.recent, t.n = t.pending, len(t.pending)
             t.log_factor = statistics.fmean(t.pending)
-            t.pending = []
+            t.pending = ()
             return True
         return False
-    t.pending = []
+    t.pending = ()
     t.n += 1
     alpha = max(1.0 / t.n, ALPHA_MIN)
     t.log_factor += alpha * (r - t.log_factor)
-    t.recent = [*t.recent, r][-WINDOW:]
+    t.recent = (*t.recent, r)[-WINDOW:]
     return True
 
 

@@ -46,6 +46,9 @@ DECLARED, PRIOR, MODEL = 0, 1, 2
 #: Band of a prior on hardware never measured: a factor of 3 either way (a guess, said so).
 UNSEEN_BAND = (-math.log(3.0), math.log(3.0))
 CACHE_SIZE = 4096
+#: Task signatures memoised per task object; each entry keeps its task alive (and visited by
+#: every full garbage collection), so only about as many as the pipelines in memory hold.
+SIG_MEMO_SIZE = 2048
 #: Device sets remembered (figures as arrays, cached estimates): every single device a
 #: duration is reported for is a set of its own, so this is sized for a fleet.
 MAX_DEVICE_TABLES = 4096
@@ -203,7 +206,7 @@ class Predictor:
         if hit is not None and hit[0] is task:
             return hit[1]
         sig = task_signature(task)
-        if len(self._sigs) > CACHE_SIZE:
+        if len(self._sigs) > SIG_MEMO_SIZE:
             self._sigs.clear()
         self._sigs[id(task)] = (task, sig)
         return sig
