@@ -88,10 +88,19 @@ def update(t: Track, r: float, now: float = 0.0) -> bool:
     return True
 
 
+#: Tracks kept, the least recently updated dropped first. One is made for each distinct task
+#: signature and device observed (~20,000 in a minute of random synthetic tasks), and every
+#: full garbage collection of the orchestrator visits each one.
+MAX_TRACKS = 8192
+
+
 class Corrections:
     """All tracks, keyed by (task signature, device key)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_tracks: int = MAX_TRACKS) -> None:
+        if max_tracks < 1:
+            raise ValueError(f"max_tracks must be >= 1, got {max_tracks}")
+        self.max_tracks = max_tracks
         self._tracks: dict[tuple[str, str], Track] = {}
         self._by_sig: dict[str, dict[str, Track]] = {}
         #: Bumped on every change, so callers can cache corrected figures.
@@ -128,4 +137,19 @@ class Corrections:
         self._tracks[(sig, device)] = track
         self._by_sig.setdefault(sig, {})[device] = track
         self.version += 1
+        if len(self._tracks) > self.max_tracks:
+            self._evict(keep=(sig, device))
         return track
+
+    def _evict(self, keep: tuple[str, str]) -> None:
+        """Down to 7/8 of the bound, least recently updated first (in steps: sorting every
+        track for each new one would cost more than the bound saves); never `keep`, the track
+        just put (a new one is not updated yet)."""
+        target = self.max_tracks - self.max_tracks // 8
+        old = sorted((t.updated, k) for k, t in self._tracks.items() if k != keep)
+        for _updated, (sig, device) in old[: len(self._tracks) - target]:
+            del self._tracks[(sig, device)]
+            per = self._by_sig[sig]
+            del per[device]
+            if not per:
+                del self._by_sig[sig]

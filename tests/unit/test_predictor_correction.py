@@ -70,3 +70,25 @@ def test_history_writes_a_track_when_it_has_grown_or_moved() -> None:
     assert due(Track(n=5, log_factor=0.30 - 1.01 * MIN_SAVE_SHIFT), last)  # moved
     assert due(Track(n=5, log_factor=0.30 + MIN_SAVE_SHIFT / 2), last, final=True)
     assert not due(Track(n=4, log_factor=0.30), last, final=True)  # unchanged
+
+
+def test_tracks_are_bounded_least_recently_updated_first() -> None:
+    from orchestrator.predictor.correction import Corrections
+
+    c = Corrections(max_tracks=16)
+    sizes = []
+    for i in range(60):
+        c.observe(f"sig{i}", "dev", 1.0, 1.5, now=float(i))
+        sizes.append(len(c))
+        assert c.get(f"sig{i}", "dev") is not None  # the track just observed is always kept
+    assert max(sizes) <= 16 and min(sizes[16:]) >= 14
+    kept = {sig for (sig, _dev), _t in c}
+    assert kept == {f"sig{i}" for i in range(60 - len(c), 60)}  # the newest ones
+    # the per-signature index follows the tracks
+    assert all(c.for_signature(f"sig{i}") == {} for i in range(60) if f"sig{i}" not in kept)
+    assert all(c.for_signature(s)["dev"] is c.get(s, "dev") for s in kept)
+    # an old track updated again is recent again
+    c.observe(sorted(kept)[0], "dev", 1.0, 1.5, now=100.0)
+    for i in range(60, 75):
+        c.observe(f"sig{i}", "dev", 1.0, 1.5, now=float(i))
+    assert c.get(sorted(kept)[0], "dev") is not None
