@@ -135,14 +135,13 @@ class ClusterView:
     def device_specs(self, cluster: Cluster) -> dict[str, DeviceSpec]:
         """The advertised spec of every device of `cluster` (a snapshot of this view), made
         once per snapshot: every plan reads all of them."""
-        snap = self._snap
-        if snap is not None and snap[1][0] is cluster:
-            if self._specs is not None and self._specs[0] is snap[0]:
-                return self._specs[1]
-            specs = {d.id: self.device_spec(d.id)[1] for d in cluster.devices}
-            self._specs = (snap[0], specs)
-            return specs
-        return {d.id: self.device_spec(d.id)[1] for d in cluster.devices}
+        key = self._snap[0] if self._snap is not None and self._snap[1][0] is cluster else None
+        if key is not None and self._specs is not None and self._specs[0] is key:
+            return self._specs[1]
+        specs = {d.id: self.device_spec(d.id)[1] for d in cluster.devices}
+        if key is not None:
+            self._specs = (key, specs)
+        return specs
 
     def _build(self, live: list[AgentEntry]) -> tuple[Cluster, dict[tuple[str, str], Link]]:
         devices: list[Device] = []

@@ -123,6 +123,8 @@ class Orchestrator:
         self.prediction_errors = ErrorStats()
         self.history: History | None = None
         self._stopping = asyncio.Event()
+        #: The garbage-collection pause logger (`mars.timing` debug), while running.
+        self._gc_hook: Callable[[str, dict[str, int]], None] | None = None
 
     def _now(self) -> float:
         return time.monotonic()
@@ -200,7 +202,8 @@ class Orchestrator:
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         if timing_log.isEnabledFor(logging.DEBUG):
-            gc.callbacks.append(_gc_pauses())
+            self._gc_hook = _gc_pauses()
+            gc.callbacks.append(self._gc_hook)
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
 
     async def _on_nats_down(self) -> None:
@@ -216,6 +219,8 @@ class Orchestrator:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self._gc_hook is not None and self._gc_hook in gc.callbacks:
+            gc.callbacks.remove(self._gc_hook)  # the process may start another orchestrator
         if self.history is not None:
             with contextlib.suppress(Exception):
                 await self.history.flush(final=True)  # what was learned since the last write

@@ -264,3 +264,22 @@ async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) 
         await client.close()
         await other.stop()
         await stop_cluster(orch, agents)
+
+
+async def test_the_gc_pause_logger_comes_and_goes_with_the_orchestrator(nats_url: str) -> None:
+    import gc
+    import logging
+
+    timing = logging.getLogger("mars.timing")
+    level = timing.level
+    timing.setLevel(logging.DEBUG)
+    before = list(gc.callbacks)
+    orch = Orchestrator(nats_url, name="gc")
+    try:
+        await orch.start()
+        added = [cb for cb in gc.callbacks if cb not in before]
+        assert len(added) == 1 and added[0] is orch._gc_hook
+    finally:
+        await orch.stop()
+        timing.setLevel(level)
+    assert gc.callbacks == before  # a second orchestrator in this process adds its own only
