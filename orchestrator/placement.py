@@ -26,6 +26,7 @@ from orchestrator.scheduling import Placement, Unschedulable
 from schemas.api import PlannedTask
 from schemas.bookings import BookingWindow
 from schemas.placement import ConsumerRef, InputRef, OfferReply, TaskOffer
+from schemas.rpc import let_sends_out
 
 if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
@@ -159,14 +160,10 @@ class Placer:
                         expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
                         preemptible=spec.preemptible, submitted=run.submitted_wall,
                     ))  # fmt: skip
-                keys = sorted(by_key)
-                booking = asyncio.gather(*(
-                    o.store.book(k, by_key[k], now, Blocking(eff=eff, now=now).evictable)
-                    for k in keys
-                ))  # fmt: skip
                 # A first placement is offered while its bookings are written (token 0, the
                 # commit brings each task's token): admission and CAS in one round trip. Any
-                # later round books first and offers with the token.
+                # later round books first and offers with the token. The offers go out first:
+                # an agent's answer takes longer than a CAS (another process decides it).
                 provisional = rnd == 0 and only is None and not st.fixed
                 order = plan_order(placements)
                 offered: asyncio.Future[list[OfferReply]] | None = None
@@ -177,6 +174,12 @@ class Placer:
                         for tid in todo
                     }  # fmt: skip
                     offered = asyncio.ensure_future(o.offer_many(list(offers.values())))
+                    await let_sends_out()  # on the wire before the CAS writes are made
+                keys = sorted(by_key)
+                booking = asyncio.gather(*(
+                    o.store.book(k, by_key[k], now, Blocking(eff=eff, now=now).evictable)
+                    for k in keys
+                ))  # fmt: skip
                 try:
                     results: list[BookResult] = await booking
                 except BaseException:
