@@ -15,6 +15,7 @@ import msgpack
 from pydantic import ValidationError
 
 from schemas.base import WireModel
+from schemas.depth import fixed_depth
 from schemas.errors import ErrorCode, ErrorEnvelope
 from schemas.limits import MAX_CONTAINER_LEN, MAX_DEPTH, MAX_PAYLOAD_BYTES, MAX_STR_LEN
 
@@ -124,7 +125,11 @@ def decode(data: bytes, model: type[M], encoding: Encoding = "msgpack") -> M:
     if not data:
         raise DecodeError("bad_request", "empty payload")
     obj = _unpack(data, encoding)
-    _check_depth(obj)
+    # A payload valid as a model of fixed depth is within MAX_DEPTH: the walk runs only for
+    # one that fails validation, to tell too deep from invalid (schemas/depth.py).
+    walked = not fixed_depth(model, MAX_DEPTH)
+    if walked or not isinstance(obj, dict):
+        _check_depth(obj)
     if not isinstance(obj, dict):
         raise DecodeError("bad_request", f"expected a map/object, got {type(obj).__name__}")
     try:
@@ -133,6 +138,8 @@ def decode(data: bytes, model: type[M], encoding: Encoding = "msgpack") -> M:
             return model.model_validate_json(data)
         return model.model_validate(obj)
     except ValidationError as exc:
+        if not walked:
+            _check_depth(obj)
         details: dict[str, str] = {}
         for err in exc.errors()[:50]:
             loc = ".".join(str(p) for p in err["loc"]) or "(root)"

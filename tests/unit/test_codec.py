@@ -12,9 +12,11 @@ from pydantic import ValidationError
 
 from schemas import PUBLIC_MODELS, PipelineSpec, SubmitRequest, WireModel
 from schemas.codec import DecodeError, decode, decode_reply, encode, error_reply
+from schemas.depth import depth_bound
 from schemas.errors import ErrorEnvelope
 from schemas.limits import MAX_DEPTH, MAX_PAYLOAD_BYTES
 from tests.strategies import from_json_schema
+from tests.unit.test_depth import payload_depth
 
 
 def _pipeline_dict(n: int = 3) -> dict[str, object]:
@@ -46,6 +48,11 @@ def test_public_models_round_trip(model: type[WireModel], data: st.DataObject) -
         raise
     for enc in ("msgpack", "json"):
         assert decode(encode(obj, enc), model, enc) == obj
+    # what lets `decode` skip its depth walk for a valid payload (schemas/depth.py)
+    bound = depth_bound(model)
+    assert bound is not None
+    assert payload_depth(msgpack.unpackb(encode(obj), raw=False)) <= bound
+    assert payload_depth(json.loads(encode(obj, "json"))) <= bound
 
 
 def test_pipeline_rejects_cycles_unknown_deps_and_duplicates() -> None:
