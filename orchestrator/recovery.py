@@ -234,9 +234,7 @@ class Recovery:
             gone.append(e.incarnation)
             del gone[:-8]
         if e.new == "dead":
-            entry = self.o.view.agents.get(e.agent_id)
-            if entry is not None and entry.advert.incarnation == e.incarnation:
-                entry.last_seen = float("-inf")  # out of planning now, not after the timeout
+            self.o.view.mark_dead(e.agent_id, e.incarnation)  # out of planning now
         elif e.new == "alive" and e.cause == "rejoined":
             self.o._spawn(self._withdraw_moved(e.agent_id, e.incarnation))
         self.o.cluster_changed.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from statistics import median
@@ -49,6 +50,14 @@ class AgentEntry:
     draining: bool = False
 
 
+@dataclass(frozen=True)
+class _Snapshot:
+    version: int
+    live: tuple[AgentEntry, ...]
+    ids: tuple[str, ...]
+    out: tuple[Cluster, dict[tuple[str, str], Link]]
+
+
 class ClusterView:
     """Agents by id; an advert from a new incarnation replaces the old one entirely."""
 
@@ -61,11 +70,16 @@ class ClusterView:
         self.stale_dropped = 0
         #: Bumped whenever what an advert says (not just its sequence number) changes.
         self.version = 0
-        self._snap: tuple[object, tuple[Cluster, dict[tuple[str, str], Link]]] | None = None
+        self._snap: _Snapshot | None = None
         #: The salted order key of each agent id (a hash per agent, made once).
         self._rank: dict[str, bytes] = {}
         #: Each device's advertised spec, by scheduler device id, for the cached snapshot.
-        self._specs: tuple[object, dict[str, DeviceSpec]] | None = None
+        self._specs: tuple[Cluster, dict[str, DeviceSpec]] | None = None
+        #: Bumped whenever an agent may have come alive or left (not when one stays alive).
+        self._members = 0
+        #: The live agents (sorted by id) as of (members, from, until): valid for any `now`
+        #: in [from, until), until being the first instant a live agent's heartbeat is late.
+        self._live: tuple[int, float, float, tuple[AgentEntry, ...]] | None = None
 
     def on_advert(self, adv: AgentAdvert, now: float) -> bool:
         """Apply an advert; returns True when it introduced a new agent or incarnation."""
@@ -76,11 +90,13 @@ class ClusterView:
                 return False
             if adv.model_copy(update={"seq": cur.advert.seq}) != cur.advert:
                 self.version += 1
+                self._members += 1
             cur.advert = adv
-            cur.last_seen = now
+            self._seen(cur, now)
             return False
         self.agents[adv.agent_id] = AgentEntry(adv, now)
         self.version += 1
+        self._members += 1
         return True
 
     def on_heartbeat(self, hb: Heartbeat, now: float) -> None:
@@ -89,17 +105,45 @@ class ClusterView:
             # unknown or from a previous life: wait for the advert of the current incarnation
             self.stale_dropped += 1
             return
-        cur.last_seen = max(cur.last_seen, now)
+        self._seen(cur, max(cur.last_seen, now))
         cur.running = hb.running
-        cur.draining = hb.draining
+        if cur.draining != hb.draining:
+            cur.draining = hb.draining
+            self._members += 1
+
+    def _seen(self, entry: AgentEntry, at: float) -> None:
+        """A sign of life: it only pushes a live agent's deadline out (the cached live set
+        stays right), but may bring one back whose heartbeats were late."""
+        if at - entry.last_seen > entry.advert.heartbeat_interval_s * self.misses:
+            self._members += 1
+        entry.last_seen = at
+
+    def mark_dead(self, agent_id: str, incarnation: str) -> None:
+        """Out of planning now (health monitoring says dead), not when its heartbeats lapse."""
+        entry = self.agents.get(agent_id)
+        if entry is not None and entry.advert.incarnation == incarnation:
+            entry.last_seen = float("-inf")
+            self._members += 1
 
     def alive(self, now: float) -> list[AgentEntry]:
+        return list(self._alive(now))
+
+    def _alive(self, now: float) -> tuple[AgentEntry, ...]:
+        """Live agents by id; every plan asks, so the set is kept until it can change."""
+        got = self._live
+        if got is not None and got[0] == self._members and got[1] <= now < got[2]:
+            return got[3]
         out = []
+        until = math.inf
         for entry in self.agents.values():
             limit = entry.advert.heartbeat_interval_s * self.misses
             if now - entry.last_seen <= limit and not entry.draining:
                 out.append(entry)
-        return sorted(out, key=lambda e: e.advert.agent_id)
+                until = min(until, entry.last_seen + limit)
+        live = tuple(sorted(out, key=lambda e: e.advert.agent_id))
+        # `until` is exclusive: at last_seen + limit the agent is still alive, so stop early
+        self._live = (self._members, now, until, live)
+        return live
 
     def device_spec(self, key: str) -> tuple[AgentAdvert, DeviceSpec]:
         agent_id, dev_id = key.split(":", 1)
@@ -112,14 +156,17 @@ class ClusterView:
     def snapshot(self, now: float) -> tuple[Cluster, dict[tuple[str, str], Link]]:
         """A scheduler Cluster of live devices and the site-to-site link table (rebuilt only
         when membership or an advert's content changed)."""
-        live = self.alive(now)
-        if self.salt:
-            live.sort(key=lambda e: self._ranked(e.advert.agent_id))
-        key = (self.version, tuple(e.advert.agent_id for e in live))
-        if self._snap is not None and self._snap[0] == key:
-            return self._snap[1]
-        out = self._build(live)
-        self._snap = (key, out)
+        live = self._alive(now)
+        snap = self._snap
+        if snap is not None and snap.live is live and snap.version == self.version:
+            return snap.out
+        ordered = sorted(live, key=lambda e: self._ranked(e.advert.agent_id)) if self.salt else live
+        ids = tuple(e.advert.agent_id for e in ordered)
+        if snap is not None and snap.version == self.version and snap.ids == ids:
+            out = snap.out  # the live set was re-read, and is the same
+        else:
+            out = self._build(list(ordered))
+        self._snap = _Snapshot(self.version, live, ids, out)
         return out
 
     def _ranked(self, agent_id: str) -> bytes:
@@ -135,12 +182,11 @@ class ClusterView:
     def device_specs(self, cluster: Cluster) -> dict[str, DeviceSpec]:
         """The advertised spec of every device of `cluster` (a snapshot of this view), made
         once per snapshot: every plan reads all of them."""
-        key = self._snap[0] if self._snap is not None and self._snap[1][0] is cluster else None
-        if key is not None and self._specs is not None and self._specs[0] is key:
+        if self._specs is not None and self._specs[0] is cluster:
             return self._specs[1]
         specs = {d.id: self.device_spec(d.id)[1] for d in cluster.devices}
-        if key is not None:
-            self._specs = (key, specs)
+        if self._snap is not None and self._snap.out[0] is cluster:
+            self._specs = (cluster, specs)  # a snapshot's cluster: one advert version
         return specs
 
     def _build(self, live: list[AgentEntry]) -> tuple[Cluster, dict[tuple[str, str], Link]]:

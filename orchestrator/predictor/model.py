@@ -38,7 +38,7 @@ from orchestrator.predictor.features import (
 )
 from orchestrator.predictor.prior import estimate_vector
 from schemas.agent import DeviceSpec
-from schemas.pipeline import OnnxRun, SyntheticRun, TaskSpec
+from schemas.pipeline import OnnxRun, Profile, SyntheticRun, TaskSpec
 
 MODEL_FILE = Path(__file__).resolve().parent / "predictor.onnx"
 SOURCES = ("declared", "prior", "model")
@@ -57,8 +57,12 @@ F64 = NDArray[np.float64]
 
 def task_signature(task: TaskSpec) -> str:
     """What makes two tasks the same work: their run and profile, not their id or deps."""
-    raw = task.run.model_dump_json() + task.profile.model_dump_json()
-    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+    run, profile = task.run, task.profile
+    # the bytes of model_dump_json(), without its wrapper's cost (every plan signs every task)
+    raw = type(run).__pydantic_serializer__.to_json(run) + Profile.__pydantic_serializer__.to_json(
+        profile
+    )
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -194,3 +194,27 @@ def test_observe_with_the_planned_base_learns_the_same_without_an_inference(
         assert kept.ort_calls == calls
     sig = again.signature(t)
     assert kept.corrections.get(sig, "a:cpu") == again.corrections.get(sig, "a:cpu")
+
+
+def test_task_signatures_are_stable_and_ignore_id_and_deps() -> None:
+    """Signatures key learned corrections in KV: the same work signs the same across
+    versions (the run's and the profile's JSON, hashed), whatever its id or dependencies."""
+    import hashlib
+
+    from orchestrator.predictor.model import task_signature
+    from schemas.pipeline import TaskSpec
+
+    runs = [
+        {"kind": "synthetic", "seconds": 0.25, "ref_gflops": 10.0},
+        {"kind": "onnx", "model": "mlp", "batch": 4, "iterations": 2},
+        {"kind": "exec", "argv": ["echo", "hi"]},
+        {"kind": "python", "entry": "m:f", "kwargs": {"a": 1, "b": "x"}},
+    ]
+    for run in runs:
+        t = TaskSpec.model_validate({"id": "t", "run": run, "profile": {"flops": 1e9}})
+        raw = t.run.model_dump_json() + t.profile.model_dump_json()
+        assert task_signature(t) == hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+        other = t.model_copy(update={"id": "u", "deps": ["t"]})
+        assert task_signature(other) == task_signature(t)
+    t = TaskSpec.model_validate({"id": "t", "run": runs[0], "profile": {"flops": 1e9}})
+    assert task_signature(t) == "6f4bfcea2bea17a9"  # what every version so far wrote

@@ -149,3 +149,52 @@ def test_overlay_keeps_exactly_the_windows_in_the_way(
     )  # `now` may be before t0 (a wall clock stepped back): such a window is empty, not bad
     assert sorted(out.devices[0].slot_busy) == want
     cluster.devices[0].with_slot_busy(out.devices[0].slot_busy)  # what the check would pass
+
+
+def _naive_alive(view: ClusterView, now: float) -> list[str]:
+    return sorted(
+        aid
+        for aid, e in view.agents.items()
+        if now - e.last_seen <= e.advert.heartbeat_interval_s * view.misses and not e.draining
+    )
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["advert", "new_life", "beat", "drain", "undrain", "dead", "wait"]),
+        st.sampled_from(["a", "b", "c"]),
+        st.floats(0.0, 1.0),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops)
+def test_the_cached_live_set_is_what_a_fresh_scan_says(ops: list[tuple[str, str, float]]) -> None:
+    """Every plan reads the live set; it is kept between changes, never past one."""
+    from schemas import Heartbeat
+
+    view = ClusterView(salt="orch-1")
+    now, life = 0.0, {"a": 0, "b": 0, "c": 0}
+    draining = {"a": False, "b": False, "c": False}
+    for seq, (op, aid, dt) in enumerate(ops, start=1):
+        inc = f"i{life[aid]}"
+        if op == "wait":
+            now += dt  # heartbeats every 0.5 s, 3 misses: gone after 1.5 s of silence
+        elif op in ("advert", "new_life"):
+            if op == "new_life":
+                life[aid] += 1
+                inc = f"i{life[aid]}"
+            view.on_advert(advert(aid).model_copy(update={"incarnation": inc, "seq": seq}), now)
+        elif op in ("beat", "drain", "undrain"):
+            if op != "beat":
+                draining[aid] = op == "drain"
+            hb = Heartbeat(agent_id=aid, incarnation=inc, seq=seq, draining=draining[aid])
+            view.on_heartbeat(hb, now)
+        else:
+            view.mark_dead(aid, inc)
+        want = _naive_alive(view, now)
+        assert [e.advert.agent_id for e in view.alive(now)] == want
+        cluster, _ = view.snapshot(now)
+        assert sorted(d.agent_id for d in cluster.devices) == want
