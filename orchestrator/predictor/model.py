@@ -36,7 +36,7 @@ from orchestrator.predictor.features import (
     shipped_book,
     task_vector,
 )
-from orchestrator.predictor.prior import estimate_vector
+from orchestrator.predictor.prior import estimate_matrix
 from schemas.agent import DeviceSpec
 from schemas.pipeline import OnnxRun, Profile, SyntheticRun, TaskSpec
 
@@ -266,17 +266,24 @@ class Predictor:
         roofs: list[F64] = []
         where: list[tuple[int, float]] = []  # (row, iterations) per block of ok devices
         cols = np.flatnonzero(dt.ok)
-        for t, i in zip(tasks, rows, strict=True):
-            g = self.graph_of(t)
+        graphs = [self.graph_of(t) for t in tasks]
+        # tasks no model knows the graph of: the analytical prior, all in one go
+        plain = [k for k, g in enumerate(graphs) if g is None]
+        if plain:
+            at = [rows[k] for k in plain]
+            base = estimate_matrix([tasks[k] for k in plain], dt.gflops)
+            declared = np.array([
+                isinstance(t.run, SyntheticRun)
+                or (t.profile.flops <= 0 and t.profile.est_seconds is not None)
+                for t in (tasks[k] for k in plain)
+            ])[:, None]  # fmt: skip
+            out[0, at] = base
+            out[1, at] = np.where(declared, base, base * dt.band_lo)
+            out[2, at] = np.where(declared, base, base * dt.band_hi)
+            out[3, at] = np.where(declared[:, 0], DECLARED, PRIOR)[:, None]
+        for t, i, g in zip(tasks, rows, graphs, strict=True):
             run = t.run
             if g is None:
-                out[0, i] = estimate_vector(t, dt.gflops)
-                declared = isinstance(run, SyntheticRun) or (
-                    t.profile.flops <= 0 and t.profile.est_seconds is not None
-                )
-                out[3, i] = DECLARED if declared else PRIOR
-                out[1, i] = out[0, i] * (1.0 if declared else dt.band_lo)
-                out[2, i] = out[0, i] * (1.0 if declared else dt.band_hi)
                 continue
             iters = float(run.iterations) if isinstance(run, OnnxRun) else 1.0
             roof = g.flops / (dt.gflops * 1e9) + g.mem_bytes / (dt.mem_gbps * 1e9) + dt.overhead

@@ -6,6 +6,8 @@ use a roofline-style estimate from their declared FLOPs, or their declared estim
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -47,3 +49,38 @@ def estimate_vector(task: TaskSpec, gflops: NDArray[np.float64]) -> NDArray[np.f
     if prof.est_seconds is not None:
         return np.full(len(gflops), prof.est_seconds, dtype=np.float64)
     return np.full(len(gflops), DEFAULT_S, dtype=np.float64)
+
+
+def estimate_matrix(tasks: Sequence[TaskSpec], gflops: NDArray[np.float64]) -> NDArray[np.float64]:
+    """`estimate_vector` of each task, one row per task, computed a kind at a time (every plan
+    prices every task on every device; per task this was most of a plan's predictor time)."""
+    out = np.empty((len(tasks), len(gflops)))
+    const: list[tuple[int, float]] = []
+    scaled: list[tuple[int, float]] = []  # seconds x ref_gflops, over each device's gflops
+    roof: list[tuple[int, int, float]] = []  # iterations x (flops / (gflops x 1e9) + overhead)
+    for i, task in enumerate(tasks):
+        run = task.run
+        if isinstance(run, SyntheticRun):
+            if run.ref_gflops is None:
+                const.append((i, run.seconds))
+            else:
+                scaled.append((i, run.seconds * run.ref_gflops))
+            continue
+        prof = task.profile
+        if prof.flops > 0:
+            roof.append((i, run.iterations if isinstance(run, OnnxRun) else 1, prof.flops))
+        elif prof.est_seconds is not None:
+            const.append((i, prof.est_seconds))
+        else:
+            const.append((i, DEFAULT_S))
+    if const:
+        rows, vals = zip(*const, strict=True)
+        out[list(rows)] = np.asarray(vals)[:, None]
+    if scaled:
+        rows, vals = zip(*scaled, strict=True)
+        out[list(rows)] = np.asarray(vals)[:, None] / gflops
+    if roof:
+        rows, iters, flops = zip(*roof, strict=True)
+        per = np.asarray(flops)[:, None] / (gflops * 1e9) + CALL_OVERHEAD_S
+        out[list(rows)] = np.asarray(iters, dtype=np.float64)[:, None] * per
+    return out

@@ -218,3 +218,33 @@ def test_task_signatures_are_stable_and_ignore_id_and_deps() -> None:
         assert task_signature(other) == task_signature(t)
     t = TaskSpec.model_validate({"id": "t", "run": runs[0], "profile": {"flops": 1e9}})
     assert task_signature(t) == "6f4bfcea2bea17a9"  # what every version so far wrote
+
+
+def test_tasks_without_a_known_graph_get_the_prior_with_its_band(learned: LearnedModel) -> None:
+    """Declared times are exact (no band); FLOPs-based priors carry the prior's band; tasks
+    of all kinds mixed in one call each get their own row."""
+    from orchestrator.predictor.model import DECLARED
+    from orchestrator.predictor.prior import estimate_seconds
+
+    raws = [
+        {"id": "a", "run": {"kind": "synthetic", "seconds": 0.3}},
+        {"id": "b", "run": {"kind": "exec", "argv": ["x"]}, "profile": {"flops": 1e9}},
+        {"id": "c", "run": {"kind": "synthetic", "seconds": 0.2, "ref_gflops": 40.0}},
+        {"id": "d", "run": {"kind": "exec", "argv": ["x"]}, "profile": {"est_seconds": 2.5}},
+        {"id": "e", "run": {"kind": "exec", "argv": ["x"]}},
+        {"id": "f", "run": {"kind": "onnx", "model": "tiny_cnn"}},
+    ]
+    tasks = [TaskSpec.model_validate(r) for r in raws]
+    gpu = DeviceSpec(device_id="gpu", kind="gpu", gflops=5000.0)
+    est = Predictor(model=learned).estimate(tasks, [CPU, gpu])
+    declared = {"a", "c", "d"}
+    for i, t in enumerate(tasks[:5]):
+        for j, dev in enumerate((CPU, gpu)):
+            assert est.base[i, j] == estimate_seconds(t, dev), (t.id, dev.device_id)
+            if t.id in declared:
+                assert est.source[i, j] == DECLARED
+                assert est.lo[i, j] == est.hi[i, j] == est.base[i, j]
+            else:
+                assert est.source[i, j] == PRIOR
+                assert est.lo[i, j] < est.base[i, j] < est.hi[i, j]
+    assert est.source[5, 0] == MODEL  # the model's row is left to the model

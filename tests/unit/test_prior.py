@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.predictor.prior import estimate_seconds, estimate_vector
+from orchestrator.predictor.prior import estimate_matrix, estimate_seconds, estimate_vector
 from schemas import DeviceSpec, TaskSpec
 
 TASKS = [
@@ -27,3 +27,14 @@ def test_vector_matches_scalar(raw: dict[str, object]) -> None:
     ]
     assert vec.tolist() == scalar
     assert all(x > 0 for x in scalar)
+
+
+def test_the_matrix_is_each_task_s_vector() -> None:
+    """Tasks of every kind, mixed and repeated: each row is exactly that task's vector."""
+    tasks = [TaskSpec.model_validate(raw) for raw in TASKS * 2][::-1]
+    gflops = np.array([0.5, 10.0, 123.4, 1e4, 3.3])
+    got = estimate_matrix(tasks, gflops)
+    assert got.shape == (len(tasks), len(gflops))
+    for row, task in zip(got, tasks, strict=True):
+        assert row.tolist() == estimate_vector(task, gflops).tolist()
+    assert estimate_matrix([], gflops).shape == (0, len(gflops))
