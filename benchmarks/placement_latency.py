@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 STEP_RE = re.compile(rb"placed (\S+) ((?:\w+_ms=[0-9.]+ ?)+)")
-STEPS = ("claim", "plan", "book", "offer", "rest", "total")
+STEPS = ("claim", "plan", "send", "book", "offer", "rest", "total")
 
 
 def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
@@ -377,9 +377,10 @@ def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
 
 def print_steps(steps: dict[str, dict[str, list[float]]], r: Results) -> None:
     """Where the reply's time goes: the orchestrator's own clock around each step (claim:
-    the ownership lease; plan; book: the CAS bookings; offer: the agents' admission; rest:
-    the handler's other work), the handler in all, and the client's time for comparison
-    (the difference is the request and reply in transit, and waiting for the handler)."""
+    the ownership lease; plan; send: a new pipeline's offers built and on their way; book:
+    the CAS bookings; offer: the agents' admission, beyond the bookings; rest: the handler's
+    other work), the handler in all, and the client's time for comparison (the difference is
+    the request and reply in transit, and waiting for the handler)."""
     rows = []
     for tag, name, phase in (("lat", "back-to-back", r.latency), ("iso", "isolated", r.isolated)):
         per = steps.get(tag)

@@ -117,7 +117,9 @@ class Placer:
             st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}
             st.tokens = {tid: tr.token for tid, tr in run.tasks.items() if tid not in only}
         reasons: dict[str, str] = {}
-        steps = run.step_s = {"claim": 0.0, "plan": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0}
+        steps = run.step_s = {
+            "claim": 0.0, "plan": 0.0, "send": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0
+        }  # fmt: skip
         clock = time.perf_counter
         for rnd in range(MAX_ROUNDS):
             now = o.wall()
@@ -175,6 +177,9 @@ class Placer:
                     }  # fmt: skip
                     offered = asyncio.ensure_future(o.offer_many(list(offers.values())))
                     await let_sends_out()  # on the wire before the CAS writes are made
+                    t_sent = clock()
+                    steps["send"] += t_sent - t_book
+                    t_book = t_sent
                 keys = sorted(by_key)
                 booking = asyncio.gather(*(
                     o.store.book(k, by_key[k], now, Blocking(eff=eff, now=now).evictable)

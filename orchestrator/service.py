@@ -64,6 +64,11 @@ from schemas.rpc import RemoteError, ServiceError, handle, let_sends_out, reques
 log = logging.getLogger("mars.orchestrator")
 #: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
 timing_log = logging.getLogger("mars.timing")
+#: ... its format (benchmarks/placement_latency.py reads it back).
+TIMING_LINE = (
+    "placed %s claim_ms=%.3f plan_ms=%.3f send_ms=%.3f book_ms=%.3f offer_ms=%.3f "
+    "total_ms=%.3f budget_ms=%.1f conflicts=%d rejections=%d"
+)
 #: Garbage collections at least this long are logged on `mars.timing` (debug).
 GC_PAUSE_LOGGED_S = 0.002
 VERSION = "0.1.0"
@@ -411,9 +416,8 @@ class Orchestrator:
         if timing_log.isEnabledFor(logging.DEBUG):
             st = run.step_s
             timing_log.debug(
-                "placed %s claim_ms=%.3f plan_ms=%.3f book_ms=%.3f offer_ms=%.3f total_ms=%.3f "
-                "budget_ms=%.1f conflicts=%d rejections=%d", pid, 1e3 * st.get("claim", 0.0),
-                1e3 * st.get("plan", 0.0),
+                TIMING_LINE, pid,
+                1e3 * st.get("claim", 0.0), 1e3 * st.get("plan", 0.0), 1e3 * st.get("send", 0.0),
                 1e3 * st.get("book", 0.0), 1e3 * st.get("offer", 0.0),
                 1e3 * (time.perf_counter() - t0), 1e3 * st.get("budget", 0.0), run.conflicts,
                 run.rejections,

@@ -36,3 +36,18 @@ def test_the_benchmark_reads_the_pauses_back(tmp_path: Path) -> None:
     )
     assert gc_pauses(log) == [(2, 270.5), (0, 2.1)]
     assert gc_pauses(tmp_path / "missing.log") == []
+
+
+def test_the_benchmark_reads_each_placement_s_steps(tmp_path: Path) -> None:
+    """The step names the orchestrator logs are the ones the benchmark tabulates."""
+    from benchmarks.placement_latency import STEPS, step_times
+
+    st = {"claim": 0.0005, "plan": 0.003, "send": 0.0012, "book": 0.004, "offer": 0.002}
+    line = service.TIMING_LINE % ("iso-7", *(1e3 * v for v in st.values()), 14.0, 2.0, 0, 0)
+    log = tmp_path / "orchestrator.log"
+    log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
+    got = step_times(log)["iso"]
+    assert set(got) == set(STEPS)
+    for k, v in st.items():
+        assert got[k] == [pytest.approx(1e3 * v)]
+    assert got["rest"] == [pytest.approx(14.0 - 1e3 * sum(st.values()))]
