@@ -175,7 +175,7 @@ class Placer:
                         tid: self._offer(run, tid, placements, st, order, provisional=True)
                         for tid in todo
                     }  # fmt: skip
-                    offered = asyncio.ensure_future(o.offer_many(list(offers.values())))
+                    offered = o.start_offers(list(offers.values()))
                     await let_sends_out()  # on the wire before the CAS writes are made
                     t_sent = clock()
                     steps["send"] += t_sent - t_book

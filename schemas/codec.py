@@ -124,31 +124,50 @@ def decode(data: bytes, model: type[M], encoding: Encoding = "msgpack") -> M:
         )
     if not data:
         raise DecodeError("bad_request", "empty payload")
+    # A payload valid as a model of fixed depth is within MAX_DEPTH, so the depth walk runs
+    # only for one that fails validation, to tell too deep from invalid (schemas/depth.py);
+    # such a model's JSON goes to pydantic's own parser, read a second time only to say why
+    # it failed.
+    fixed = fixed_depth(model, MAX_DEPTH)
+    if fixed and encoding == "json":
+        try:
+            return model.model_validate_json(data)
+        except ValidationError as exc:
+            _screen(_unpack(data, encoding))
+            raise _invalid(model, exc) from exc
+        except RecursionError as exc:
+            raise DecodeError("too_deep", "payload nests too deeply") from exc
     obj = _unpack(data, encoding)
-    # A payload valid as a model of fixed depth is within MAX_DEPTH: the walk runs only for
-    # one that fails validation, to tell too deep from invalid (schemas/depth.py).
-    walked = not fixed_depth(model, MAX_DEPTH)
-    if walked or not isinstance(obj, dict):
-        _check_depth(obj)
-    if not isinstance(obj, dict):
-        raise DecodeError("bad_request", f"expected a map/object, got {type(obj).__name__}")
+    if not fixed or not isinstance(obj, dict):
+        _screen(obj)
     try:
         if encoding == "json":
             # JSON carries bytes as base64 strings; let pydantic's JSON mode handle that.
             return model.model_validate_json(data)
         return model.model_validate(obj)
     except ValidationError as exc:
-        if not walked:
-            _check_depth(obj)
-        details: dict[str, str] = {}
-        for err in exc.errors()[:50]:
-            loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-            details[loc[:256]] = str(err["msg"])[:2048]
-        raise DecodeError(
-            "invalid", f"{model.__name__} failed validation ({exc.error_count()} errors)", details
-        ) from exc
+        if fixed:
+            _screen(obj)
+        raise _invalid(model, exc) from exc
     except RecursionError as exc:
         raise DecodeError("too_deep", "payload nests too deeply") from exc
+
+
+def _screen(obj: Any) -> None:
+    """What is wrong with a payload before its fields: too deep, bad keys, not a map."""
+    _check_depth(obj)
+    if not isinstance(obj, dict):
+        raise DecodeError("bad_request", f"expected a map/object, got {type(obj).__name__}")
+
+
+def _invalid(model: type[WireModel], exc: ValidationError) -> DecodeError:
+    details: dict[str, str] = {}
+    for err in exc.errors()[:50]:
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        details[loc[:256]] = str(err["msg"])[:2048]
+    return DecodeError(
+        "invalid", f"{model.__name__} failed validation ({exc.error_count()} errors)", details
+    )
 
 
 def error_reply(

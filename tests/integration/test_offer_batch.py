@@ -14,7 +14,7 @@ from nats.aio.client import Client as NATS
 
 from orchestrator.service import Orchestrator
 from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec, subjects
-from schemas.codec import decode, encode
+from schemas.codec import decode, encode, encoding_of
 from schemas.rpc import request, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 
@@ -77,13 +77,13 @@ async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
     seen: list[str] = []
 
     async def single(msg: Any) -> None:
-        offer = decode(msg.data, TaskOffer)
+        offer = decode(msg.data, TaskOffer, encoding_of(msg.headers))
         seen.append(offer.task.id)
         reply = OfferReply(
             pipeline_id=offer.pipeline_id, task_id=offer.task.id, agent_id=offer.agent_id,
             accepted=offer.task.id != "t1", code=None if offer.task.id != "t1" else "no_memory",
         )  # fmt: skip
-        await msg.respond(encode(reply))
+        await msg.respond(encode(reply, encoding_of(msg.headers)))  # its headers go back
 
     async with orchestrator_and_client(nats_url) as (orch, nc):
         await nc.subscribe(subjects.offer("legacy"), cb=single)
@@ -110,10 +110,10 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
     got: list[CommitCommand] = []
 
     async def flaky(msg: Any) -> None:
-        cmd = decode(msg.data, CommitCommand)
+        cmd = decode(msg.data, CommitCommand, encoding_of(msg.headers))
         got.append(cmd)
         if len(got) > 1:  # the first one goes unanswered
-            await msg.respond(encode(cmd))
+            await msg.respond(encode(cmd, encoding_of(msg.headers)))
 
     async with orchestrator_and_client(nats_url) as (orch, nc):
         await nc.subscribe(subjects.commit("slow"), cb=flaky)

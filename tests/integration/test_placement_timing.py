@@ -22,9 +22,10 @@ async def test_a_placement_logs_the_time_of_each_step(
     lines = [r.getMessage() for r in caplog.records if r.name == "mars.timing"]
     assert len(lines) == 1 and lines[0].startswith("placed p ")
     ms = {k: float(v) for k, v in re.findall(r"(\w+)_ms=([0-9.]+)", lines[0])}
-    assert set(ms) == {"claim", "plan", "book", "offer", "total", "budget"}
+    steps = ("claim", "plan", "send", "book", "offer")
+    assert set(ms) == {*steps, "total", "budget"}
     assert ms.pop("budget") == pytest.approx(1e3 * orch.plan_budget_s)  # alone: all of it
-    assert all(ms[k] > 0.0 for k in ("claim", "plan", "book", "offer"))
-    assert ms["claim"] + ms["plan"] + ms["book"] + ms["offer"] <= ms["total"]
+    assert all(ms[k] > 0.0 for k in steps)  # a first placement: offers sent, then booked
+    assert sum(ms[k] for k in steps) <= ms["total"]
     assert "conflicts=0 rejections=0" in lines[0]
     assert run.step_s["offer"] * 1e3 == pytest.approx(ms["offer"], abs=1e-3)

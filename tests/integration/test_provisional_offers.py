@@ -13,7 +13,7 @@ import pytest
 from orchestrator.reservations.store import BookingStore, device_key
 from schemas import PipelineSpec, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
-from schemas.codec import decode
+from schemas.codec import decode, encoding_of
 from schemas.placement import CancelCommand, CommitCommand, OfferBatch, TaskOffer
 from schemas.rpc import settle
 from tests.harness import agent_config, start_cluster, stop_cluster
@@ -39,16 +39,16 @@ class Wire:
 
     async def listen(self, nc: Any) -> None:
         async def on_offer(msg: Any) -> None:
-            self.offers.append(decode(msg.data, TaskOffer))
+            self.offers.append(decode(msg.data, TaskOffer, encoding_of(msg.headers)))
 
         async def on_offers(msg: Any) -> None:
-            self.offers.extend(decode(msg.data, OfferBatch).offers)
+            self.offers.extend(decode(msg.data, OfferBatch, encoding_of(msg.headers)).offers)
 
         async def on_commit(msg: Any) -> None:
-            self.commits.append(decode(msg.data, CommitCommand))
+            self.commits.append(decode(msg.data, CommitCommand, encoding_of(msg.headers)))
 
         async def on_cancel(msg: Any) -> None:
-            self.cancels.append(decode(msg.data, CancelCommand))
+            self.cancels.append(decode(msg.data, CancelCommand, encoding_of(msg.headers)))
 
         await nc.subscribe(subjects.offer("*"), cb=on_offer)
         await nc.subscribe(subjects.offers("*"), cb=on_offers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import msgpack
@@ -69,16 +70,22 @@ def test_a_deep_payload_is_still_too_deep_for_a_model_of_fixed_depth() -> None:
         {"pipeline": {"name": "p", "tasks": [], "labels": deep}},  # deep inside a field
         {"pipeline": deep},
     ]
-    for payload in cases:
-        with pytest.raises(DecodeError) as err:
-            decode(msgpack.packb(payload), SubmitRequest)
-        assert err.value.code == "too_deep"
     deep_list: object = 1
     for _ in range(MAX_DEPTH + 1):
         deep_list = [deep_list]
+    cases.append(deep_list)  # not even a map: too deep first
+    for payload in cases:
+        for enc, raw in (("msgpack", msgpack.packb(payload)), ("json", json.dumps(payload))):
+            with pytest.raises(DecodeError) as err:
+                decode(raw if isinstance(raw, bytes) else raw.encode(), SubmitRequest, enc)  # type: ignore[arg-type]
+            assert err.value.code == "too_deep", enc
+    for raw in (b"[1, 2]", b'{"pipeline": ', b"\xff\xfe", b'"text"'):
+        with pytest.raises(DecodeError) as err:
+            decode(raw, SubmitRequest, "json")  # pydantic's parser first, then the reason
+        assert err.value.code == "bad_request", raw
     with pytest.raises(DecodeError) as err:
-        decode(msgpack.packb(deep_list), SubmitRequest)  # not even a map: too deep first
-    assert err.value.code == "too_deep"
+        decode(b'{"pipeline": {"name": "p", "tasks": []}}', SubmitRequest, "json")
+    assert err.value.code == "invalid" and "pipeline.tasks" in err.value.details
     with pytest.raises(DecodeError) as err:
         decode(msgpack.packb({1: "x"}, strict_types=False), SubmitRequest)
     assert err.value.code == "bad_request"  # a map key that is not a string, as before
