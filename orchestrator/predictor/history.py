@@ -131,6 +131,7 @@ class History:
             track = self.corrections.put(rec.sig, rec.device, Track(**rec.track.model_dump()))
             self.saved[(rec.sig, rec.device)] = (track.n, track.log_factor)
             loaded += 1
+        self._forget_dropped()  # more in the bucket than the bound: the rest were dropped
         return loaded
 
     async def _keys(self) -> list[str]:
@@ -162,3 +163,13 @@ class History:
             self.writes += 1
         except Exception as exc:
             log.warning("saving correction %s@%s failed: %s", sig, device, exc)
+        if len(self.saved) > 2 * self.corrections.max_tracks:
+            self._forget_dropped()
+
+    def _forget_dropped(self) -> None:
+        """What was written of tracks the corrections no longer hold (the least recently
+        updated are dropped past their bound): kept, the bookkeeping would grow with every
+        signature ever seen. Such a track starts afresh if its work comes back."""
+        held = self.corrections.get
+        self.saved = {k: v for k, v in self.saved.items() if held(*k) is not None}
+        self.held = {k for k in self.held if held(*k) is not None}

@@ -92,3 +92,31 @@ def test_tracks_are_bounded_least_recently_updated_first() -> None:
     for i in range(60, 75):
         c.observe(f"sig{i}", "dev", 1.0, 1.5, now=float(i))
     assert c.get(sorted(kept)[0], "dev") is not None
+
+
+async def test_history_bookkeeping_follows_the_tracks_it_may_still_write() -> None:
+    """What was written of each track is kept only while the track is held: with ever new
+    task signatures it would otherwise grow without bound (the tracks themselves are)."""
+    from orchestrator.predictor.correction import Corrections
+    from orchestrator.predictor.history import History
+
+    class Bucket:  # a stand-in for the KV bucket: this is about the bookkeeping beside it
+        def __init__(self) -> None:
+            self.puts = 0
+
+        async def put(self, key: str, value: bytes) -> int:
+            self.puts += 1
+            return self.puts
+
+    c = Corrections(max_tracks=16)
+    h = History(js=None, corrections=c)
+    h.kv = bucket = Bucket()
+    for i in range(200):
+        sig = f"s{i}"
+        for k in range(3):
+            c.observe(sig, "a:cpu", 1.0, 1.1, float(3 * i + k))
+        h.mark(sig, "a:cpu")
+        await h.flush()
+        assert len(h.saved) <= 2 * c.max_tracks and len(h.held) <= 2 * c.max_tracks
+    assert bucket.puts == 200  # every track was still written once it had enough samples
+    assert (f"s{199}", "a:cpu") in h.saved  # the recent ones are remembered
