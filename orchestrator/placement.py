@@ -143,12 +143,7 @@ class Placer:
                     raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
                 plan = planned.plan
                 steps["plan"] += clock() - t_plan
-                if gate is not None:
-                    t_gate = clock()
-                    await gate  # our claim on the pipeline: nothing is booked before it
-                    gate = None
-                    steps["claim"] = clock() - t_gate
-                t_book = clock()
+                t_build = clock()
                 todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
                 placements = {**st.fixed, **todo}
                 # 1. book every involved device by CAS
@@ -175,6 +170,16 @@ class Placer:
                         tid: self._offer(run, tid, placements, st, order, provisional=True)
                         for tid in todo
                     }  # fmt: skip
+                steps["send"] += clock() - t_build
+                if gate is not None:
+                    # our claim on the pipeline: nothing is offered or booked before it (what
+                    # they carry is built already, while its answer may still be on its way)
+                    t_gate = clock()
+                    await gate
+                    gate = None
+                    steps["claim"] = clock() - t_gate
+                t_book = clock()
+                if provisional:
                     offered = o.start_offers(list(offers.values()))
                     await let_sends_out()  # on the wire before the CAS writes are made
                     t_sent = clock()

@@ -8,7 +8,7 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import nats
@@ -412,10 +412,11 @@ class Orchestrator:
         run.committed_at = self._now()
         run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
-        # messages, retried until each agent answers) is off the reply's path.
-        self._spawn(self._commit_all(run, set(run.tasks)))
+        # messages, retried until each agent answers) and the record are off the reply's path,
+        # and begin once the reply is written (tasks spawned now would run before it).
+        self._spawn(_after_reply(self._commit_all(run, set(run.tasks))))
         await self._publish_pipeline(run)
-        self._spawn(self.persist(run))  # off the reply's path; status falls back to memory
+        self._spawn(_after_reply(self.persist(run)))  # status falls back to memory meanwhile
         reply = self._submit_reply(run)
         if timing_log.isEnabledFor(logging.DEBUG):
             st = run.step_s
@@ -737,6 +738,17 @@ class Orchestrator:
                 lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].settled
             )
         return self.pipelines[pipeline_id]
+
+
+async def _after_reply(work: Coroutine[Any, Any, None]) -> None:
+    """`work`, once the reply being sent now is on the wire: nats-py writes it at the loop's
+    next turn, after whatever was scheduled before it."""
+    try:
+        await let_sends_out()
+    except BaseException:
+        work.close()  # stopped first: never started, and never left unawaited
+        raise
+    await work
 
 
 def _gc_pauses() -> Callable[[str, dict[str, int]], None]:
