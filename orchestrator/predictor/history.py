@@ -6,7 +6,8 @@ then again when its observation count has doubled or its factor has moved by MIN
 (in log terms) since the last write, and at stop whatever changed. On a fleet running ever
 new work (each task's parameters a little different) every finished task used to cost one
 KV write for a single, noisy sample; now a restart forgets at most a track's last small
-drift, or a track seen once.
+drift, or a track seen once. The bucket's entries expire KEEP_S after their last write, and a
+track still observed is written again within REFRESH_S: what nobody runs any more goes.
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ KEYS_ATTEMPTS = 5
 MIN_SAVE_N = 2
 #: Change of log(factor) since the last write that makes a track due again (~5%).
 MIN_SAVE_SHIFT = 0.05
+#: The bucket's entries expire this long after their last write: a track nobody has observed
+#: for a month goes (the bucket would otherwise hold every signature ever seen) ...
+KEEP_S = 30 * 24 * 3600.0
+#: ... and one still in use is written again at least this often, so it never expires.
+REFRESH_S = KEEP_S / 3
 
-Saved = tuple[int, float]  # a track's (observation count, log factor) when last written
+#: A track's (observation count, log factor, time of its last observation) when last written.
+Saved = tuple[int, float, float]
 
 
 def due(track: Track, last: Saved | None, final: bool = False) -> bool:
@@ -42,10 +49,14 @@ def due(track: Track, last: Saved | None, final: bool = False) -> bool:
         return False
     if last is None:
         return True
-    n0, lf0 = last
+    n0, lf0, at0 = last
     if final:
         return (track.n, track.log_factor) != (n0, lf0)
-    return track.n >= 2 * n0 or abs(track.log_factor - lf0) >= MIN_SAVE_SHIFT
+    return (
+        track.n >= 2 * n0
+        or abs(track.log_factor - lf0) >= MIN_SAVE_SHIFT
+        or track.updated - at0 >= REFRESH_S
+    )
 
 
 def kv_key(sig: str, device: str) -> str:
@@ -114,7 +125,7 @@ class History:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
             with contextlib.suppress(Exception):  # another replica may create it first
-                await self.js.create_key_value(bucket=self.bucket, history=1)
+                await self.js.create_key_value(bucket=self.bucket, history=1, ttl=KEEP_S)
             self.kv = await self.js.key_value(self.bucket)
         keys = await self._keys()
         loaded = 0
@@ -129,7 +140,7 @@ class History:
                 log.warning("loading correction %s failed: %s", k, exc)
                 continue
             track = self.corrections.put(rec.sig, rec.device, Track(**rec.track.model_dump()))
-            self.saved[(rec.sig, rec.device)] = (track.n, track.log_factor)
+            self.saved[(rec.sig, rec.device)] = (track.n, track.log_factor, track.updated)
             loaded += 1
         self._forget_dropped()  # more in the bucket than the bound: the rest were dropped
         return loaded
@@ -159,7 +170,7 @@ class History:
         )
         try:
             await self.kv.put(kv_key(sig, device), body)
-            self.saved[(sig, device)] = (track.n, track.log_factor)
+            self.saved[(sig, device)] = (track.n, track.log_factor, track.updated)
             self.writes += 1
         except Exception as exc:
             log.warning("saving correction %s@%s failed: %s", sig, device, exc)

@@ -122,3 +122,17 @@ async def test_a_single_sample_is_not_written_and_a_second_one_is(nats_url: str)
         assert decode(bytes(entry.value or b""), CorrectionRecord).track.n == 2
     finally:
         await a.stop()
+
+
+async def test_the_bucket_forgets_what_nobody_writes_for_a_month(nats_url: str) -> None:
+    """Entries expire KEEP_S after their last write (a track still in use is written again
+    well before, see `due`): the bucket does not keep every signature ever seen."""
+    from orchestrator.predictor.history import KEEP_S
+
+    a = Orchestrator(nats_url, name="orch-a")
+    await a.start()
+    try:
+        info = await a.js.stream_info(f"KV_{BUCKET}")
+        assert info.config.max_age == pytest.approx(KEEP_S)
+    finally:
+        await a.stop()

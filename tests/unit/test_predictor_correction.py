@@ -59,17 +59,20 @@ def test_history_writes_a_track_when_it_has_grown_or_moved() -> None:
     """A single sample is not written; then writes follow count doublings and shifts of the
     factor, and at stop whatever changed since the last write."""
     from orchestrator.predictor.correction import Track
-    from orchestrator.predictor.history import MIN_SAVE_N, MIN_SAVE_SHIFT, due
+    from orchestrator.predictor.history import MIN_SAVE_N, MIN_SAVE_SHIFT, REFRESH_S, due
 
     assert not due(Track(n=1, log_factor=0.5), None)
     assert not due(Track(n=1, log_factor=0.5), None, final=True)
     assert due(Track(n=MIN_SAVE_N, log_factor=0.0), None)
-    last = (4, 0.30)
-    assert not due(Track(n=7, log_factor=0.30 + MIN_SAVE_SHIFT / 2), last)
+    last = (4, 0.30, 1000.0)
+    assert not due(Track(n=7, log_factor=0.30 + MIN_SAVE_SHIFT / 2, updated=1001.0), last)
     assert due(Track(n=8, log_factor=0.30), last)  # doubled
     assert due(Track(n=5, log_factor=0.30 - 1.01 * MIN_SAVE_SHIFT), last)  # moved
     assert due(Track(n=5, log_factor=0.30 + MIN_SAVE_SHIFT / 2), last, final=True)
     assert not due(Track(n=4, log_factor=0.30), last, final=True)  # unchanged
+    # still in use long after its last write: written again before its KV entry expires
+    assert due(Track(n=5, log_factor=0.30, updated=1000.0 + REFRESH_S), last)
+    assert not due(Track(n=5, log_factor=0.30, updated=999.0 + REFRESH_S), last)
 
 
 def test_tracks_are_bounded_least_recently_updated_first() -> None:
