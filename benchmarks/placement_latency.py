@@ -377,11 +377,11 @@ def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
 
 def print_steps(steps: dict[str, dict[str, list[float]]], r: Results) -> None:
     """Where the reply's time goes: the orchestrator's own clock around each step (claim:
-    waiting for the ownership lease once the plan and its offers are made; plan; send: a new
-    pipeline's offers built and on their way; book: the CAS bookings; offer: the agents'
-    admission, beyond the bookings; rest: the handler's other work), the handler in all, and
-    the client's time for comparison (the difference is the request and reply in transit,
-    and waiting for the handler)."""
+    waiting for the ownership lease once the plan and its offers are made; plan; send: the
+    round's bookings and offers built, a new pipeline's offers on their way; book: the CAS
+    bookings; offer: the agents' admission, beyond the bookings; rest: the handler's other
+    work), the handler in all, and the client's time for comparison (the difference is the
+    request and reply in transit, and waiting for the handler)."""
     rows = []
     for tag, name, phase in (("lat", "back-to-back", r.latency), ("iso", "isolated", r.isolated)):
         per = steps.get(tag)

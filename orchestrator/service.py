@@ -391,6 +391,8 @@ class Orchestrator:
             failed: PlacementFailed | None = None
         except PlacementFailed as exc:
             failed = exc
+        except OwnedElsewhere as other:
+            return other.reply  # lost the claim at the gate: nothing was booked or offered
         except BaseException:
             if not claim.done():
                 claim.cancel()

@@ -38,7 +38,7 @@ from orchestrator.predictor.features import (
 )
 from orchestrator.predictor.prior import estimate_matrix
 from schemas.agent import DeviceSpec
-from schemas.pipeline import OnnxRun, Profile, SyntheticRun, TaskSpec
+from schemas.pipeline import OnnxRun, Profile, TaskSpec
 
 MODEL_FILE = Path(__file__).resolve().parent / "predictor.onnx"
 SOURCES = ("declared", "prior", "model")
@@ -271,16 +271,12 @@ class Predictor:
         plain = [k for k, g in enumerate(graphs) if g is None]
         if plain:
             at = [rows[k] for k in plain]
-            base = estimate_matrix([tasks[k] for k in plain], dt.gflops)
-            declared = np.array([
-                isinstance(t.run, SyntheticRun)
-                or (t.profile.flops <= 0 and t.profile.est_seconds is not None)
-                for t in (tasks[k] for k in plain)
-            ])[:, None]  # fmt: skip
+            base, declared = estimate_matrix([tasks[k] for k in plain], dt.gflops)
+            exact = declared[:, None]  # a declared time has no band
             out[0, at] = base
-            out[1, at] = np.where(declared, base, base * dt.band_lo)
-            out[2, at] = np.where(declared, base, base * dt.band_hi)
-            out[3, at] = np.where(declared[:, 0], DECLARED, PRIOR)[:, None]
+            out[1, at] = np.where(exact, base, base * dt.band_lo)
+            out[2, at] = np.where(exact, base, base * dt.band_hi)
+            out[3, at] = np.where(exact, DECLARED, PRIOR)
         for t, i, g in zip(tasks, rows, graphs, strict=True):
             run = t.run
             if g is None:

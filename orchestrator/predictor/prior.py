@@ -33,34 +33,21 @@ def estimate_seconds(task: TaskSpec, device: DeviceSpec) -> float:
     return DEFAULT_S
 
 
-def estimate_vector(task: TaskSpec, gflops: NDArray[np.float64]) -> NDArray[np.float64]:
-    """`estimate_seconds` of one task on many devices at once (same arithmetic, same order)."""
-    run = task.run
-    if isinstance(run, SyntheticRun):
-        if run.ref_gflops is None:
-            return np.full(len(gflops), run.seconds, dtype=np.float64)
-        out: NDArray[np.float64] = run.seconds * run.ref_gflops / gflops
-        return out
-    prof = task.profile
-    if prof.flops > 0:
-        iterations = run.iterations if isinstance(run, OnnxRun) else 1
-        per: NDArray[np.float64] = iterations * (prof.flops / (gflops * 1e9) + CALL_OVERHEAD_S)
-        return per
-    if prof.est_seconds is not None:
-        return np.full(len(gflops), prof.est_seconds, dtype=np.float64)
-    return np.full(len(gflops), DEFAULT_S, dtype=np.float64)
-
-
-def estimate_matrix(tasks: Sequence[TaskSpec], gflops: NDArray[np.float64]) -> NDArray[np.float64]:
-    """`estimate_vector` of each task, one row per task, computed a kind at a time (every plan
-    prices every task on every device; per task this was most of a plan's predictor time)."""
+def estimate_matrix(
+    tasks: Sequence[TaskSpec], gflops: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """`estimate_seconds` of each task (a row) on devices of these `gflops` (the same
+    arithmetic in the same order, a kind of task at a time: every plan prices every task on
+    every device), and which rows are declared by the task itself rather than guessed."""
     out = np.empty((len(tasks), len(gflops)))
+    declared = np.zeros(len(tasks), dtype=bool)
     const: list[tuple[int, float]] = []
     scaled: list[tuple[int, float]] = []  # seconds x ref_gflops, over each device's gflops
     roof: list[tuple[int, int, float]] = []  # iterations x (flops / (gflops x 1e9) + overhead)
     for i, task in enumerate(tasks):
         run = task.run
         if isinstance(run, SyntheticRun):
+            declared[i] = True
             if run.ref_gflops is None:
                 const.append((i, run.seconds))
             else:
@@ -70,6 +57,7 @@ def estimate_matrix(tasks: Sequence[TaskSpec], gflops: NDArray[np.float64]) -> N
         if prof.flops > 0:
             roof.append((i, run.iterations if isinstance(run, OnnxRun) else 1, prof.flops))
         elif prof.est_seconds is not None:
+            declared[i] = True
             const.append((i, prof.est_seconds))
         else:
             const.append((i, DEFAULT_S))
@@ -83,4 +71,4 @@ def estimate_matrix(tasks: Sequence[TaskSpec], gflops: NDArray[np.float64]) -> N
         rows, iters, flops = zip(*roof, strict=True)
         per = np.asarray(flops)[:, None] / (gflops * 1e9) + CALL_OVERHEAD_S
         out[list(rows)] = np.asarray(iters, dtype=np.float64)[:, None] * per
-    return out
+    return out, declared

@@ -134,3 +134,63 @@ async def test_a_first_round_conflict_withdraws_the_provisional_offer(nats_url: 
         await other.stop()
         await nc.close()
         await stop_cluster(orch, agents)
+
+
+async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: str) -> None:
+    """Read off the wire by a second client (NATS keeps one publisher's order for each
+    subscriber): the ownership claim, then the offers (an agent's answer is the longer round
+    trip), then the CAS bookings; the reply before the commits and the pipeline's record.
+    The client's submit and the offers travel as JSON."""
+    from orchestrator.client import Client
+    from orchestrator.reservations.store import BUCKET
+    from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET
+
+    configs = {name: agent_config("s", "edge", cpu_slots=1) for name in ("a", "b")}
+    orch, agents = await start_cluster(nats_url, configs)
+    mon = await nats.connect(nats_url)
+    cnc = await nats.connect(nats_url, inbox_prefix="clientbox")
+    seen: list[tuple[str, str]] = []
+
+    async def note(msg: Any) -> None:
+        seen.append((msg.subject, (msg.headers or {}).get("Content-Type", "")))
+
+    kinds = {
+        "claim": [f"$KV.{OWNERS_BUCKET}.>"], "offer": [subjects.offers("*"), subjects.offer("*")],
+        "book": [f"$KV.{BUCKET}.>"], "commit": [subjects.commit("*")],
+        "record": [f"$KV.{RUNS_BUCKET}.>"], "reply": ["clientbox.>"], "submit": [subjects.SUBMIT],
+    }  # fmt: skip
+    try:
+        for patterns in kinds.values():
+            for subject in patterns:
+                await mon.subscribe(subject, cb=note)
+        await settle(mon)
+        tasks = [sleep_task("x", 0.01), sleep_task("y", 0.01), sleep_task("z", 0.01, deps=["x"])]
+        reply = await Client(cnc).submit(pipeline("order", tasks), "order-1")
+        assert reply.state == "running"
+        run = await orch.wait_terminal("order-1", 20)
+        assert run.state == "succeeded", run.reason
+        await settle(mon)
+
+        def matches(pattern: str, subject: str) -> bool:
+            want, parts = pattern.split("."), subject.split(".")
+            if want[-1] == ">":
+                return parts[: len(want) - 1] == want[:-1]
+            return len(parts) == len(want) and all(
+                w in ("*", x) for w, x in zip(want, parts, strict=True)
+            )
+
+        def first(kind: str) -> int:
+            return next(
+                i for i, (subject, _) in enumerate(seen)
+                if any(matches(p, subject) for p in kinds[kind])
+            )  # fmt: skip
+
+        assert first("submit") < first("claim") < first("offer") < first("book")
+        assert first("reply") < first("commit") and first("reply") < first("record")
+        json = "application/json"
+        assert seen[first("submit")][1] == json and seen[first("offer")][1] == json
+        assert seen[first("commit")][1] == json
+    finally:
+        await cnc.close()
+        await mon.close()
+        await stop_cluster(orch, agents)

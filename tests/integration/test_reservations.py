@@ -266,6 +266,43 @@ async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) 
         await stop_cluster(orch, agents)
 
 
+async def test_a_pipeline_another_replica_owns_is_answered_not_placed_again(
+    nats_url: str,
+) -> None:
+    """The same id and spec sent to a second replica: its ownership claim fails, and it
+    answers with the owner's plan without booking or offering anything (the claim is awaited
+    before the first booking or offer, though both are built while it travels)."""
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
+    other = Orchestrator(nats_url, name="other")
+    await other.start()
+    nc = await nats.connect(nats_url)
+    offers: list[str] = []
+
+    async def on_offer(msg: Any) -> None:
+        offers.append(msg.subject)
+
+    try:
+        await nc.subscribe(subjects.offers("*"), cb=on_offer)
+        await nc.subscribe(subjects.offer("*"), cb=on_offer)
+        await settle(nc)
+        same = spec("dup", [sleep_task("x", 0.01), sleep_task("y", 0.01, deps=["x"])])
+        first = await orch.submit_spec(same, "dup-1")
+        await orch.wait_terminal("dup-1", 10)
+        await settle(nc)
+        offered = len(offers)
+        assert offered >= 1
+        again = await other.submit_spec(same, "dup-1")
+        assert again.pipeline_id == "dup-1" and again.plan == first.plan
+        await settle(nc)
+        assert len(offers) == offered  # the second replica offered nothing
+        assert other.store.stats.writes == 0  # and booked nothing
+        assert "dup-1" not in other.pipelines
+    finally:
+        await nc.close()
+        await other.stop()
+        await stop_cluster(orch, agents)
+
+
 async def test_the_gc_pause_logger_comes_and_goes_with_the_orchestrator(nats_url: str) -> None:
     import gc
     import logging

@@ -1,11 +1,11 @@
-"""The analytical prior, scalar and vectorised, agree exactly."""
+"""The analytical prior, scalar and by the matrix, agree exactly."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from orchestrator.predictor.prior import estimate_matrix, estimate_seconds, estimate_vector
+from orchestrator.predictor.prior import estimate_matrix, estimate_seconds
 from schemas import DeviceSpec, TaskSpec
 
 TASKS = [
@@ -18,23 +18,28 @@ TASKS = [
 
 
 @pytest.mark.parametrize("raw", TASKS, ids=lambda r: r["id"])
-def test_vector_matches_scalar(raw: dict[str, object]) -> None:
+def test_each_row_is_the_scalar_prior(raw: dict[str, object]) -> None:
     task = TaskSpec.model_validate(raw)
     gflops = [0.5, 10.0, 123.4, 1e4]
-    vec = estimate_vector(task, np.array(gflops))
+    got, declared = estimate_matrix([task], np.array(gflops))
     scalar = [
         estimate_seconds(task, DeviceSpec(device_id="d", kind="cpu", gflops=g)) for g in gflops
     ]
-    assert vec.tolist() == scalar
+    assert got[0].tolist() == scalar
     assert all(x > 0 for x in scalar)
+    # declared: the task states its own time (synthetic, or an estimate without FLOPs)
+    assert bool(declared[0]) == (raw["id"] in {"a", "b", "d"})
 
 
-def test_the_matrix_is_each_task_s_vector() -> None:
-    """Tasks of every kind, mixed and repeated: each row is exactly that task's vector."""
+def test_tasks_of_every_kind_mixed_keep_their_own_rows() -> None:
+    """Mixed and repeated, grouped by kind inside: each row is still exactly its task's."""
     tasks = [TaskSpec.model_validate(raw) for raw in TASKS * 2][::-1]
-    gflops = np.array([0.5, 10.0, 123.4, 1e4, 3.3])
-    got = estimate_matrix(tasks, gflops)
-    assert got.shape == (len(tasks), len(gflops))
+    gflops = [0.5, 10.0, 123.4, 1e4, 3.3]
+    got, declared = estimate_matrix(tasks, np.array(gflops))
+    assert got.shape == (len(tasks), len(gflops)) and declared.shape == (len(tasks),)
     for row, task in zip(got, tasks, strict=True):
-        assert row.tolist() == estimate_vector(task, gflops).tolist()
-    assert estimate_matrix([], gflops).shape == (0, len(gflops))
+        assert row.tolist() == [
+            estimate_seconds(task, DeviceSpec(device_id="d", kind="cpu", gflops=g)) for g in gflops
+        ]
+    empty, none = estimate_matrix([], np.array(gflops))
+    assert empty.shape == (0, len(gflops)) and none.shape == (0,)
