@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -88,9 +89,9 @@ def update(t: Track, r: float, now: float = 0.0) -> bool:
     return True
 
 
-#: Tracks kept, the least recently updated dropped first. One is made for each distinct task
-#: signature and device observed (~20,000 in a minute of random synthetic tasks), and every
-#: full garbage collection of the orchestrator visits each one.
+#: Tracks kept, the least recently observed dropped first (one at a time, in O(1)). One is
+#: made for each distinct task signature and device observed (~20,000 in a minute of random
+#: synthetic tasks), and every full garbage collection of the orchestrator visits each one.
 MAX_TRACKS = 8192
 
 
@@ -101,7 +102,8 @@ class Corrections:
         if max_tracks < 1:
             raise ValueError(f"max_tracks must be >= 1, got {max_tracks}")
         self.max_tracks = max_tracks
-        self._tracks: dict[tuple[str, str], Track] = {}
+        #: Least recently observed first: the one to drop is at the front, found in O(1).
+        self._tracks: OrderedDict[tuple[str, str], Track] = OrderedDict()
         self._by_sig: dict[str, dict[str, Track]] = {}
         #: Bumped on every change, so callers can cache corrected figures.
         self.version = 0
@@ -129,27 +131,32 @@ class Corrections:
         t = self._tracks.get((sig, device))
         if t is None:
             t = self.put(sig, device, Track())
+        else:
+            self._tracks.move_to_end((sig, device))
         ok = update(t, math.log(actual_s / base_s), now)
         self.version += 1
         return ok
 
     def put(self, sig: str, device: str, track: Track) -> Track:
-        self._tracks[(sig, device)] = track
+        """Hold `track` as the most recent one; past the bound the least recently observed
+        is dropped (never this one)."""
+        key = (sig, device)
+        self._tracks[key] = track
+        self._tracks.move_to_end(key)
         self._by_sig.setdefault(sig, {})[device] = track
         self.version += 1
-        if len(self._tracks) > self.max_tracks:
-            self._evict(keep=(sig, device))
+        while len(self._tracks) > self.max_tracks:
+            (old_sig, old_device), _ = self._tracks.popitem(last=False)
+            per = self._by_sig[old_sig]
+            del per[old_device]
+            if not per:
+                del self._by_sig[old_sig]
         return track
 
-    def _evict(self, keep: tuple[str, str]) -> None:
-        """Down to 7/8 of the bound, least recently updated first (in steps: sorting every
-        track for each new one would cost more than the bound saves); never `keep`, the track
-        just put (a new one is not updated yet)."""
-        target = self.max_tracks - self.max_tracks // 8
-        old = sorted((t.updated, k) for k, t in self._tracks.items() if k != keep)
-        for _updated, (sig, device) in old[: len(self._tracks) - target]:
-            del self._tracks[(sig, device)]
-            per = self._by_sig[sig]
-            del per[device]
-            if not per:
-                del self._by_sig[sig]
+    def load(self, tracks: Iterable[tuple[str, str, Track]]) -> list[tuple[str, str, Track]]:
+        """Tracks read back from storage, put oldest update first so that the bound keeps
+        the most recently updated; returns those held."""
+        ordered = sorted(tracks, key=lambda x: x[2].updated)
+        for sig, device, track in ordered:
+            self.put(sig, device, track)
+        return [(s, d, t) for s, d, t in ordered if self._tracks.get((s, d)) is t]

@@ -128,7 +128,7 @@ class History:
                 await self.js.create_key_value(bucket=self.bucket, history=1, ttl=KEEP_S)
             self.kv = await self.js.key_value(self.bucket)
         keys = await self._keys()
-        loaded = 0
+        read: list[tuple[str, str, Track]] = []
         for k in keys:
             try:
                 entry = await self.kv.get(k)
@@ -139,11 +139,12 @@ class History:
             except Exception as exc:
                 log.warning("loading correction %s failed: %s", k, exc)
                 continue
-            track = self.corrections.put(rec.sig, rec.device, Track(**rec.track.model_dump()))
-            self.saved[(rec.sig, rec.device)] = (track.n, track.log_factor, track.updated)
-            loaded += 1
-        self._forget_dropped()  # more in the bucket than the bound: the rest were dropped
-        return loaded
+            read.append((rec.sig, rec.device, Track(**rec.track.model_dump())))
+        # more in the bucket than the bound: the least recently updated are not held
+        held = self.corrections.load(read)
+        for sig, device, track in held:
+            self.saved[(sig, device)] = (track.n, track.log_factor, track.updated)
+        return len(held)
 
     async def _keys(self) -> list[str]:
         """Every key; `kv.keys()` can come back empty on a busy server while the bucket holds
@@ -179,7 +180,7 @@ class History:
 
     def _forget_dropped(self) -> None:
         """What was written of tracks the corrections no longer hold (the least recently
-        updated are dropped past their bound): kept, the bookkeeping would grow with every
+        observed are dropped past their bound): kept, the bookkeeping would grow with every
         signature ever seen. Such a track starts afresh if its work comes back."""
         held = self.corrections.get
         self.saved = {k: v for k, v in self.saved.items() if held(*k) is not None}

@@ -84,7 +84,7 @@ def test_tracks_are_bounded_least_recently_updated_first() -> None:
         c.observe(f"sig{i}", "dev", 1.0, 1.5, now=float(i))
         sizes.append(len(c))
         assert c.get(f"sig{i}", "dev") is not None  # the track just observed is always kept
-    assert max(sizes) <= 16 and min(sizes[16:]) >= 14
+    assert sizes == [min(i + 1, 16) for i in range(60)]  # held up to the bound, then at it
     kept = {sig for (sig, _dev), _t in c}
     assert kept == {f"sig{i}" for i in range(60 - len(c), 60)}  # the newest ones
     # the per-signature index follows the tracks
@@ -95,6 +95,19 @@ def test_tracks_are_bounded_least_recently_updated_first() -> None:
     for i in range(60, 75):
         c.observe(f"sig{i}", "dev", 1.0, 1.5, now=float(i))
     assert c.get(sorted(kept)[0], "dev") is not None
+
+
+def test_tracks_loaded_past_the_bound_keep_the_most_recently_updated() -> None:
+    from orchestrator.predictor.correction import Corrections, Track
+
+    c = Corrections(max_tracks=4)
+    stamps = [7.0, 2.0, 9.0, 1.0, 5.0, 8.0, 3.0, 6.0]  # read back in key order, not time
+    held = c.load([(f"s{i}", "dev", Track(n=1, updated=u)) for i, u in enumerate(stamps)])
+    assert sorted(t.updated for _s, _d, t in held) == [6.0, 7.0, 8.0, 9.0]
+    assert {sig for (sig, _dev), _t in c} == {"s0", "s2", "s5", "s7"}
+    # the next new track drops the least recently updated of those: s7 (6.0)
+    c.observe("new", "dev", 1.0, 1.5, now=10.0)
+    assert c.get("s7", "dev") is None and c.get("s0", "dev") is not None
 
 
 async def test_history_bookkeeping_follows_the_tracks_it_may_still_write() -> None:
