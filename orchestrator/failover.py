@@ -21,6 +21,7 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 
+from orchestrator.eventloop import Pacer
 from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, to_record
 from orchestrator.pipelines import PipelineRun
 from orchestrator.reservations.store import device_key_of
@@ -376,6 +377,7 @@ class Failover:
         )
         info = await o.js.add_consumer(subjects.EVENTS_STREAM, config=cfg)
         n = 0
+        pacer = Pacer()  # a long replay leaves placements their turns
         try:
             sub = await o.js.pull_subscribe_bind(name=name, stream=subjects.EVENTS_STREAM)
             pending = info.num_pending
@@ -385,7 +387,8 @@ class Failover:
                 except nats.errors.TimeoutError:
                     log.warning("replay of %s stopped with %d events pending", pid, pending)
                     break
-                for msg in msgs:
+                for i, msg in enumerate(msgs):
+                    await pacer.pace(i > 0)
                     dup, stale = run.duplicate_events, run.stale_events
                     await o._on_task_event(msg)
                     # an event seen before is a replay here, not a duplicate delivery

@@ -15,10 +15,12 @@ import nats
 import nats.micro
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import RetentionPolicy, StreamConfig
 from nats.micro.request import Request
 
 from orchestrator.adaptive import Adaptive
+from orchestrator.eventloop import Pacer
 from orchestrator.failover import OWNER_LEASE_S, Failover
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, Placer
@@ -134,6 +136,9 @@ class Orchestrator:
         self._stopping = asyncio.Event()
         #: The garbage-collection pause logger (`mars.timing` debug), while running.
         self._gc_hook: Callable[[str, dict[str, int]], None] | None = None
+        #: Task events queued behind each other give the loop turns (placements first).
+        self.event_pacer = Pacer()
+        self._events_sub: Subscription | None = None
 
     def _now(self) -> float:
         return time.monotonic()
@@ -182,7 +187,7 @@ class Orchestrator:
         await self.recovery.start()
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
-        await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
+        self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
         svc = await nats.micro.add_service(
             nc,
@@ -310,6 +315,8 @@ class Orchestrator:
             return
         self.adaptive.task_event(ev)  # lateness timers follow live events only, not replays
         await self._task_event(ev)
+        sub = self._events_sub
+        await self.event_pacer.pace(sub is not None and sub.pending_msgs > 0)
 
     async def _on_task_event(self, msg: Msg) -> None:
         """A task event from a replay of MARS_EVENTS (the live path also lands in
