@@ -2,13 +2,14 @@
 
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
-        [--agent-procs 1]
+        [--agent-procs 1] [--replicas 1]
 
-An embedded nats-server, ONE `mars orchestrator` process and `--agent-procs` `mars sim agents`
-processes sharing `--agents` real agents whose devices are emulated (declared, never
-measured). One process for all agents (the default) makes every offer wait its turn behind
-the other agents' work in one event loop; real agents are processes of their own, so on a
-machine with cores to spare several processes are nearer to a fleet.
+An embedded nats-server, ONE `mars orchestrator` process (`--replicas` for more, in one
+queue group: the throughput goal is per process, so it is measured with one) and
+`--agent-procs` `mars sim agents` processes sharing `--agents` real agents whose devices are
+emulated (declared, never measured). One process for all agents (the default) makes every
+offer wait its turn behind the other agents' work in one event loop; real agents are processes
+of their own, so on a machine with cores to spare several processes are nearer to a fleet.
 
 1. Latency: `--submissions` sequential submissions of `--tasks`-task pipelines (random DAG
    shapes, seeded; synthetic sleep tasks of 1-5 ms), each timed on the client with
@@ -33,6 +34,7 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,13 +145,21 @@ class Results:
     submissions: int
 
 
+def orchestrator_names(replicas: int) -> list[str]:
+    """The orchestrator processes' names (their logs are `<name>.log`)."""
+    return ["orchestrator" if k == 0 else f"orchestrator-{k}" for k in range(replicas)]
+
+
 async def drive(url: str, args: argparse.Namespace, services: Services) -> Results:
-    services.spawn(
-        "orchestrator",
-        ["orchestrator", "--nats", url, "--plan-budget-ms", str(args.plan_budget_ms)],
-        # one line per placement with its steps' times (plus loggers named in MARS_DEBUG)
-        env={"MARS_DEBUG": ",".join(filter(None, ["mars.timing", os.environ.get("MARS_DEBUG")]))},
-    )
+    for name in orchestrator_names(args.replicas):
+        services.spawn(
+            name,
+            ["orchestrator", "--nats", url, "--plan-budget-ms", str(args.plan_budget_ms)],
+            # one line per placement with its steps' times (plus loggers named in MARS_DEBUG)
+            env={
+                "MARS_DEBUG": ",".join(filter(None, ["mars.timing", os.environ.get("MARS_DEBUG")]))
+            },
+        )
     for k, count in enumerate(shares(args.agents, args.agent_procs)):
         services.spawn(
             "sim-agents" if args.agent_procs == 1 else f"sim-agents-{k}",
@@ -158,7 +168,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
     client = await Client.connect(url, timeout=30.0)
     terminals = Terminals()
     try:
-        await wait_ready(client, services, 1, args.agents)
+        await wait_ready(client, services, args.replicas, args.agents)
         await terminals.start(client.nc)
         rng = random.Random(args.seed)
         specs = [
@@ -231,8 +241,8 @@ def cpu_note(phase: Phase) -> str:
 
 
 def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
-    print(f"placement latency: 1 orchestrator, {args.agents} emulated agents, "
-          f"{args.tasks}-task pipelines, seed {args.seed}")  # fmt: skip
+    print(f"placement latency: {args.replicas} orchestrator process(es), {args.agents} "
+          f"emulated agents, {args.tasks}-task pipelines, seed {args.seed}")  # fmt: skip
     rows = []
     for name, phase in (("back-to-back", r.latency), ("isolated", r.isolated)):
         ms = [x * 1e3 for x in phase.latencies_s]
@@ -281,6 +291,8 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
         )
     )
     print("goal: >= 1,000 task placements/s (kube-scheduler CI floor: 680 pods/s)")
+    if args.replicas > 1:
+        print(f"(all {args.replicas} orchestrator processes together: the goal is per process)")
     print(f"CPU: {cpu_note(thr)}")
     print("pipelines: " + ", ".join(f"{k} {v}" for k, v in sorted(r.throughput_states.items())))
     for name, phase in (("latency", r.latency), ("isolated", r.isolated), ("throughput", thr)):
@@ -315,8 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--agent-procs", type=int, default=1, help="processes the agents are spread over"
     )
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="orchestrator processes in the API queue group (each submission goes to one)",
+    )
     args = ap.parse_args(argv)
-    if min(args.agents, args.tasks, args.submissions, args.submitters, args.agent_procs) < 1:
+    counts = (args.agents, args.tasks, args.submissions, args.submitters, args.agent_procs)
+    if min(*counts, args.replicas) < 1:
         ap.error("counts must be >= 1")
     if args.agent_procs > args.agents:
         ap.error("--agent-procs must be <= --agents")
@@ -328,9 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         states = (results.latency_states, results.isolated_states, results.throughput_states)
         if any(s["no terminal event"] for s in states):
             keep_logs(logs, "a pipeline got no terminal event")
-        stalls = stalled_tasks(logs / "orchestrator.log")
-        steps = step_times(logs / "orchestrator.log")
-        pauses = gc_pauses(logs / "orchestrator.log")
+        orch_logs = [logs / f"{name}.log" for name in orchestrator_names(args.replicas)]
+        stalls = sum(stalled_tasks(log) for log in orch_logs)
+        steps = merged_steps(step_times(log) for log in orch_logs)
+        pauses = [p for log in orch_logs for p in gc_pauses(log)]
         if stalls:
             keep_logs(logs, f"the orchestrator's watchdog reported {stalls} task(s)")
     rc = report(args, results, time.perf_counter() - t0)
@@ -372,6 +392,19 @@ def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
             ms["rest"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
             for k, v in ms.items():
                 per[k].append(v)
+    return out
+
+
+def merged_steps(
+    per_log: Iterable[dict[str, dict[str, list[float]]]],
+) -> dict[str, dict[str, list[float]]]:
+    """`step_times` of several orchestrators as one."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for steps in per_log:
+        for phase, per in steps.items():
+            mine = out.setdefault(phase, {s: [] for s in STEPS})
+            for k, v in per.items():
+                mine[k].extend(v)
     return out
 
 

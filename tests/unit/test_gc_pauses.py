@@ -51,3 +51,16 @@ def test_the_benchmark_reads_each_placement_s_steps(tmp_path: Path) -> None:
     for k, v in st.items():
         assert got[k] == [pytest.approx(1e3 * v)]
     assert got["rest"] == [pytest.approx(14.0 - 1e3 * sum(st.values()))]
+
+
+def test_steps_of_several_orchestrators_are_tabulated_together(tmp_path: Path) -> None:
+    from benchmarks.placement_latency import merged_steps, step_times
+
+    logs = []
+    for k, total in enumerate((14.0, 9.0)):
+        line = service.TIMING_LINE % (f"lat-{k}", 0.5, 3.0, 1.2, 4.0, 2.0, total, 2.0, 0, 0)
+        log = tmp_path / f"orchestrator-{k}.log"
+        log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
+        logs.append(log)
+    got = merged_steps(step_times(log) for log in logs)
+    assert got["lat"]["total"] == [14.0, 9.0] and got["lat"]["plan"] == [3.0, 3.0]
