@@ -625,6 +625,10 @@ class Adaptive:
                 s = self.situation(run, trig, model)
                 if s is None or model is None:
                     return None
+                # pricing is a few plans' worth of CPU in one go (3-4 ms on the 2-core
+                # reference machine): placements waiting on a reply get turns between steps
+                if not await self._turn(run):
+                    return None
                 keep = keep_makespan(s)
                 if (
                     trig.late_task is not None
@@ -632,6 +636,8 @@ class Adaptive:
                     and not self._critical(run, trig, model, keep)
                 ):
                     log.debug("adaptive: %s is late but off the critical path", trig.detail)
+                    return None
+                if not await self._turn(run):
                     return None
                 d = decide(pid, f"{trig.kind}({trig.detail})", s, self.factor, keep)
             except Exception as exc:
@@ -650,6 +656,12 @@ class Adaptive:
         async with self.o._changed:
             self.o._changed.notify_all()
         return d
+
+    async def _turn(self, run: PipelineRun) -> bool:
+        """One turn of the event loop; whether `run` is still ours to price after it."""
+        await asyncio.sleep(0)
+        pid, o = run.pipeline_id, self.o
+        return not run.terminal and o.pipelines.get(pid) is run and o.failover.may_act(pid)
 
     def _critical(self, run: PipelineRun, trig: Trigger, model: _Model, keep_s: float) -> bool:
         """Does the late task's overrun (`keep_s`: the end it projects) push the pipeline's

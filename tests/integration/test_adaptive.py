@@ -161,3 +161,30 @@ async def test_a_consumer_reported_started_before_its_producer_finished_is_price
         assert run.state == "succeeded", run.reason
     finally:
         await stop_cluster(orch, agents)
+
+
+async def test_pricing_gives_the_event_loop_turns(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pricing is a few plans' worth of CPU: work that became ready while it ran (a placement's
+    reply) runs before the decision, not after the whole pricing."""
+    import asyncio
+
+    import orchestrator.adaptive as adaptive
+
+    turns: list[str] = []
+    situation, decide = adaptive.Adaptive.situation, adaptive.decide
+
+    def situation_then_ready(self: Any, *args: Any, **kw: Any) -> Any:
+        asyncio.get_running_loop().call_soon(turns.append, "ready")
+        return situation(self, *args, **kw)
+
+    def decide_after(*args: Any, **kw: Any) -> Any:
+        turns.append("decide")
+        return decide(*args, **kw)
+
+    monkeypatch.setattr(adaptive.Adaptive, "situation", situation_then_ready)
+    monkeypatch.setattr(adaptive, "decide", decide_after)
+    decisions, _where, _run = await run_with_drift(nats_url, 20.0)
+    assert decisions and "decide" in turns
+    assert turns.index("ready") < turns.index("decide")
