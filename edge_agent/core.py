@@ -6,6 +6,7 @@ whatever I/O the returned values ask for; tests drive it directly.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ class Job:
     committed: bool = False
     state: JobState = "accepted"
     inputs: dict[str, bytes] = field(default_factory=dict)
+    #: Monotonic time it was accepted or committed, whichever was later, and when its
+    #: pipeline's status was last asked about it (`stale_candidates`).
+    since: float = field(default_factory=time.monotonic)
+    checked: float = 0.0
 
     @property
     def key(self) -> Key:
@@ -172,8 +177,17 @@ class AgentCore:
             elif token is not None and token != job.offer.token:
                 continue  # a commit for another placement of this task than the one held
             job.committed = True
+            job.since = time.monotonic()
             n += 1
         return n
+
+    def stale_candidates(self, before: float) -> list[Job]:
+        """Jobs not started that have waited since `before` or longer, and were not asked
+        about since then: committed ones whose inputs never came, and ones never committed."""
+        return [
+            j for j in self.jobs.values()
+            if j.state == "accepted" and j.since <= before and j.checked <= before
+        ]  # fmt: skip
 
     def deliver(self, msg: DataTransfer, data: bytes | None = None) -> DataAck:
         """Store an input (`data`: the payload fetched for an object-store transfer)."""

@@ -32,6 +32,7 @@ from edge_agent.outbox import Outbox, reconnect_options
 from edge_agent.py_runner import run_python
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
+from schemas.api import TERMINAL_STATES, StatusReply, StatusRequest
 from schemas.codec import encode
 from schemas.events import TaskEvent, TaskEventState
 from schemas.pipeline import ExecRun, OnnxRun, PythonRun, SyntheticRun
@@ -48,10 +49,14 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import ServiceError, respond, settle
+from schemas.rpc import RemoteError, ServiceError, request, respond, settle
 
 log = logging.getLogger("mars.agent")
 VERSION = "0.1.0"
+#: A job not started after this long (inputs missing, or never committed) is checked against
+#: its pipeline's status (`Agent.check_stale`); again at most this often.
+STALE_CHECK_S = 60.0
+STATUS_TIMEOUT_S = 2.0
 ADVERT_EVERY = 10  # heartbeats
 
 
@@ -88,6 +93,8 @@ class Agent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running: dict[tuple[str, str], asyncio.Task[Any]] = {}
         self._stopped = asyncio.Event()
+        #: How long a job may wait without starting before its pipeline's status is asked.
+        self.stale_check_s = STALE_CHECK_S
         #: Set whenever jobs start, finish or are dropped: drain and shutdown wait on it.
         self._jobs_changed = asyncio.Event()
         # offline autonomy: events journaled on disk, outputs retained until acknowledged
@@ -157,6 +164,7 @@ class Agent:
         await settle(nc)  # offers and probes sent once start returns find their subscriptions
         await self._publish_advert()
         self._spawn(self._heartbeat_loop())
+        self._spawn(self._stale_loop())
         self.online.set()
         self.outbox.attach(nc)  # replays what a previous run left in the journal
         self._spawn(self.outbox.run())
@@ -368,15 +376,71 @@ class Agent:
 
     async def _on_cancel(self, msg: Msg) -> None:
         async def cancel(cmd: CancelCommand) -> CancelCommand:
-            for job in self.core.cancel(cmd):
-                running = self._running.get(job.key)
-                if running is not None:
-                    running.cancel()  # an exec task's process group is killed with it
-            self.data.cancel(cmd.pipeline_id, cmd.task_ids)
-            self._jobs_changed.set()
+            self._withdraw(cmd)
             return cmd
 
         await respond(self.nc, msg, CancelCommand, cancel)
+
+    def _withdraw(self, cmd: CancelCommand) -> None:
+        for job in self.core.cancel(cmd):
+            running = self._running.get(job.key)
+            if running is not None:
+                running.cancel()  # an exec task's process group is killed with it
+        self.data.cancel(cmd.pipeline_id, cmd.task_ids)
+        self._jobs_changed.set()
+
+    # -- jobs nobody will start -----------------------------------------------------------------
+    async def _stale_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.stale_check_s / 4)  # a cadence, not synchronisation
+            await self.check_stale()
+
+    async def check_stale(self, now: float | None = None) -> int:
+        """Ask the API about each pipeline with a job here that has waited `stale_check_s`
+        without starting, and drop the jobs it says are over: the pipeline ended, or the task
+        is placed elsewhere now. The withdrawal the orchestrator sent was lost (this agent was
+        cut off then), and such a job would wait, and ask for inputs, for ever. Returns how
+        many were dropped; a pipeline the API cannot answer for keeps its jobs."""
+        now = time.monotonic() if now is None else now
+        if self.nc is None or not self.nc.is_connected:
+            return 0
+        by_pipeline: dict[str, list[Job]] = {}
+        for job in self.core.stale_candidates(now - self.stale_check_s):
+            job.checked = now
+            by_pipeline.setdefault(job.offer.pipeline_id, []).append(job)
+        dropped = 0
+        for pid, jobs in sorted(by_pipeline.items()):
+            try:
+                st = await request(
+                    self.nc, subjects.STATUS, StatusRequest(pipeline_id=pid), StatusReply,
+                    timeout=STATUS_TIMEOUT_S,
+                )  # fmt: skip
+            except (TimeoutError, nats.errors.Error, RemoteError) as exc:
+                log.debug("status of %s for its waiting jobs: %s", pid, exc)
+                continue
+            where = {t.task_id: (t.agent_id, t.device_id) for t in st.tasks}
+            for job in jobs:
+                tid = job.offer.task.id
+                if st.state in TERMINAL_STATES:
+                    why = f"pipeline {st.state}"
+                elif where.get(tid, (self.agent_id, job.offer.device_id)) != (
+                    self.agent_id,
+                    job.offer.device_id,
+                ):
+                    agent, device = where[tid]
+                    why = f"placed on {agent}:{device} now"
+                else:
+                    continue
+                log.info("dropping waiting job %s/%s (token %d): %s",
+                         pid, tid, job.offer.token, why)  # fmt: skip
+                self._withdraw(
+                    CancelCommand(
+                        pipeline_id=pid, task_ids=[tid], max_token=job.offer.token,
+                        reason=f"waited {now - job.since:.0f} s: {why}",
+                    )
+                )  # fmt: skip
+                dropped += 1
+        return dropped
 
     async def _on_data(self, msg: Msg) -> None:
         await respond(self.nc, msg, DataTransfer, self.data.accept)
