@@ -92,6 +92,9 @@ class PipelineRun:
     recoveries: int = 0
     #: Terminal, and that final state persisted (what in-process waiters wait for).
     settled: bool = False
+    #: Each task's reservation as booked by this replica: (device key, start, end). A task that
+    #: ended gives exactly that window back (a later booking of it keeps its own).
+    windows: dict[str, tuple[str, float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.tasks:

@@ -203,6 +203,7 @@ class Placer:
                 if r.ok:
                     for w in by_key[r.key]:
                         st.tokens[w.task_id] = r.token
+                        run.windows[w.task_id] = (r.key, w.start, w.end)
                     if r.evicted:
                         await o.notify_evicted(r.key, r.evicted, run.pipeline_id)
                 else:

@@ -9,7 +9,7 @@ whoever writes the key next. A new window may evict an overlapping one only if t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from schemas.bookings import BookingWindow, DeviceBookings
@@ -107,13 +107,22 @@ def add(
 
 
 def release(
-    book: DeviceBookings, pipeline_id: str, now: float, task_ids: Iterable[str] | None = None
+    book: DeviceBookings,
+    pipeline_id: str,
+    now: float,
+    task_ids: Iterable[str] | None = None,
+    exact: Collection[tuple[str, float, float]] | None = None,
 ) -> DeviceBookings:
+    """Without the pipeline's windows (only those of `task_ids`, or only those booked as
+    `exact` (task, start, end): a task booked again since keeps its new window)."""
     drop = None if task_ids is None else set(task_ids)
-    windows = [
-        w for w in live(book.windows, now)
-        if not (w.pipeline_id == pipeline_id and (drop is None or w.task_id in drop))
-    ]  # fmt: skip
+
+    def mine(w: BookingWindow) -> bool:
+        if w.pipeline_id != pipeline_id or (drop is not None and w.task_id not in drop):
+            return False
+        return exact is None or (w.task_id, w.start, w.end) in exact
+
+    windows = [w for w in live(book.windows, now) if not mine(w)]
     return DeviceBookings(device=book.device, windows=windows)
 
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,10 +212,18 @@ class BookingStore:
         return BookResult(True, key, rev, evicted=res.evicted, cas_retries=retries)
 
     async def release(
-        self, key: str, pipeline_id: str, now: float, task_ids: list[str] | None = None
+        self,
+        key: str,
+        pipeline_id: str,
+        now: float,
+        task_ids: list[str] | None = None,
+        exact: Collection[tuple[str, float, float]] | None = None,
     ) -> int:
+        """Give the pipeline's windows on `key` back (see `book.release`); nothing is written
+        when none is there."""
+
         def fn(b: DeviceBookings) -> rules.AddResult:
-            return rules.AddResult(True, rules.release(b, pipeline_id, now, task_ids))
+            return rules.AddResult(True, rules.release(b, pipeline_id, now, task_ids, exact))
 
         return (await self.transact(key, fn))[1]
 

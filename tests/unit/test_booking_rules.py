@@ -87,3 +87,12 @@ def test_a_scheduler_device_id_names_the_same_key(agent: str, device: str) -> No
     from orchestrator.reservations.store import device_key, device_key_of
 
     assert device_key_of(f"{agent}:{device}") == device_key(agent, device)
+
+
+def test_an_exact_release_gives_back_only_the_window_booked() -> None:
+    b = DeviceBookings(device="d", windows=[w("a", 0, 1), w("b", 1, 2), w("a", 5, 6, pipe="q")])
+    out = book.release(b, "p", 0.0, exact={("a", 0.0, 1.0)})
+    assert [(x.pipeline_id, x.task_id) for x in out.windows] == [("p", "b"), ("q", "a")]
+    # the task booked again since (another window): the stale release leaves it alone
+    again = DeviceBookings(device="d", windows=[w("a", 3, 4), w("b", 1, 2)])
+    assert book.release(again, "p", 0.0, exact={("a", 0.0, 1.0)}).windows == again.windows
