@@ -189,11 +189,14 @@ class Agent:
         if self.nc is not None and self.nc.is_connected:
             await self.outbox.wait_empty(1.0)  # bounded: what is left stays journaled
         self._stopped.set()
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # until none is left: a task's own clean-up may spawn another (cancelled at once), and
+        # no write may reach the state directory once it is removed below
+        while left := [t for t in self._tasks if not t.done()]:
+            for t in left:
+                t.cancel()
+            for t in left:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
@@ -285,6 +288,8 @@ class Agent:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self._stopped.is_set():
+            task.cancel()  # spawned by a task being stopped: it never starts
         return task
 
     async def _publish_advert(self) -> None:

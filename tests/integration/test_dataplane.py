@@ -230,3 +230,29 @@ async def test_cancel_releases_retained_outputs(nats_url: str) -> None:
     finally:
         await nc.close()
         await a.stop()
+
+
+async def test_work_spawned_while_an_agent_stops_never_runs(nats_url: str) -> None:
+    """A task's clean-up may spawn more work (a push, a spill into the state directory); once
+    the agent stops, that work is cancelled before it starts, and none is left behind."""
+    cpu = {"device_id": "cpu0", "kind": "cpu", "gflops": 50.0, "emulated": True}
+    config = agent_config("s1", "edge", probe_cpu=False, devices=[cpu])
+    agent = Agent(nats_url, config, agent_id="z", calibrate=False)
+    await agent.start()
+    ran: list[str] = []
+    waiting = asyncio.Event()
+
+    async def late() -> None:
+        ran.append("late")
+
+    async def long() -> None:
+        try:
+            waiting.set()
+            await asyncio.Event().wait()
+        finally:
+            agent._spawn(late())
+
+    agent._spawn(long())
+    await waiting.wait()
+    await agent.stop()
+    assert ran == [] and all(t.done() for t in agent._tasks)
