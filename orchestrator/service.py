@@ -235,6 +235,8 @@ class Orchestrator:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self._stopping.is_set():
+            task.cancel()  # spawned by a task being stopped: it never starts
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -243,11 +245,12 @@ class Orchestrator:
         if self.history is not None:
             with contextlib.suppress(Exception):
                 await self.history.flush(final=True)  # what was learned since the last write
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        while left := [t for t in self._tasks if not t.done()]:  # clean-ups may spawn more
+            for t in left:
+                t.cancel()
+            for t in left:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
         if self.store is not None:
             await self.store.stop()
         await self.failover.stop()
