@@ -105,6 +105,11 @@ class AgentCore:
             if offer.token == existing.offer.token:
                 if existing.state == "accepted":
                     existing.offer = offer  # a retried offer, maybe with updated routing
+                elif existing.offer.consumers != offer.consumers:
+                    # running: only where its output goes may change (read when it ends)
+                    existing.offer = existing.offer.model_copy(
+                        update={"consumers": offer.consumers}
+                    )
                 return self._accept(offer)
             if offer.token < existing.offer.token:
                 return self._reject(offer, "stale_token", "a newer placement holds this task")

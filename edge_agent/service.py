@@ -498,8 +498,9 @@ class Agent:
             await self._event(job, "started")  # inside: a cancel here must still free the slot
             out = await self._run(job)
             duration = time.perf_counter() - t0
-            # kept until every consumer has it; shipped in the background, offline or not
-            self._spawn(self.data.publish(offer, out.data))
+            # kept until every consumer has it; shipped in the background, offline or not, to
+            # where the consumers are now (a routing update may have come while it ran)
+            self._spawn(self.data.publish(job.offer, out.data))
             ok = True
             await self._event(job, "succeeded", duration=duration, output=out)
         except asyncio.CancelledError:

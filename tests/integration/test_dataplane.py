@@ -256,3 +256,49 @@ async def test_work_spawned_while_an_agent_stops_never_runs(nats_url: str) -> No
     await waiting.wait()
     await agent.stop()
     assert ran == [] and all(t.done() for t in agent._tasks)
+
+
+async def test_a_running_producer_sends_its_output_where_a_routing_update_says(
+    nats_url: str,
+) -> None:
+    """The consumer moved while its producer ran: the producer is offered again under the
+    same token with the new consumer's agent, and pushes its output there when it ends (it
+    pushed to the old one, and the consumer waited for a sweep to fetch it)."""
+    a, b, c = await _agents(nats_url, "node-a", "node-b", "node-c")
+    for x in (a, b, c):
+        await x.start()
+    nc = await nats.connect(nats_url)
+    pid = "rr"
+    try:
+        src = TaskOffer(
+            pipeline_id=pid, agent_id="node-a", incarnation=a.incarnation,
+            device_id=a.devices[0].device_id, token=5,
+            task=TaskSpec.model_validate({"id": "src", "run": _syn(100, seconds=0.5)}),
+            consumers=[ConsumerRef(task_id="sink", agent_id="node-b")],
+        )  # fmt: skip
+        sink = TaskOffer(
+            pipeline_id=pid, agent_id="node-c", incarnation=c.incarnation,
+            device_id=c.devices[0].device_id, token=5,
+            task=TaskSpec.model_validate({"id": "sink", "run": _syn(0), "deps": ["src"]}),
+            inputs=[InputRef(task_id="src", agent_id="node-a")],
+        )  # fmt: skip
+        for agent, offer in ((a, src), (c, sink)):
+            reply = await request(nc, subjects.offer(agent.agent_id), offer, OfferReply)
+            assert reply.accepted
+            cmd = CommitCommand(pipeline_id=pid, task_ids=[offer.task.id])
+            await request(nc, subjects.commit(agent.agent_id), cmd, CommitCommand)
+        await _wait(a.data.changed, lambda: a.core.jobs.get((pid, "src")) is None
+                    or a.core.jobs[(pid, "src")].state == "running")  # fmt: skip
+        assert a.core.jobs[(pid, "src")].state == "running"  # 0.5 s: the update comes first
+        update = src.model_copy(
+            update={"consumers": [ConsumerRef(task_id="sink", agent_id="node-c")]}
+        )
+        assert (await request(nc, subjects.offer("node-a"), update, OfferReply)).accepted
+        await _wait(c.data.changed, lambda: (pid, "sink") in c.seen)
+        assert c.seen[(pid, "sink")] == {"src": (100, hashlib.sha256(bytes(100)).hexdigest())}
+        assert c.data.stats["inputs"] == 1 and c.data.stats["fetched"] == 0  # pushed to it
+        assert b.data.stats["inputs"] == 0 and b.data.stats["rejected"] == 0
+    finally:
+        await nc.close()
+        for x in (a, b, c):
+            await x.stop()
