@@ -6,7 +6,7 @@ reported started within `stall_s`, or a started task whose end is not reported w
 `stall_s` plus OVERDUE_FACTOR times its prediction, is logged once; the first kind's agent is
 asked to start it again (commits are idempotent; a repeated one also makes the agent fetch
 any input still missing), and for either the pipeline's task events
-are read again from MARS_EVENTS (repeats are ignored by event id).
+are read again from MARS_EVENTS (repeats are ignored by event id; at most MAX_REPLAYS at once).
 """
 
 from __future__ import annotations
@@ -29,6 +29,10 @@ STALL_S = 10.0
 OVERDUE_FACTOR = 3.0
 #: Asked again this many watchdog looks ago and still not started: its inputs are re-made.
 STARVED_AFTER_LOOKS = 2
+#: Replays of pipelines' task events under way at once (each opens a JetStream consumer): an
+#: overloaded orchestrator, whose every pipeline looks stalled, is not buried under its own
+#: replays; the others are due at a later look.
+MAX_REPLAYS = 8
 
 
 class Watchdog:
@@ -41,6 +45,8 @@ class Watchdog:
         self._replayed: dict[str, float] = {}
         #: (pipeline, task, token) stalled -> looks it has stayed stalled since first seen
         self._stalled_looks: dict[tuple[str, str, int], int] = {}
+        #: pipelines whose events are being read again now
+        self.replaying: set[str] = set()
 
     async def run(self) -> None:
         while True:
@@ -84,8 +90,14 @@ class Watchdog:
                 "far past its prediction; reading its events again",
             )
             last = self._replayed.get(run.pipeline_id, -math.inf)
-            if (stalled or overdue) and now - last >= self.stall_s:
+            if (
+                (stalled or overdue)
+                and now - last >= self.stall_s
+                and run.pipeline_id not in self.replaying
+                and len(self.replaying) < MAX_REPLAYS
+            ):
                 self._replayed[run.pipeline_id] = now
+                self.replaying.add(run.pipeline_id)
                 o._spawn(self._replay(run))
         self._stalled_looks = looks  # a task that started (or moved) is forgotten
         self._reported = {r for r in self._reported if r[0] in live}
@@ -123,3 +135,5 @@ class Watchdog:
             await self.o.failover.replay(run)
         except Exception as exc:
             log.warning("replaying events of %s failed: %s", run.pipeline_id, exc)
+        finally:
+            self.replaying.discard(run.pipeline_id)

@@ -208,3 +208,38 @@ async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
         for a in agents.values():
             await a.stop()
         await orch.stop()
+
+
+async def test_replays_are_bounded_when_every_pipeline_looks_stalled(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No task event reaches the live path: every pipeline ends through a replay, and no more
+    than MAX_REPLAYS of them are under way at once (an overloaded orchestrator, whose every
+    pipeline looks stalled, is not buried under its own replays)."""
+    import asyncio
+
+    from orchestrator import watchdog
+
+    monkeypatch.setattr(watchdog, "MAX_REPLAYS", 2)
+    async with one_agent(nats_url, lambda ev: True) as (orch, _, lost):
+        real = orch.failover.replay
+        now_running, most = [0], [0]
+
+        async def counted(run: PipelineRun) -> int:
+            now_running[0] += 1
+            most[0] = max(most[0], now_running[0])
+            try:
+                await asyncio.sleep(0.05)  # a slow replay: the next looks find it under way
+                return await real(run)
+            finally:
+                now_running[0] -= 1
+
+        orch.failover.replay = counted  # type: ignore[method-assign]
+        pids = [f"p{i}" for i in range(8)]
+        for pid in pids:
+            await orch.submit_spec(chain("t"), pid)
+        for pid in pids:
+            run = await orch.wait_terminal(pid, 20.0)
+            assert run.state == "succeeded", run.reason
+        assert len(lost) >= 2 * len(pids)  # started and succeeded, for every one
+        assert most[0] == 2  # bounded, and used
