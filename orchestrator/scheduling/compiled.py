@@ -112,8 +112,8 @@ def _collect(graph: TaskGraph, cluster: Cluster, out: Any, into: dict[str, Place
     tids = [ids[i] for i in order.tolist()]
     devs = [dev_ids[d] for d in out_d.tolist()]
     rows = zip(tids, devs, out_k.tolist(), out_s.tolist(), out_f.tolist(), strict=True)
-    make = tuple.__new__  # Placement's own __new__ without its per-field argument handling
-    into.update(zip(tids, [make(Placement, r) for r in rows], strict=True))
+    make = Placement._make  # from each row as it is (same field order), length checked
+    into.update(zip(tids, [make(r) for r in rows], strict=True))
 
 
 def heft_direct(
