@@ -22,7 +22,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 
 from orchestrator.eventloop import Pacer
-from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, to_record
+from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, record_fields
 from orchestrator.pipelines import PipelineRun
 from orchestrator.reservations.store import device_key_of
 from schemas import subjects
@@ -211,9 +211,10 @@ class Failover:
             if not self.may_act(pid):
                 self.fenced_writes += 1
                 return
-            rec = to_record(
+            epoch = self.leases.epoch(pid)
+            rec = record_fields(
                 run,
-                epoch=self.leases.epoch(pid),
+                epoch=epoch,
                 events_seq=self._seq.get(pid, 0),
                 adoptions=self._adoptions.get(pid, 0),
                 mono=o.mono(),
@@ -225,7 +226,7 @@ class Failover:
                 break
             except KeyWrongLastSequenceError:
                 cur = await self.runs.record(pid)
-                if cur is not None and cur[0].epoch > rec.epoch:
+                if cur is not None and cur[0].epoch > epoch:
                     self._lose(pid, f"record written under epoch {cur[0].epoch}")
                     return
                 if cur is not None:
