@@ -170,6 +170,13 @@ class Placer:
                         tid: self._offer(run, tid, placements, st, order, provisional=True)
                         for tid in todo
                     }  # fmt: skip
+                # each key's new value, encoded, while the claim may still be on its way
+                # (written as is unless the key moved meanwhile)
+                evictable = Blocking(eff=eff, now=now).evictable
+                keys = sorted(by_key)
+                ready = [
+                    o.store.prepare(k, o.store.booking(by_key[k], now, evictable)) for k in keys
+                ]
                 steps["send"] += clock() - t_build
                 if gate is not None:
                     # our claim on the pipeline: nothing is offered or booked before it (what
@@ -185,10 +192,9 @@ class Placer:
                     t_sent = clock()
                     steps["send"] += t_sent - t_book
                     t_book = t_sent
-                keys = sorted(by_key)
                 booking = asyncio.gather(*(
-                    o.store.book(k, by_key[k], now, Blocking(eff=eff, now=now).evictable)
-                    for k in keys
+                    o.store.book(k, by_key[k], now, evictable, prepared)
+                    for k, prepared in zip(keys, ready, strict=True)
                 ))  # fmt: skip
                 try:
                     results: list[BookResult] = await booking

@@ -62,6 +62,17 @@ class BookResult:
     cas_retries: int = 0
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A key's next value worked out ahead of its write (`BookingStore.prepare`): written as
+    it is if the cached value is still `base` then, else worked out again."""
+
+    base: Cached | None
+    result: rules.AddResult
+    #: The encoded new value; None when there is nothing to write (refused, or unchanged).
+    data: bytes | None
+
+
 @dataclass
 class Stats:
     writes: int = 0
@@ -145,8 +156,10 @@ class BookingStore:
             self._apply(entry)
         return self.cache.get(key)
 
-    async def _write(self, key: str, cur: Cached | None, new: DeviceBookings) -> int:
-        data = encode(new)
+    async def _write(
+        self, key: str, cur: Cached | None, new: DeviceBookings, data: bytes | None = None
+    ) -> int:
+        data = encode(new) if data is None else data
         rev = await (
             self.kv.create(key, data)
             if cur is None
@@ -156,17 +169,42 @@ class BookingStore:
         self.cache[key] = Cached(int(rev), new)
         return int(rev)
 
+    def prepare(self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]) -> Prepared:
+        """`fn` applied to the cached value and the result encoded, now: CPU a caller can
+        spend while it waits for something else, before `transact` writes it."""
+        cur = self.cache.get(key)
+        res = fn(cur.book if cur is not None else DeviceBookings(device=key))
+        unchanged = cur is not None and res.book == cur.book
+        return Prepared(cur, res, encode(res.book) if res.ok and not unchanged else None)
+
     async def transact(
-        self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
+        self,
+        key: str,
+        fn: Callable[[DeviceBookings], rules.AddResult],
+        prepared: Prepared | None = None,
     ) -> tuple[rules.AddResult, int, int]:
         """Apply `fn` to the key's current windows and write the result by CAS, re-reading
         and re-applying on a lost race. Returns (result, new revision or 0, CAS retries);
-        a key still contended after CAS_RETRIES tries comes back as a conflict."""
+        a key still contended after CAS_RETRIES tries comes back as a conflict. `prepared`
+        (from `prepare` with the same `fn`) is used if the key has not changed since."""
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         async with lock:
-            return await self._transact(key, fn)
+            if prepared is None or self.cache.get(key) is not prepared.base:
+                return await self._transact(key, fn)
+            res, cur = prepared.result, prepared.base
+            if prepared.data is None:
+                return res, (cur.revision if cur is not None and res.ok else 0), 0
+            try:
+                rev = await self._write(key, cur, res.book, prepared.data)
+            except KeyWrongLastSequenceError:
+                self.stats.cas_retries += 1
+                await self.refresh(key)
+                res, rev, retries = await self._transact(key, fn)
+                return res, rev, retries + 1
+            self.stats.expired_dropped += res.expired
+            return res, rev, 0
 
     async def _transact(
         self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
@@ -195,15 +233,27 @@ class BookingStore:
         base = cur.book if cur is not None else DeviceBookings(device=key)
         return rules.AddResult(False, base), 0, retries
 
+    @staticmethod
+    def booking(
+        windows: list[BookingWindow],
+        now: float,
+        may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
+    ) -> Callable[[DeviceBookings], rules.AddResult]:
+        """What `book` applies to a key's windows (for `prepare`)."""
+        return lambda b: rules.add(b, windows, now, may_evict)
+
     async def book(
         self,
         key: str,
         windows: list[BookingWindow],
         now: float,
         may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
+        prepared: Prepared | None = None,
     ) -> BookResult:
+        """Book `windows` on `key` by CAS; `prepared`: from `prepare(key, booking(...))` with
+        the same arguments."""
         res, rev, retries = await self.transact(
-            key, lambda b: rules.add(b, windows, now, may_evict)
+            key, self.booking(windows, now, may_evict), prepared
         )
         if not res.ok:
             self.stats.conflicts += 1
