@@ -248,8 +248,9 @@ SETTLE = SettleStats()
 
 async def settled_status(client: Client, pipeline_id: str) -> StatusReply | None:
     """The pipeline's terminal status. A replica that does not own the pipeline answers from the
-    copy its owner persists *after* publishing the terminal event, so poll (with backoff and a
-    deadline) until that copy is terminal too; None if it never is."""
+    record its owner persists *before* publishing the terminal event, so the first answer should
+    be terminal; one that is not (a failed write being retried, a request that timed out under
+    load) is counted, and polled again (with backoff and a deadline); None if it never is."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + STATUS_SETTLE_S
     delay = 0.005

@@ -751,8 +751,8 @@ class Orchestrator:
         if not run.terminal:
             run.finish("cancelled", req.reason or "cancelled by request", self._now())
             await self._cancel_on_agents(run, run.reason)
+            await self._finished(run)  # persisted before anyone hears it ended
             await self._publish_pipeline(run)
-            await self._finished(run)
         return CancelReply(pipeline_id=run.pipeline_id, state=run.state)
 
     async def agents(self, req: AgentsRequest) -> AgentsReply:

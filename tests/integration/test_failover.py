@@ -19,7 +19,9 @@ from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
+from schemas.api import CancelRequest
 from schemas.codec import decode
+from schemas.events import PipelineEvent
 from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, PipelineRecord, run_key
 from schemas.rpc import settle
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
@@ -258,4 +260,38 @@ async def test_progress_records_are_rate_limited(nats_url: str) -> None:
         rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("many-1")), PipelineRecord)
         assert rec.state == "succeeded"  # the final state is never rate-limited away
     finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_a_cancelled_pipeline_is_recorded_before_anyone_hears_it_ended(
+    nats_url: str,
+) -> None:
+    """Whoever hears the terminal pipeline event and asks another replica (which answers from
+    the record) gets the terminal state: the record is written before the event goes out."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    nc = await nats.connect(nats_url)
+    kv = await nc.jetstream().key_value(RUNS_BUCKET)
+    read: list[str] = []
+    heard = asyncio.Event()
+
+    async def on_event(msg: Any) -> None:
+        ev = decode(msg.data, PipelineEvent)
+        if ev.state == "cancelled":  # read the record the moment the end is heard
+            try:
+                entry = await kv.get(run_key("c-1"))
+                read.append(decode(bytes(entry.value or b""), PipelineRecord).state)
+            except Exception as exc:  # no record yet: said as such, below
+                read.append(type(exc).__name__)
+            heard.set()
+
+    try:
+        await nc.subscribe(subjects.pipeline_event("c-1"), cb=on_event)
+        await settle(nc)
+        await orch.submit_spec(chain("c", [5.0]), "c-1")
+        await orch.cancel(CancelRequest(pipeline_id="c-1", reason="test"))
+        async with asyncio.timeout(10):
+            await heard.wait()
+        assert read == ["cancelled"]
+    finally:
+        await nc.close()
         await stop_cluster(orch, agents)
