@@ -405,7 +405,10 @@ class Agent:
         without starting, and drop the jobs it says are over: the pipeline ended, or the task
         is placed elsewhere now. The withdrawal the orchestrator sent was lost (this agent was
         cut off then), and such a job would wait, and ask for inputs, for ever. Returns how
-        many were dropped; a pipeline the API cannot answer for keeps its jobs."""
+        many were dropped; a pipeline the API cannot answer for keeps its jobs. (A replica
+        other than the owner answers from the pipeline's record, written after every
+        re-placement: only a record whose write keeps failing could still show a task's old
+        place after a move back here.)"""
         now = time.monotonic() if now is None else now
         if self.nc is None or not self.nc.is_connected:
             return 0
