@@ -317,12 +317,17 @@ class Orchestrator:
 
     # -- events ---------------------------------------------------------------------------------
     async def _on_live_task_event(self, msg: Msg) -> None:
-        try:
-            ev = decode(msg.data, TaskEvent)
-        except DecodeError:
-            return
-        self.adaptive.task_event(ev)  # lateness timers follow live events only, not replays
-        await self._task_event(ev)
+        # every replica hears every task event: those of pipelines it does not hold are left
+        # undecoded (a replica adopting a pipeline reads its events from the stream)
+        pid = subjects.pipeline_of_task_event(msg.subject)
+        if pid is not None and pid in self.pipelines:
+            try:
+                ev = decode(msg.data, TaskEvent)
+            except DecodeError:
+                ev = None
+            if ev is not None and ev.pipeline_id == pid:  # else: published under another's name
+                self.adaptive.task_event(ev)  # lateness timers follow live events, not replays
+                await self._task_event(ev)
         sub = self._events_sub
         await self.event_pacer.pace(sub is not None and sub.pending_msgs > 0)
 

@@ -101,6 +101,17 @@ def task_event(pipeline_id: str, task_id: str) -> str:
     return f"{EVENTS}.task.{pipeline_id}.{task_id}"
 
 
+_TASK_EVENT_PREFIX = f"{EVENTS}.task."
+
+
+def pipeline_of_task_event(subject: str) -> str | None:
+    """The pipeline id a task event's subject names (None: not a task event subject)."""
+    if not subject.startswith(_TASK_EVENT_PREFIX):
+        return None
+    pid, dot, task = subject[len(_TASK_EVENT_PREFIX) :].partition(".")
+    return pid if pid and dot and task and "." not in task else None
+
+
 ALL_EVICTIONS = f"{EVENTS}.evict.>"
 
 

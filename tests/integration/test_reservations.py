@@ -141,6 +141,29 @@ async def test_an_agent_that_rejects_gets_its_task_placed_elsewhere(
         await stop_cluster(orch, agents)
 
 
+async def test_a_task_event_under_another_pipelines_subject_is_ignored(nats_url: str) -> None:
+    """An event is applied only to the pipeline its subject names (a forged failure, right
+    token and agent, published as another pipeline's event, changes nothing)."""
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
+    nc = await nats.connect(nats_url)
+    try:
+        await orch.submit_spec(spec("sub", [sleep_task("slow", 0.3)]), "sub-1")
+        task = orch.pipelines["sub-1"].tasks["slow"]
+        forged = TaskEvent(
+            event_id="forged-2", pipeline_id="sub-1", task_id="slow",
+            agent_id=task.agent_id or "", incarnation=agents[0].incarnation, device_id="cpu0",
+            token=task.token, state="failed", error="published under another name",
+        )  # fmt: skip
+        await nc.publish(subjects.task_event("other-1", "slow"), encode(forged))
+        await settle(nc)
+        done = await orch.wait_terminal("sub-1", 10)
+        assert done.state == "succeeded", done.reason
+        assert done.tasks["slow"].error == ""
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
 async def test_a_stale_tokens_result_is_ignored(nats_url: str) -> None:
     orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
     nc = await nats.connect(nats_url)
