@@ -338,7 +338,8 @@ class Orchestrator:
             ev = decode(msg.data, TaskEvent)
         except DecodeError:
             return
-        await self._task_event(ev)
+        if subjects.pipeline_of_task_event(msg.subject) == ev.pipeline_id:
+            await self._task_event(ev)
 
     async def _task_event(self, ev: TaskEvent) -> None:
         run = self.pipelines.get(ev.pipeline_id)
