@@ -188,6 +188,14 @@ class Failover:
         run = from_record(rec[0], spec, owner=rec[0].owner, mono=o.mono(), wall=o.wall())
         return run.status(o.mono())
 
+    async def holder(self, pid: str) -> str | None:
+        """The replica holding a pipeline's ownership lease now (None: nobody does)."""
+        got = await self.leases.read(pid)
+        if got is None:
+            return None
+        lease, _rev = got
+        return lease.owner if lease.expires > self.o.wall() else None
+
     async def _persist_later(self, run: PipelineRun) -> None:
         """A write that failed (NATS or JetStream unavailable for a moment, e.g. a server
         restart) is retried with a growing delay: the record is what fail-over resumes from."""

@@ -741,9 +741,15 @@ class Orchestrator:
             return run.status(self._now())
         # owned by another replica (or finished long ago): its last persisted record
         st = await self.failover.status_elsewhere(req.pipeline_id)
-        if st is None:
-            raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
-        return st
+        if st is not None:
+            return st
+        owner = await self.failover.holder(req.pipeline_id)
+        if owner is not None:  # just placed: its owner writes the first record after replying
+            raise ServiceError(
+                "unavailable",
+                f"pipeline {req.pipeline_id} is held by {owner} and not recorded yet; ask again",
+            )
+        raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
 
     async def list(self, req: ListRequest) -> ListReply:
         runs = [r for r in self.pipelines.values() if req.state is None or r.state == req.state]

@@ -17,13 +17,14 @@ import pytest
 from orchestrator import procs
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
+from orchestrator.pipelines import PipelineRun
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
-from schemas.api import CancelRequest
+from schemas.api import CancelRequest, StatusRequest
 from schemas.codec import decode
 from schemas.events import PipelineEvent
 from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, PipelineRecord, run_key
-from schemas.rpc import settle
+from schemas.rpc import ServiceError, settle
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -294,4 +295,38 @@ async def test_a_cancelled_pipeline_is_recorded_before_anyone_hears_it_ended(
         assert read == ["cancelled"]
     finally:
         await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_pipeline_not_recorded_yet_is_unavailable_elsewhere_not_unknown(
+    nats_url: str,
+) -> None:
+    """Its owner writes a new pipeline's first record after the submit reply: meanwhile
+    another replica says the pipeline is held and to ask again, never that it does not exist."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    other = Orchestrator(nats_url, name="orch-other")
+    await other.start()
+    hold = asyncio.Event()
+    persist = orch.persist
+
+    async def held(run: PipelineRun) -> None:
+        await hold.wait()
+        await persist(run)
+
+    orch.persist = held  # type: ignore[method-assign]
+    try:
+        await orch.submit_spec(chain("u", [1.0]), "u-1")
+        with pytest.raises(ServiceError) as err:
+            await other.status(StatusRequest(pipeline_id="u-1"))
+        assert err.value.code == "unavailable" and orch.owner in err.value.message
+        with pytest.raises(ServiceError) as err:
+            await other.status(StatusRequest(pipeline_id="never-submitted"))
+        assert err.value.code == "not_found"
+        hold.set()
+        await persist(orch.pipelines["u-1"])  # the first record, written
+        st = await other.status(StatusRequest(pipeline_id="u-1"))
+        assert st.state == "running" and st.owner == orch.owner
+    finally:
+        hold.set()
+        await other.stop()
         await stop_cluster(orch, agents)
