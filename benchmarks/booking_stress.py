@@ -241,6 +241,8 @@ class SettleStats:
     calls: int = 0
     stale: int = 0
     extra_polls: int = 0
+    #: What each stale first answer was: the state it gave, or the error code.
+    kinds: Counter[str] = field(default_factory=Counter)
 
 
 SETTLE = SettleStats()
@@ -258,12 +260,19 @@ async def settled_status(client: Client, pipeline_id: str) -> StatusReply | None
     SETTLE.calls += 1
     polls = 0
     while True:
-        with contextlib.suppress(RemoteError, TimeoutError, nats.errors.Error):
+        answer = ""
+        try:
             last = await client.status(pipeline_id)
             if last.state in TERMINAL_STATES:
                 return last
+            answer = last.state
+        except RemoteError as exc:
+            answer = exc.code
+        except (TimeoutError, nats.errors.Error) as exc:
+            answer = type(exc).__name__
         if polls == 0:
             SETTLE.stale += 1
+            SETTLE.kinds[answer] += 1
         polls += 1
         SETTLE.extra_polls += 1
         if loop.time() + delay > deadline:
@@ -558,7 +567,15 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["sum rejections", sum(s.rejections for s in statuses)],
         ["sum cas_retries", sum(s.cas_retries for s in statuses)],
         ["pipelines with a status", len(statuses)],
-        ["status stale right after terminal event", f"{SETTLE.stale} of {SETTLE.calls}"],
+        [
+            "status stale right after terminal event",
+            f"{SETTLE.stale} of {SETTLE.calls}"
+            + (
+                " (" + ", ".join(f"{k} {n}" for k, n in SETTLE.kinds.most_common()) + ")"
+                if SETTLE.kinds
+                else ""
+            ),
+        ],
         *cpu_rows(load),
         ["mirror messages read", audit.messages],
         ["revisions checked (values)", audit.revisions],
