@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
 
 log = logging.getLogger("mars.failover")
+#: A record write that loses its CAS is read back and tried again this many times in all.
+RECORD_CAS_TRIES = 3
 #: Ownership lease, its renewal cadence, and the margin either side of expiry for clock skew.
 OWNER_LEASE_S = 3.0
 OWNER_RENEW_S = 1.0
@@ -215,9 +217,10 @@ class Failover:
         if pid not in self._spec_saved:
             await self.runs.save_spec(pid, run.spec)
             self._spec_saved.add(pid)
-        for _ in range(3):
+        for _ in range(RECORD_CAS_TRIES):
             if not self.may_act(pid):
                 self.fenced_writes += 1
+                log.debug("not persisting %s: lease lapsed while writing", pid)
                 return
             epoch = self.leases.epoch(pid)
             rec = record_fields(
@@ -239,8 +242,8 @@ class Failover:
                     return
                 if cur is not None:
                     self._rev[pid] = cur[1]  # an earlier life of ours wrote it: take it over
-        else:
-            return
+        else:  # said by `persist`, which tries again later: a record is never dropped silently
+            raise RuntimeError(f"record of {pid}: lost the CAS {RECORD_CAS_TRIES} times")
         if run.terminal:
             await self.leases.release(pid)
             self._finished[pid] = None
