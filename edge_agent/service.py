@@ -428,15 +428,11 @@ class Agent:
                 continue
             where = {t.task_id: (t.agent_id, t.device_id) for t in st.tasks}
             for job in jobs:
-                tid = job.offer.task.id
+                tid, here = job.offer.task.id, (self.agent_id, job.offer.device_id)
                 if st.state in TERMINAL_STATES:
                     why = f"pipeline {st.state}"
-                elif where.get(tid, (self.agent_id, job.offer.device_id)) != (
-                    self.agent_id,
-                    job.offer.device_id,
-                ):
-                    agent, device = where[tid]
-                    why = f"placed on {agent}:{device} now"
+                elif (now_at := where.get(tid, here)) != here:
+                    why = f"placed on {now_at[0]}:{now_at[1]} now"
                 else:
                     continue
                 log.info("dropping waiting job %s/%s (token %d): %s",

@@ -26,7 +26,13 @@ from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, re
 from orchestrator.pipelines import PipelineRun
 from orchestrator.reservations.store import device_key_of
 from schemas import subjects
-from schemas.api import StatusReply, StatusRequest, SubmitReply
+from schemas.api import (
+    TASK_ENDED_STATES,
+    TERMINAL_STATES,
+    StatusReply,
+    StatusRequest,
+    SubmitReply,
+)
 from schemas.pipeline import PipelineSpec
 from schemas.rpc import ServiceError
 
@@ -332,7 +338,7 @@ class Failover:
             await self.leases.release(pid)
             return
         rec, rev = found
-        if rec.state in ("succeeded", "failed", "cancelled", "unschedulable"):
+        if rec.state in TERMINAL_STATES:
             await self.leases.release(pid)
             return
         run = from_record(rec, spec, owner=o.owner, mono=o.mono(), wall=o.wall())
@@ -366,7 +372,7 @@ class Failover:
         gone = {
             tr.agent_id for tr in run.tasks.values()
             if tr.agent_id and tr.agent_id not in alive
-            and tr.state not in ("succeeded", "failed", "cancelled")
+            and tr.state not in TASK_ENDED_STATES
         }  # fmt: skip
         if gone:
             await o.recovery._recover_run(run, None, gone, "fail-over (agents gone)")

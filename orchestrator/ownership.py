@@ -277,20 +277,11 @@ class RunStore:
         return int(rev)
 
 
-def to_record(
-    run: PipelineRun, *, epoch: int, events_seq: int, adoptions: int, mono: float, wall: float
-) -> PipelineRecord:
-    """What a new owner needs, with monotonic instants mapped onto the booking clock."""
-    fields = record_fields(
-        run, epoch=epoch, events_seq=events_seq, adoptions=adoptions, mono=mono, wall=wall
-    )
-    return PipelineRecord.model_validate(fields)
-
-
 def record_fields(
     run: PipelineRun, *, epoch: int, events_seq: int, adoptions: int, mono: float, wall: float
 ) -> dict[str, Any]:
-    """`to_record` as plain values in the record's field order, for `encode_trusted`: the
+    """What a new owner needs (a `PipelineRecord`), with monotonic instants mapped onto the
+    booking clock, as plain values in the record's field order for `encode_trusted`: the
     record is written on every change of a pipeline, and building its ~60 models to encode
     them took ~130 us of the ~170 (20 tasks). Values come from validated input and this
     process; tests check the result against the schema for arbitrary runs."""

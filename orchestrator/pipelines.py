@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.scheduling import Placement
 from schemas.api import (
+    TASK_ENDED_STATES,
     TERMINAL_STATES,
     PipelineState,
     PipelineSummary,
@@ -132,7 +133,7 @@ class PipelineRun:
             return None
         if len(self.seen_events) < MAX_SEEN_EVENTS:
             self.seen_events.add(ev.event_id)
-        if self.terminal or task.state in ("succeeded", "failed", "cancelled"):
+        if self.terminal or task.state in TASK_ENDED_STATES:
             return None
         t = self._clock(now)
         if ev.state == "accepted":
@@ -142,7 +143,7 @@ class PipelineRun:
             if task.state != "started":  # a replayed start keeps the first start time
                 task.started_s = t
             task.state = "started"
-        elif ev.state in ("succeeded", "failed", "cancelled"):
+        elif ev.state in TASK_ENDED_STATES:
             task.state = ev.state
             task.finished_s = t
             if task.started_s is None:

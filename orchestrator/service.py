@@ -35,6 +35,7 @@ from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import (
+    TASK_ENDED_STATES,
     AgentsReply,
     AgentsRequest,
     AgentSummary,
@@ -347,7 +348,7 @@ class Orchestrator:
             return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
         ignored = run.duplicate_events + run.stale_events
         new_state = run.apply(ev, self._now())
-        if ev.state in ("succeeded", "failed", "cancelled") and new_state is None:
+        if ev.state in TASK_ENDED_STATES and new_state is None:
             self._give_back_later(run, ev.task_id)
         await self.recovery.after_event(run, ev, run.duplicate_events + run.stale_events == ignored)
         if ev.state == "succeeded" and run.duplicate_events + run.stale_events == ignored:
@@ -608,7 +609,7 @@ class Orchestrator:
         running: `planning.with_bookings`), long after the work is done."""
         tr = run.tasks[task_id]
         booked = run.windows.get(task_id)
-        if booked is None or tr.state not in ("succeeded", "failed", "cancelled"):
+        if booked is None or tr.state not in TASK_ENDED_STATES:
             return  # an event of a superseded placement changes nothing here
         key, start, end = booked
         first = not self._ended_windows

@@ -15,6 +15,8 @@ PipelineState = Literal[
 ]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "unschedulable"})
 TaskState = Literal["pending", "offered", "accepted", "started", "succeeded", "failed", "cancelled"]
+#: A task in one of these will not run (again) under its current placement.
+TASK_ENDED_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class SubmitRequest(WireModel):

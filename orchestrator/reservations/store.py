@@ -156,10 +156,7 @@ class BookingStore:
             self._apply(entry)
         return self.cache.get(key)
 
-    async def _write(
-        self, key: str, cur: Cached | None, new: DeviceBookings, data: bytes | None = None
-    ) -> int:
-        data = encode(new) if data is None else data
+    async def _write(self, key: str, cur: Cached | None, new: DeviceBookings, data: bytes) -> int:
         rev = await (
             self.kv.create(key, data)
             if cur is None
@@ -169,13 +166,19 @@ class BookingStore:
         self.cache[key] = Cached(int(rev), new)
         return int(rev)
 
-    def prepare(self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]) -> Prepared:
-        """`fn` applied to the cached value and the result encoded, now: CPU a caller can
-        spend while it waits for something else, before `transact` writes it."""
-        cur = self.cache.get(key)
+    @staticmethod
+    def _step(
+        key: str, cur: Cached | None, fn: Callable[[DeviceBookings], rules.AddResult]
+    ) -> Prepared:
+        """`fn` on the value `cur`, and what to write for it (None: refused, or unchanged)."""
         res = fn(cur.book if cur is not None else DeviceBookings(device=key))
         unchanged = cur is not None and res.book == cur.book
         return Prepared(cur, res, encode(res.book) if res.ok and not unchanged else None)
+
+    def prepare(self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]) -> Prepared:
+        """`transact`'s first step on the cached value, now: CPU a caller can spend while it
+        waits for something else; `transact` writes it as made if the key has not moved."""
+        return self._step(key, self.cache.get(key), fn)
 
     async def transact(
         self,
@@ -186,28 +189,19 @@ class BookingStore:
         """Apply `fn` to the key's current windows and write the result by CAS, re-reading
         and re-applying on a lost race. Returns (result, new revision or 0, CAS retries);
         a key still contended after CAS_RETRIES tries comes back as a conflict. `prepared`
-        (from `prepare` with the same `fn`) is used if the key has not changed since."""
+        (from `prepare` with the same `fn`) stands for the first step if the key has not
+        changed since."""
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         async with lock:
-            if prepared is None or self.cache.get(key) is not prepared.base:
-                return await self._transact(key, fn)
-            res, cur = prepared.result, prepared.base
-            if prepared.data is None:
-                return res, (cur.revision if cur is not None and res.ok else 0), 0
-            try:
-                rev = await self._write(key, cur, res.book, prepared.data)
-            except KeyWrongLastSequenceError:
-                self.stats.cas_retries += 1
-                await self.refresh(key)
-                res, rev, retries = await self._transact(key, fn)
-                return res, rev, retries + 1
-            self.stats.expired_dropped += res.expired
-            return res, rev, 0
+            return await self._transact(key, fn, prepared)
 
     async def _transact(
-        self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]
+        self,
+        key: str,
+        fn: Callable[[DeviceBookings], rules.AddResult],
+        prepared: Prepared | None = None,
     ) -> tuple[rules.AddResult, int, int]:
         cur = self.cache.get(key)
         retries = 0
@@ -215,14 +209,16 @@ class BookingStore:
             if attempt:
                 # another replica won the race: back off a little, with jitter
                 await asyncio.sleep(random.uniform(0.0, 0.002 * 2**attempt))
-            base = cur.book if cur is not None else DeviceBookings(device=key)
-            res = fn(base)
+            step = prepared if prepared is not None and prepared.base is cur else None
+            step = step or self._step(key, cur, fn)
+            prepared = None
+            res = step.result
             if not res.ok:
                 return res, 0, retries
-            if cur is not None and res.book == cur.book:
-                return res, cur.revision, retries  # nothing to write
+            if step.data is None:
+                return res, cur.revision if cur is not None else 0, retries  # nothing to write
             try:
-                rev = await self._write(key, cur, res.book)
+                rev = await self._write(key, cur, res.book, step.data)
                 self.stats.expired_dropped += res.expired
                 return res, rev, retries
             except KeyWrongLastSequenceError:

@@ -223,21 +223,32 @@ async def test_replays_are_bounded_when_every_pipeline_looks_stalled(
     monkeypatch.setattr(watchdog, "MAX_REPLAYS", 2)
     async with one_agent(nats_url, lambda ev: True) as (orch, _, lost):
         real = orch.failover.replay
-        now_running, most = [0], [0]
+        running: list[str] = []
+        most = [0]
+        started = asyncio.Condition()
+        looked = asyncio.Event()
 
-        async def counted(run: PipelineRun) -> int:
-            now_running[0] += 1
-            most[0] = max(most[0], now_running[0])
+        async def held(run: PipelineRun) -> int:
+            """A replay kept under way until the test has had its look."""
+            running.append(run.pipeline_id)
+            most[0] = max(most[0], len(running))
+            async with started:
+                started.notify_all()
             try:
-                await asyncio.sleep(0.05)  # a slow replay: the next looks find it under way
+                await looked.wait()
                 return await real(run)
             finally:
-                now_running[0] -= 1
+                running.remove(run.pipeline_id)
 
-        orch.failover.replay = counted  # type: ignore[method-assign]
+        orch.failover.replay = held  # type: ignore[method-assign]
         pids = [f"p{i}" for i in range(8)]
         for pid in pids:
             await orch.submit_spec(chain("t"), pid)
+        async with asyncio.timeout(10), started:
+            await started.wait_for(lambda: len(running) >= 2)
+        orch.watchdog.check()  # another look while two are under way: it starts none
+        assert len(orch.watchdog.replaying) == 2
+        looked.set()
         for pid in pids:
             run = await orch.wait_terminal(pid, 20.0)
             assert run.state == "succeeded", run.reason
