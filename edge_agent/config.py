@@ -49,6 +49,9 @@ class AgentConfig(BaseModel):
     links: list[LinkSpec] = Field(default_factory=list)
     allowed_kinds: list[TaskKind] = Field(default_factory=default_kinds)
     heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.5
+    #: A task's `started` event is sent once it has run this long; one that ends sooner is
+    #: reported once, by its end event (half the events of short tasks). 0: at once.
+    started_event_after_s: Annotated[float, Field(ge=0.0, le=60.0)] = 0.05
     #: Directory searched for ONNX model files named in tasks (besides built-in models).
     models_dir: str | None = None
     #: Journal of unsent task events and spilled outputs; set it to survive a restart

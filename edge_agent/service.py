@@ -494,8 +494,7 @@ class Agent:
         t0 = time.perf_counter()
         ok = False
         try:
-            await self._event(job, "started")  # inside: a cancel here must still free the slot
-            out = await self._run(job)
+            out = await self._run_reported(job, t0)
             duration = time.perf_counter() - t0
             # kept until every consumer has it; shipped in the background, offline or not, to
             # where the consumers are now (a routing update may have come while it ran)
@@ -516,6 +515,24 @@ class Agent:
             self._running.pop(job.key, None)
             self.core.finish(job.key, ok)
             self._start_ready()
+
+    async def _run_reported(self, job: Job, t0: float) -> Output:
+        """Run the job; its `started` event goes out once it has run `started_event_after_s`
+        (saying for how long: the orchestrator dates the start by it). A task done sooner is
+        reported once, by its end event: short tasks cost half the events."""
+
+        def report() -> None:
+            self._emit(job, "started", duration=time.perf_counter() - t0)
+
+        after = self.config.started_event_after_s
+        if after <= 0.0:
+            report()
+            return await self._run(job)
+        start = asyncio.get_running_loop().call_later(after, report)
+        try:
+            return await self._run(job)
+        finally:
+            start.cancel()  # not sent by now: the end event says it all
 
     async def _run(self, job: Job) -> Output:
         run = job.offer.task.run
@@ -543,6 +560,17 @@ class Agent:
         raise ExecutionError(f"no executor for kind {run.kind} in this agent")
 
     async def _event(
+        self,
+        job: Job,
+        state: TaskEventState,
+        *,
+        duration: float | None = None,
+        output: Output | None = None,
+        error: str = "",
+    ) -> None:
+        self._emit(job, state, duration=duration, output=output, error=error)
+
+    def _emit(
         self,
         job: Job,
         state: TaskEventState,

@@ -419,7 +419,8 @@ class Adaptive:
         tr = run.tasks.get(ev.task_id) if run is not None else None
         if tr is None or tr.token != ev.token or not tr.predicted_s or key in self._timers:
             return
-        delay = self._due(tr.predicted_s)
+        # a start is reported a while into the run (`started_event_after_s`), saying how long
+        delay = max(0.0, self._due(tr.predicted_s) - (ev.duration_s or 0.0))
         self._timers[key] = asyncio.get_running_loop().call_later(delay, self._late, key)
 
     def _due(self, predicted_s: float) -> float:

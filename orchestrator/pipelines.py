@@ -59,6 +59,12 @@ class TaskRun:
         )
 
 
+def ran_since(t: float, ev: TaskEvent) -> float:
+    """When (run clock) the task began, by the time it says it has run: a `started` event is
+    sent a while into the run, and a short task's end event is the only one."""
+    return max(0.0, t - (ev.duration_s or 0.0))
+
+
 @dataclass
 class PipelineRun:
     pipeline_id: str
@@ -141,13 +147,13 @@ class PipelineRun:
                 task.state = "accepted"
         elif ev.state == "started":
             if task.state != "started":  # a replayed start keeps the first start time
-                task.started_s = t
+                task.started_s = ran_since(t, ev)
             task.state = "started"
         elif ev.state in TASK_ENDED_STATES:
             task.state = ev.state
             task.finished_s = t
-            if task.started_s is None:
-                task.started_s = t
+            if task.started_s is None:  # a short task is reported once, when it ends
+                task.started_s = ran_since(t, ev)
             task.duration_s = ev.duration_s
             task.output_bytes = ev.output_bytes
             task.result = ev.result

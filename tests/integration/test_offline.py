@@ -98,8 +98,8 @@ class GatedAgent(Agent):
             await self.gate.wait()
         return await super()._run(job)
 
-    async def _event(self, job: Job, state: TaskEventState, **kw: Any) -> None:
-        await super()._event(job, state, **kw)
+    def _emit(self, job: Job, state: TaskEventState, **kw: Any) -> None:
+        super()._emit(job, state, **kw)
         self.emitted_event(job.offer.task.id, state).set()
 
 
@@ -143,6 +143,7 @@ def _config(buffer_dir: Path) -> Any:
         buffer_dir=str(buffer_dir),
         reconnect_base_s=0.05,
         reconnect_max_s=0.2,
+        started_event_after_s=0,  # each start reported at once: the test follows both events
     )
 
 
