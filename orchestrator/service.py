@@ -84,9 +84,6 @@ OFFER_TIMEOUT_S = 2.0
 COMMIT_BACKOFF_S = 0.2
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
-#: A task that ended gives its reservation back this long after (one write per device key for
-#: all that ended meanwhile), unless its pipeline ends first and gives back all of its own.
-TASK_RELEASE_AFTER_S = 0.5
 #: Finished pipelines kept in memory (`list` shows the live ones and these; `status` of any
 #: other is rebuilt from its record in KV). Every object kept is visited by each full garbage
 #: collection, which stops the orchestrator: with 2,000 kept one took 80-300 ms; measured in
@@ -141,7 +138,6 @@ class Orchestrator:
         #: The garbage-collection pause logger (`mars.timing` debug), while running.
         self._gc_hook: Callable[[str, dict[str, int]], None] | None = None
         #: Reservations of tasks that ended, to give back: pipeline -> key -> windows.
-        self._ended_windows: dict[str, dict[str, set[tuple[str, float, float]]]] = {}
         #: Task events queued behind each other give the loop turns (placements first).
         self.event_pacer = Pacer()
         self._events_sub: Subscription | None = None
@@ -254,6 +250,13 @@ class Orchestrator:
                     await t
         if self.store is not None:
             await self.store.stop()
+            st = self.store.stats
+            log.info(
+                "bookings: %d writes, %d CAS retries, %d conflicts; releases: %d, of them "
+                "%d carried by another write, %d written alone",
+                st.writes, st.cas_retries, st.conflicts, st.releases_deferred,
+                st.releases_carried, st.releases_flushed,
+            )  # fmt: skip
         await self.failover.stop()
         self.adaptive.stop()
         if self._service is not None:
@@ -606,50 +609,23 @@ class Orchestrator:
     def _give_back_later(self, run: PipelineRun, task_id: str) -> None:
         """A task ended while its pipeline runs on: its window would otherwise hold its device
         until the pipeline ends (a window whose end has passed counts as work still queued or
-        running: `planning.with_bookings`), long after the work is done."""
+        running: `planning.with_bookings`), long after the work is done. Planning here sees it
+        gone at once; the bucket with the key's next write (`BookingStore.defer_release`)."""
         tr = run.tasks[task_id]
         booked = run.windows.get(task_id)
         if booked is None or tr.state not in TASK_ENDED_STATES:
             return  # an event of a superseded placement changes nothing here
+        if run.terminal or not self.failover.may_act(run.pipeline_id):
+            return  # one that ended gives everything back; one not ours is not ours to give
         key, start, end = booked
-        first = not self._ended_windows
-        per_key = self._ended_windows.setdefault(run.pipeline_id, {})
-        per_key.setdefault(key, set()).add((task_id, start, end))
-        if first:
-            self._spawn(self._give_back_ended())
-
-    async def _give_back_ended(self) -> None:
-        await asyncio.sleep(TASK_RELEASE_AFTER_S)  # gathers what ends meanwhile: fewer writes
-        due, self._ended_windows = self._ended_windows, {}
-        now = self.wall()
-        jobs = [
-            (key, pid, self.store.release(key, pid, now, exact=windows))
-            for pid, per_key in due.items()
-            if (run := self.pipelines.get(pid)) is not None
-            and not run.terminal  # one that ended gave everything back
-            and self.failover.may_act(pid)
-            for key, windows in sorted(per_key.items())
-        ]  # fmt: skip
-        results = await asyncio.gather(*(j for _k, _p, j in jobs), return_exceptions=True)
-        for (key, pid, _j), r in zip(jobs, results, strict=True):
-            if isinstance(r, BaseException):
-                log.warning("release of ended tasks of %s on %s failed: %s", pid, key, r)
-        async with self._changed:
-            self._changed.notify_all()
+        self.store.defer_release(key, run.pipeline_id, self.wall(), exact=[(task_id, start, end)])
 
     async def _finished(self, run: PipelineRun) -> None:
-        """A terminal pipeline gives its reservations back at once."""
-        self._ended_windows.pop(run.pipeline_id, None)
+        """A terminal pipeline gives its reservations back at once (written with each key's
+        next booking, or alone soon after: `BookingStore.defer_release`)."""
         now = self.wall()
-        keys = sorted({device_key_of(d) for d in run.devices()})
-        results = await asyncio.gather(
-            *(self.store.release(k, run.pipeline_id, now) for k in keys), return_exceptions=True
-        )
-        for k, r in zip(keys, results, strict=True):
-            if isinstance(r, BaseException):
-                log.warning(
-                    "release of %s on %s failed (it will expire): %s", run.pipeline_id, k, r
-                )
+        for key in sorted({device_key_of(d) for d in run.devices()}):
+            self.store.defer_release(key, run.pipeline_id, now)
         await self.persist(run)
         run.settled = True
         async with self._changed:

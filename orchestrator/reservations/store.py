@@ -27,6 +27,12 @@ from schemas.codec import DecodeError, decode, encode
 log = logging.getLogger("mars.reservations")
 BUCKET = "MARS_BOOKINGS"
 CAS_RETRIES = 8
+#: A deferred release no other write of its key carried is written alone after this long.
+RELEASE_FLUSH_S = 0.5
+
+
+def _unchanged(b: DeviceBookings) -> rules.AddResult:
+    return rules.AddResult(True, b)
 
 
 def device_key(agent_id: str, device_id: str) -> str:
@@ -71,6 +77,21 @@ class Prepared:
     result: rules.AddResult
     #: The encoded new value; None when there is nothing to write (refused, or unchanged).
     data: bytes | None
+    #: The key's deferred releases the new value carries.
+    released: tuple[Release, ...] = ()
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release not written yet (`BookingStore.defer_release`): `book.release`'s arguments."""
+
+    pipeline_id: str
+    now: float
+    task_ids: frozenset[str] | None = None
+    exact: frozenset[tuple[str, float, float]] | None = None
+
+    def apply(self, book: DeviceBookings) -> DeviceBookings:
+        return rules.release(book, self.pipeline_id, self.now, self.task_ids, self.exact)
 
 
 @dataclass
@@ -80,6 +101,10 @@ class Stats:
     conflicts: int = 0
     expired_dropped: int = 0
     evictions: int = 0
+    #: Releases deferred; of them, carried by another write of their key, or written alone.
+    releases_deferred: int = 0
+    releases_carried: int = 0
+    releases_flushed: int = 0
 
 
 class BookingStore:
@@ -95,6 +120,11 @@ class BookingStore:
         self._locks: dict[str, asyncio.Lock] = {}
         self._watcher: Any = None
         self.changed = asyncio.Event()
+        #: Releases made but not written, per key, oldest first (`defer_release`).
+        self._deferred: dict[str, list[Release]] = {}
+        #: Each such key's value without them, made for the revision it holds.
+        self._without: dict[str, Cached] = {}
+        self._flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -113,6 +143,12 @@ class BookingStore:
         self._watch_task = asyncio.create_task(self._watch())
 
     async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._flusher
+        with contextlib.suppress(Exception):
+            await self.flush()  # what ended is given back before this replica goes
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -142,9 +178,97 @@ class BookingStore:
         self.cache[key] = Cached(entry.revision, bk)
         self.changed.set()
 
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """Wait until `predicate` holds, looked at after each change of the cached bucket."""
+        async with asyncio.timeout(timeout):
+            while True:
+                self.changed.clear()
+                if predicate():
+                    return
+                await self.changed.wait()
+
     def snapshot(self) -> dict[str, Cached]:
-        """The cached bookings (no network); may be slightly stale, CAS catches that."""
-        return dict(self.cache)
+        """The cached bookings (no network), less the releases not written yet; may be
+        slightly stale, CAS catches that."""
+        snap = dict(self.cache)
+        for key in self._deferred:
+            cur = snap.get(key)
+            if cur is not None:
+                snap[key] = self._released(key, cur)
+        return snap
+
+    def _released(self, key: str, cur: Cached) -> Cached:
+        """`cur` less the key's deferred releases (made once per revision and release)."""
+        todo = self._deferred.get(key)
+        if not todo:
+            return cur
+        memo = self._without.get(key)
+        if memo is not None and memo.revision == cur.revision:
+            return memo
+        book = cur.book
+        for r in todo:
+            book = r.apply(book)
+        out = self._without[key] = Cached(cur.revision, book)
+        return out
+
+    def defer_release(
+        self,
+        key: str,
+        pipeline_id: str,
+        now: float,
+        task_ids: Collection[str] | None = None,
+        exact: Collection[tuple[str, float, float]] | None = None,
+    ) -> None:
+        """`release`, written with this process's next write of the key (a booking, a renewal)
+        or alone after RELEASE_FLUSH_S, whichever comes first. Planning here sees the windows
+        gone at once; other replicas when it is written. Under load most keys are booked
+        again within that time, so most releases cost no write of their own."""
+        self._deferred.setdefault(key, []).append(
+            Release(
+                pipeline_id,
+                now,
+                None if task_ids is None else frozenset(task_ids),
+                None if exact is None else frozenset(exact),
+            )
+        )
+        self._without.pop(key, None)
+        self.stats.releases_deferred += 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        while self._deferred:
+            await asyncio.sleep(RELEASE_FLUSH_S)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write every deferred release now (one write per key); what fails stays deferred
+        (its windows expire meanwhile in any case)."""
+        for key in [k for k in self._deferred if k not in self.cache]:
+            self._carried(key, tuple(self._deferred[key]), True)  # no windows: none to give
+        keys = sorted(self._deferred)
+        done = await asyncio.gather(
+            *(self.transact(k, _unchanged, flushing=True) for k in keys), return_exceptions=True
+        )
+        for k, r in zip(keys, done, strict=True):
+            if isinstance(r, BaseException):
+                log.warning("release on %s not written (tried again later): %s", k, r)
+
+    def _carried(self, key: str, done: tuple[Release, ...], flushing: bool) -> None:
+        """These deferred releases of `key` are written (or had nothing left to release)."""
+        if not done:
+            return
+        todo = [r for r in self._deferred.get(key, ()) if not any(r is d for d in done)]
+        gone = len(self._deferred.get(key, ())) - len(todo)
+        if flushing:
+            self.stats.releases_flushed += gone
+        else:
+            self.stats.releases_carried += gone
+        self._without.pop(key, None)
+        if todo:
+            self._deferred[key] = todo
+        else:
+            self._deferred.pop(key, None)
 
     async def refresh(self, key: str) -> Cached | None:
         try:
@@ -164,16 +288,20 @@ class BookingStore:
         )
         self.stats.writes += 1
         self.cache[key] = Cached(int(rev), new)
+        self.changed.set()
         return int(rev)
 
-    @staticmethod
     def _step(
-        key: str, cur: Cached | None, fn: Callable[[DeviceBookings], rules.AddResult]
+        self, key: str, cur: Cached | None, fn: Callable[[DeviceBookings], rules.AddResult]
     ) -> Prepared:
-        """`fn` on the value `cur`, and what to write for it (None: refused, or unchanged)."""
-        res = fn(cur.book if cur is not None else DeviceBookings(device=key))
+        """`fn` on the value `cur` less the key's deferred releases, and what to write for it
+        (None: refused, or unchanged)."""
+        released = tuple(self._deferred.get(key, ()))  # none has a window left when cur is None
+        base = self._released(key, cur) if cur is not None else None
+        res = fn(base.book if base is not None else DeviceBookings(device=key))
         unchanged = cur is not None and res.book == cur.book
-        return Prepared(cur, res, encode(res.book) if res.ok and not unchanged else None)
+        data = encode(res.book) if res.ok and not unchanged else None
+        return Prepared(cur, res, data, released)
 
     def prepare(self, key: str, fn: Callable[[DeviceBookings], rules.AddResult]) -> Prepared:
         """`transact`'s first step on the cached value, now: CPU a caller can spend while it
@@ -185,6 +313,8 @@ class BookingStore:
         key: str,
         fn: Callable[[DeviceBookings], rules.AddResult],
         prepared: Prepared | None = None,
+        *,
+        flushing: bool = False,
     ) -> tuple[rules.AddResult, int, int]:
         """Apply `fn` to the key's current windows and write the result by CAS, re-reading
         and re-applying on a lost race. Returns (result, new revision or 0, CAS retries);
@@ -195,13 +325,14 @@ class BookingStore:
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         async with lock:
-            return await self._transact(key, fn, prepared)
+            return await self._transact(key, fn, prepared, flushing)
 
     async def _transact(
         self,
         key: str,
         fn: Callable[[DeviceBookings], rules.AddResult],
         prepared: Prepared | None = None,
+        flushing: bool = False,
     ) -> tuple[rules.AddResult, int, int]:
         cur = self.cache.get(key)
         retries = 0
@@ -215,11 +346,13 @@ class BookingStore:
             res = step.result
             if not res.ok:
                 return res, 0, retries
-            if step.data is None:
-                return res, cur.revision if cur is not None else 0, retries  # nothing to write
+            if step.data is None:  # nothing to write (the deferred releases had nothing left)
+                self._carried(key, step.released, flushing)
+                return res, cur.revision if cur is not None else 0, retries
             try:
                 rev = await self._write(key, cur, res.book, step.data)
                 self.stats.expired_dropped += res.expired
+                self._carried(key, step.released, flushing)
                 return res, rev, retries
             except KeyWrongLastSequenceError:
                 retries += 1

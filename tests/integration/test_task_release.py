@@ -45,7 +45,7 @@ async def test_an_ended_task_gives_its_device_back_while_its_pipeline_runs(
         assert held(kx, "p1") == ["first"] and held(ky, "p1") == ["second"]
         run = orch.pipelines["p1"]
         await orch.wait_for(lambda: run.tasks["first"].state == "succeeded", 10.0)
-        await orch.wait_for(lambda: not held(kx, "p1"), 10.0)
+        await orch.store.wait_until(lambda: not held(kx, "p1"), 10.0)
         assert not run.terminal and held(ky, "p1") == ["second"]  # only what ended went
         entry = await orch.store.kv.get(kx)  # in the bucket, for every replica, not just here
         assert all(w.pipeline_id != "p1" for w in decode(entry.value, DeviceBookings).windows)
