@@ -89,6 +89,8 @@ class Release:
     now: float
     task_ids: frozenset[str] | None = None
     exact: frozenset[tuple[str, float, float]] | None = None
+    #: Event-loop time by which it is written, alone if nothing carried it.
+    due: float = 0.0
 
     def apply(self, book: DeviceBookings) -> DeviceBookings:
         return rules.release(book, self.pipeline_id, self.now, self.task_ids, self.exact)
@@ -223,12 +225,14 @@ class BookingStore:
         or alone after RELEASE_FLUSH_S, whichever comes first. Planning here sees the windows
         gone at once; other replicas when it is written. Under load most keys are booked
         again within that time, so most releases cost no write of their own."""
+        loop = asyncio.get_running_loop()
         self._deferred.setdefault(key, []).append(
             Release(
                 pipeline_id,
                 now,
                 None if task_ids is None else frozenset(task_ids),
                 None if exact is None else frozenset(exact),
+                loop.time() + RELEASE_FLUSH_S,
             )
         )
         self._without.pop(key, None)
@@ -237,22 +241,33 @@ class BookingStore:
             self._flusher = asyncio.create_task(self._flush_later())
 
     async def _flush_later(self) -> None:
+        """Write each key's releases when its oldest is due: as spread out in time as the
+        pipelines that made them, not all at once (a burst of writes delays placements)."""
+        loop = asyncio.get_running_loop()
         while self._deferred:
-            await asyncio.sleep(RELEASE_FLUSH_S)
-            await self.flush()
+            first = min(todo[0].due for todo in self._deferred.values())
+            await asyncio.sleep(max(0.0, first - loop.time()))
+            if not await self.flush(due_by=loop.time()):
+                await asyncio.sleep(RELEASE_FLUSH_S)  # the bucket refused: not in a tight loop
 
-    async def flush(self) -> None:
-        """Write every deferred release now (one write per key); what fails stays deferred
-        (its windows expire meanwhile in any case)."""
+    async def flush(self, due_by: float | None = None) -> bool:
+        """Write the deferred releases (those of keys whose oldest is due by `due_by`; all
+        without it), one write per key; False when a write failed: its releases stay
+        deferred (their windows expire meanwhile in any case)."""
         for key in [k for k in self._deferred if k not in self.cache]:
             self._carried(key, tuple(self._deferred[key]), True)  # no windows: none to give
-        keys = sorted(self._deferred)
+        keys = sorted(
+            k for k, todo in self._deferred.items() if due_by is None or todo[0].due <= due_by
+        )
         done = await asyncio.gather(
             *(self.transact(k, _unchanged, flushing=True) for k in keys), return_exceptions=True
         )
+        ok = True
         for k, r in zip(keys, done, strict=True):
             if isinstance(r, BaseException):
+                ok = False
                 log.warning("release on %s not written (tried again later): %s", k, r)
+        return ok
 
     def _carried(self, key: str, done: tuple[Release, ...], flushing: bool) -> None:
         """These deferred releases of `key` are written (or had nothing left to release)."""

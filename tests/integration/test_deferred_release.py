@@ -4,6 +4,7 @@ before the store stops; over a real nats-server, read back from the bucket."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import nats
@@ -67,6 +68,30 @@ async def test_a_deferred_release_rides_the_next_write_or_goes_alone(nats_url: s
         # ...and what is still deferred when the store stops is written before it goes
         await store.stop()
         assert await stored(store, busy) == ["p3/t"]
+    finally:
+        await store.stop()
+        await nc.close()
+
+
+async def test_releases_are_written_when_due_not_all_at_once(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    store = BookingStore(nc.jetstream())
+    await store.start()
+    early, late, now = "dev.a.cpu0", "dev.b.cpu0", time.time()
+    try:
+        for key in (early, late):
+            assert (await store.book(key, [window("p1", 0.0, now)], now)).ok
+        loop = asyncio.get_running_loop()
+        store.defer_release(early, "p1", now)
+        between = loop.time()
+        await asyncio.sleep(0.01)  # not a wait for anything: the next release is made later
+        store.defer_release(late, "p1", now)
+        # what is due by then is written; what was made after waits for its own time
+        assert await store.flush(due_by=between + RELEASE_FLUSH_S)
+        assert await stored(store, early) == [] and await stored(store, late) == ["p1/t"]
+        assert store.stats.releases_flushed == 1
+        assert await store.flush()
+        assert await stored(store, late) == [] and store.stats.releases_flushed == 2
     finally:
         await store.stop()
         await nc.close()
