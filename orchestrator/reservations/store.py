@@ -14,7 +14,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -29,6 +29,11 @@ BUCKET = "MARS_BOOKINGS"
 CAS_RETRIES = 8
 #: A deferred release no other write of its key carried is written alone after this long.
 RELEASE_FLUSH_S = 0.5
+
+
+def _due(todo: list[Release]) -> float:
+    """When a key's deferred releases are written alone: when the oldest of them falls due."""
+    return min(r.due for r in todo)
 
 
 def _unchanged(b: DeviceBookings) -> rules.AddResult:
@@ -225,17 +230,23 @@ class BookingStore:
         or alone after RELEASE_FLUSH_S, whichever comes first. Planning here sees the windows
         gone at once; other replicas when it is written. Under load most keys are booked
         again within that time, so most releases cost no write of their own."""
-        loop = asyncio.get_running_loop()
-        self._deferred.setdefault(key, []).append(
-            Release(
-                pipeline_id,
-                now,
-                None if task_ids is None else frozenset(task_ids),
-                None if exact is None else frozenset(exact),
-                loop.time() + RELEASE_FLUSH_S,
-            )
+        rel = Release(
+            pipeline_id,
+            now,
+            None if task_ids is None else frozenset(task_ids),
+            None if exact is None else frozenset(exact),
+            asyncio.get_running_loop().time() + RELEASE_FLUSH_S,
         )
-        self._without.pop(key, None)
+        todo = self._deferred.setdefault(key, [])
+        if task_ids is None and exact is None and todo:  # all of the pipeline's: its earlier
+            rel = replace(rel, due=min(r.due for r in todo))  # ones go, keeping the key's due
+            todo[:] = [r for r in todo if r.pipeline_id != pipeline_id]
+        todo.append(rel)
+        memo, cur = self._without.get(key), self.cache.get(key)
+        if memo is not None and cur is not None and memo.revision == cur.revision:
+            self._without[key] = Cached(memo.revision, rel.apply(memo.book))  # one more step
+        else:
+            self._without.pop(key, None)
         self.stats.releases_deferred += 1
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_later())
@@ -245,7 +256,7 @@ class BookingStore:
         pipelines that made them, not all at once (a burst of writes delays placements)."""
         loop = asyncio.get_running_loop()
         while self._deferred:
-            first = min(todo[0].due for todo in self._deferred.values())
+            first = min(_due(todo) for todo in self._deferred.values())
             await asyncio.sleep(max(0.0, first - loop.time()))
             if not await self.flush(due_by=loop.time()):
                 await asyncio.sleep(RELEASE_FLUSH_S)  # the bucket refused: not in a tight loop
@@ -257,7 +268,7 @@ class BookingStore:
         for key in [k for k in self._deferred if k not in self.cache]:
             self._carried(key, tuple(self._deferred[key]), True)  # no windows: none to give
         keys = sorted(
-            k for k, todo in self._deferred.items() if due_by is None or todo[0].due <= due_by
+            k for k, todo in self._deferred.items() if due_by is None or _due(todo) <= due_by
         )
         done = await asyncio.gather(
             *(self.transact(k, _unchanged, flushing=True) for k in keys), return_exceptions=True
