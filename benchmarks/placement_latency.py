@@ -34,7 +34,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,7 @@ from benchmarks.common import pct, progress, table
 from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
+from orchestrator.recovery import AGENT_CLIENT_PREFIX
 from orchestrator.service import GC_PAUSE_LOGGED_S
 from schemas.codec import RemoteError
 from schemas.events import PipelineEvent
@@ -71,6 +72,9 @@ class Phase:
     pending: dict[str, asyncio.Future[PipelineEvent]] = field(default_factory=dict)
     wall_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    #: Messages each kind of process sent / received from the phase's start until its
+    #: pipelines ended (the server's count).
+    msgs: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def refuse(self, reason: str) -> None:
         key = normalise_reason(reason)
@@ -150,7 +154,34 @@ def orchestrator_names(replicas: int) -> list[str]:
     return ["orchestrator" if k == 0 else f"orchestrator-{k}" for k in range(replicas)]
 
 
-async def drive(url: str, args: argparse.Namespace, services: Services) -> Results:
+Traffic = Callable[[], dict[str, tuple[int, int]]]
+
+
+def by_kind(per_conn: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Connection names grouped into the processes they belong to."""
+    out: dict[str, tuple[int, int]] = {}
+    for name, (sent, got) in per_conn.items():
+        kind = {"mars-orchestrator": "orchestrator", "mars-client": "benchmark client"}.get(
+            name, "agents" if name.startswith(AGENT_CLIENT_PREFIX) else "other"
+        )
+        s0, g0 = out.get(kind, (0, 0))
+        out[kind] = (s0 + sent, g0 + got)
+    return out
+
+
+async def measured(traffic: Traffic) -> dict[str, tuple[int, int]]:
+    return by_kind(await asyncio.to_thread(traffic))
+
+
+def msgs_diff(
+    a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]
+) -> dict[str, tuple[int, int]]:
+    return {k: (b[k][0] - a[k][0], b[k][1] - a[k][1]) for k in b if k in a}
+
+
+async def drive(
+    url: str, args: argparse.Namespace, services: Services, traffic: Traffic
+) -> Results:
     for name in orchestrator_names(args.replicas):
         services.spawn(
             name,
@@ -186,6 +217,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
             """`--submissions` submissions one after another; `isolated`: each after the
             previous pipeline ended, else right after the previous reply."""
             phase = Phase()
+            msgs0 = await measured(traffic)
             cpu0 = services.cpu_seconds()
             t0 = time.perf_counter()
             for i in range(args.submissions):
@@ -198,6 +230,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> Resul
             phase.wall_s = time.perf_counter() - t0
             phase.cpu_s = diff(cpu0, services.cpu_seconds())
             states = await finish(phase, client)
+            phase.msgs = msgs_diff(msgs0, await measured(traffic))
             services.check()
             return phase, states
 
@@ -270,6 +303,11 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     ):
         done = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
         print(f"{name}: wall {phase.wall_s:.1f} s; CPU: {cpu_note(phase)}; pipelines: {done}")
+        n = max(1, len(phase.latencies_s))
+        per = ", ".join(
+            f"{k} {sent / n:.0f} / {got / n:.0f}" for k, (sent, got) in sorted(phase.msgs.items())
+        )
+        print(f"  messages per pipeline, sent / received (server's count, heartbeats too): {per}")
 
     thr = r.throughput
     rate = thr.placed_tasks / thr.wall_s if thr.wall_s else float("nan")
@@ -340,10 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.agent_procs > args.agents:
         ap.error("--agent-procs must be <= --agents")
     t0 = time.perf_counter()
-    with log_dir("mars-placement-latency-") as logs, EmbeddedNats() as srv:
+    with log_dir("mars-placement-latency-") as logs, EmbeddedNats(monitor=True) as srv:
         progress(f"nats-server on {srv.url}")
         with Services(logs) as services:
-            results = eventloop.run(drive(srv.url, args, services))
+            results = eventloop.run(drive(srv.url, args, services, srv.traffic))
         states = (results.latency_states, results.isolated_states, results.throughput_states)
         if any(s["no terminal event"] for s in states):
             keep_logs(logs, "a pipeline got no terminal event")

@@ -6,6 +6,7 @@ Many sites run a NATS hub cluster instead (see deploy/nats); this is the single-
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 
@@ -74,9 +76,12 @@ class EmbeddedNats:
         port: int | None = None,
         store_dir: str | None = None,
         ready_timeout: float = 10.0,
+        monitor: bool = False,
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
+        #: The server's HTTP monitoring port (`traffic`), when asked for.
+        self.monitor_port = free_port(host) if monitor else None
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="mars-nats-")
         self.ready_timeout = ready_timeout
@@ -102,6 +107,8 @@ class EmbeddedNats:
             "-sd", str(Path(self.store_dir) / "jetstream"),
             "-l", str(self._log),
         ]  # fmt: skip
+        if self.monitor_port is not None:
+            args += ["-m", str(self.monitor_port)]
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
@@ -114,6 +121,24 @@ class EmbeddedNats:
             time.sleep(0.02)
         self.stop()
         raise NatsServerError(f"nats-server not ready after {self.ready_timeout}s")
+
+    def traffic(self) -> dict[str, tuple[int, int]]:
+        """Messages each client connection has sent to the server and received from it so
+        far, summed per connection name (the server's own count, from its monitoring port:
+        nothing is added to the traffic it measures)."""
+        if self.monitor_port is None:
+            raise NatsServerError("traffic needs the server started with monitor=True")
+        url = f"http://{self.host}:{self.monitor_port}/connz?limit=100000"
+        with urllib.request.urlopen(url, timeout=10) as resp:  # loopback only
+            conns = json.load(resp).get("connections") or []
+        out: dict[str, tuple[int, int]] = {}
+        for c in conns:
+            sent, got = out.get(c.get("name", ""), (0, 0))
+            out[c.get("name", "")] = (
+                sent + int(c.get("in_msgs", 0)),
+                got + int(c.get("out_msgs", 0)),
+            )
+        return out
 
     def _ready(self) -> bool:
         try:

@@ -1,0 +1,45 @@
+"""`EmbeddedNats.traffic`: the server's own count of messages each named connection sent and
+received (what the placement benchmark reports per pipeline), over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import nats
+import pytest
+
+from orchestrator.natsserver import EmbeddedNats, NatsServerError
+
+pytestmark = pytest.mark.integration
+
+
+async def test_traffic_counts_what_each_named_connection_sent_and_received(
+    tmp_path: Path,
+) -> None:
+    with EmbeddedNats(store_dir=str(tmp_path / "nats"), monitor=True) as srv:
+        before = await asyncio.to_thread(srv.traffic)
+        assert "tx" not in before and "rx" not in before
+        tx = await nats.connect(srv.url, name="tx")
+        rx = await nats.connect(srv.url, name="rx")
+        try:
+            sub = await rx.subscribe("t.x")
+            await rx.flush()
+            for i in range(3):
+                await tx.publish("t.x", str(i).encode())
+            await tx.flush()
+            got = [(await sub.next_msg(timeout=5)).data for _ in range(3)]
+            assert got == [b"0", b"1", b"2"]
+            counts = await asyncio.to_thread(srv.traffic)
+            assert counts["tx"] == (3, 0) and counts["rx"] == (0, 3)
+        finally:
+            await tx.close()
+            await rx.close()
+
+
+def test_traffic_needs_the_monitoring_port(tmp_path: Path) -> None:
+    with (
+        EmbeddedNats(store_dir=str(tmp_path / "nats")) as srv,
+        pytest.raises(NatsServerError, match="monitor"),
+    ):
+        srv.traffic()
