@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ from orchestrator.health import (
 )
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key_of
-from orchestrator.results import ResultLedger
+from orchestrator.results import Outcome, ResultLedger
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
@@ -179,8 +180,9 @@ class Recovery:
 
     async def after_event(self, run: PipelineRun, ev: TaskEvent, applied: bool) -> None:
         """Called for every task event once the pipeline state machine has seen it."""
-        if applied and ev.state == "succeeded":
-            task = asyncio.create_task(self._commit(run, ev))
+        if applied and ev.state == "succeeded" and self.ledger is not None:
+            asked = self.ledger.ask(ev, run.index[ev.task_id])  # gathered now: settle writes it
+            task = asyncio.create_task(self._commit(run, ev, asked))
             pending = self._commits.setdefault(run.pipeline_id, set())
             pending.add(task)
             task.add_done_callback(pending.discard)
@@ -192,14 +194,17 @@ class Recovery:
             await self.settle(run.pipeline_id)
 
     async def settle(self, pipeline_id: str) -> None:
-        """Wait until every result commit of this pipeline is done."""
+        """Write this pipeline's gathered result commits now and wait until all are done."""
         pending = self._commits.pop(pipeline_id, set())
+        if self.ledger is not None:
+            await self.ledger.flush(pipeline_id)
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
+        if self.ledger is not None:
+            self.ledger.forget(pipeline_id)
 
-    async def _commit(self, run: PipelineRun, ev: TaskEvent) -> None:
-        assert self.ledger is not None
-        outcome = await self.ledger.commit(ev)
+    async def _commit(self, run: PipelineRun, ev: TaskEvent, asked: Awaitable[Outcome]) -> None:
+        outcome = await asked
         if outcome == "committed":
             run.results_committed += 1
         elif outcome != "error":

@@ -1,17 +1,29 @@
-"""Exactly-once commit of task results: one KV key per task, created once by CAS.
+"""Exactly-once commit of task results: each task's result is added once, by CAS, to its
+pipeline's results in KV, and never changed.
 
 The pipeline state machine already drops repeated events (by event id) and events of a
 superseded placement (agent or fencing token differ). That protects one replica's memory; the
-commit protects the record. A result is written to `MARS_RESULTS` under `<pipeline>.<task>`
-with `create` (a compare-and-set against "no revision yet"), so whichever replica or redelivery
-comes second loses the race and is counted, never written. A task re-run because its output was
+commit protects the record. Results live in `MARS_RESULTS` under `<pipeline>.<chunk>` (tasks
+`CHUNK` at a time, by their place in the spec: a value stays small however large the
+pipeline), a `TaskResults` each. A commit adds the tasks not there yet and writes with the
+revision it read (create for a new key), so whichever replica or redelivery comes second finds
+the task already there and is counted, never written. A task re-run because its output was
 lost with its agent produces the same result again: the first commit stands.
+
+Commits of one pipeline are gathered for up to `BATCH_S` (or until the pipeline ends, when
+`flush` writes them at once): a pipeline's results cost one write per chunk and batch instead
+of one per task, and every write its acknowledgement. The task events themselves are in the
+MARS_EVENTS stream meanwhile, so a replica adopting the pipeline commits what was still
+gathered here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
@@ -19,14 +31,33 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from schemas import subjects
 from schemas.codec import DecodeError, decode, encode
 from schemas.events import TaskEvent
-from schemas.recovery import TaskResult
+from schemas.recovery import RESULTS_PER_KEY, TaskResult, TaskResults
 
 log = logging.getLogger("mars.results")
 Outcome = Literal["committed", "duplicate", "stale", "rerun", "error"]
+#: Tasks per results key (by their place in the pipeline's spec).
+CHUNK = RESULTS_PER_KEY
+#: Revisions the bucket keeps per key: every write that adds a task to a chunk is kept (at
+#: most CHUNK), so the audit (`revisions`) sees each one.
+HISTORY = 64
+#: Commits of a pipeline are gathered this long before they are written (its end writes them
+#: at once).
+BATCH_S = 0.25
+CAS_TRIES = 8
+#: Chunks whose last written value is kept, to write the next without reading it first.
+KNOWN_KEPT = 4096
 
 
-def result_key(pipeline_id: str, task_id: str) -> str:
-    return f"{pipeline_id}.{task_id}"
+def result_key(pipeline_id: str, index: int) -> str:
+    """The key holding the result of the task at `index` in its pipeline's spec."""
+    return f"{pipeline_id}.{index // CHUNK}"
+
+
+@dataclass
+class _Ask:
+    ev: TaskEvent
+    key: str
+    done: asyncio.Future[Outcome]
 
 
 class ResultLedger:
@@ -35,47 +66,147 @@ class ResultLedger:
         self.owner = owner
         self.bucket = bucket
         self.kv: Any = None
+        #: Commits gathered per pipeline, not written yet.
+        self._asked: dict[str, list[_Ask]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._writing: set[asyncio.Task[None]] = set()
+        #: key -> (revision, results) as this ledger last wrote or read it.
+        self._known: OrderedDict[str, tuple[int, TaskResults]] = OrderedDict()
+        self.writes = 0
 
     async def start(self) -> None:
         try:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
             with contextlib.suppress(Exception):  # a concurrent replica may create it first
-                await self.js.create_key_value(bucket=self.bucket, history=4)
+                await self.js.create_key_value(bucket=self.bucket, history=HISTORY)
             self.kv = await self.js.key_value(self.bucket)
+        history = (await self.kv.status()).history
+        if history < HISTORY:
+            log.warning(
+                "bucket %s keeps %d revisions per key (made by an older version); the audit "
+                "sees only the last ones of a chunk written more often",
+                self.bucket, history,
+            )  # fmt: skip
 
-    async def commit(self, ev: TaskEvent) -> Outcome:
-        """Commit a `succeeded` event's result unless one is already there (then say why not)."""
-        rec = TaskResult.of(ev, self.owner[:256])
-        key = result_key(ev.pipeline_id, ev.task_id)
+    async def stop(self) -> None:
+        """Write what is still gathered (a replica adopting the pipelines would, from the
+        events, but this is sooner)."""
+        for pid in list(self._asked):
+            with contextlib.suppress(Exception):
+                await self.flush(pid)
+
+    async def commit(self, ev: TaskEvent, index: int) -> Outcome:
+        """Commit a `succeeded` event's result (the task at `index` in the spec) unless one is
+        already there (then say why not); returns once the batch it went with is written."""
+        return await self.ask(ev, index)
+
+    def ask(self, ev: TaskEvent, index: int) -> asyncio.Future[Outcome]:
+        """`commit`, gathered at once (a `flush` right after writes it); the future says how
+        it went once written."""
+        pid = ev.pipeline_id
+        loop = asyncio.get_running_loop()
+        ask = _Ask(ev, result_key(pid, index), loop.create_future())
+        self._asked.setdefault(pid, []).append(ask)
+        if pid not in self._timers:
+            self._timers[pid] = loop.call_later(BATCH_S, self._due, pid)
+        return ask.done
+
+    def _due(self, pid: str) -> None:
+        self._timers.pop(pid, None)
+        task = asyncio.get_running_loop().create_task(self.flush(pid))
+        self._writing.add(task)
+        task.add_done_callback(self._writing.discard)
+
+    async def flush(self, pipeline_id: str) -> None:
+        """Write the pipeline's gathered commits now (its end: `Recovery.settle`)."""
+        timer = self._timers.pop(pipeline_id, None)
+        if timer is not None:
+            timer.cancel()
+        asks = self._asked.pop(pipeline_id, [])
+        per_key: dict[str, list[_Ask]] = {}
+        for a in asks:
+            per_key.setdefault(a.key, []).append(a)
+        await asyncio.gather(*(self._write(k, batch) for k, batch in per_key.items()))
+
+    def forget(self, pipeline_id: str) -> None:
+        """The pipeline ended here: its chunks' values need not be kept."""
+        for key in [k for k in self._known if k.rsplit(".", 1)[0] == pipeline_id]:
+            del self._known[key]
+
+    async def _write(self, key: str, batch: list[_Ask]) -> None:
+        outcome: dict[int, Outcome] = {}
         try:
-            await self.kv.create(key, encode(rec))
-            return "committed"
-        except KeyWrongLastSequenceError:
-            pass
+            for _ in range(CAS_TRIES):
+                known = self._known.get(key) or await self._read(key)
+                rev, cur = known
+                have = {r.task_id: r for r in cur.results}
+                added: list[TaskResult] = []
+                for i, a in enumerate(batch):
+                    there = have.get(a.ev.task_id)
+                    if there is None:
+                        have[a.ev.task_id] = TaskResult.of(a.ev, self.owner[:256])
+                        added.append(have[a.ev.task_id])
+                        outcome[i] = "committed"
+                    elif there.token == a.ev.token:
+                        outcome[i] = "duplicate"
+                    else:
+                        outcome[i] = "stale" if there.token > a.ev.token else "rerun"
+                if not added:
+                    break
+                new = TaskResults(pipeline_id=cur.pipeline_id, results=[*cur.results, *added])
+                try:
+                    data = encode(new)
+                    got = await (
+                        self.kv.create(key, data)
+                        if rev == 0
+                        else self.kv.update(key, data, last=rev)
+                    )
+                except KeyWrongLastSequenceError:
+                    self._known.pop(key, None)  # another writer got there first: read it again
+                    outcome.clear()
+                    continue
+                self.writes += 1
+                self._remember(key, int(got), new)
+                break
+            else:
+                log.warning("results %s: still losing the CAS race after %d tries", key, CAS_TRIES)
+                outcome.clear()
         except Exception as exc:
-            log.warning("committing %s failed: %s", key, exc)
-            return "error"
-        cur = await self.get(ev.pipeline_id, ev.task_id)
-        if cur is None:
-            return "error"
-        if cur.token == ev.token:
-            return "duplicate"
-        return "stale" if cur.token > ev.token else "rerun"
+            log.warning("committing results to %s failed: %s", key, exc)
+            outcome.clear()
+        for i, a in enumerate(batch):
+            if not a.done.done():
+                a.done.set_result(outcome.get(i, "error"))
 
-    async def get(self, pipeline_id: str, task_id: str) -> TaskResult | None:
+    def _remember(self, key: str, revision: int, value: TaskResults) -> None:
+        self._known[key] = (revision, value)
+        self._known.move_to_end(key)
+        while len(self._known) > KNOWN_KEPT:
+            self._known.popitem(last=False)
+
+    async def _read(self, key: str) -> tuple[int, TaskResults]:
+        pid = key.rsplit(".", 1)[0]
         try:
-            entry = await self.kv.get(result_key(pipeline_id, task_id))
-            return decode(entry.value, TaskResult)
-        except (KeyNotFoundError, DecodeError):
+            entry = await self.kv.get(key)
+        except KeyNotFoundError:  # deleted ones too (`create` writes over the marker)
+            return 0, TaskResults(pipeline_id=pid)
+        return int(entry.revision), decode(entry.value, TaskResults)
+
+    async def get(self, pipeline_id: str, task_id: str, index: int) -> TaskResult | None:
+        try:
+            _rev, cur = await self._read(result_key(pipeline_id, index))
+        except DecodeError:
             return None
+        return next((r for r in cur.results if r.task_id == task_id), None)
 
 
 async def revisions(
     js: Any, pipeline_id: str, *, bucket: str = subjects.RESULTS_BUCKET
 ) -> dict[str, list[TaskResult]]:
-    """Every revision the bucket still holds of each result of a pipeline (an audit: exactly
-    once means one each), oldest first.
+    """Each task's committed result as every revision the bucket still holds of its
+    pipeline's chunks has it, oldest first, a value carried on unchanged counted once (an
+    audit: exactly once means one each).
 
     Counted by the server first (stream info per subject), then exactly that many messages
     read: nats-py's `kv.history` decides "no more" from a consumer-info race and can return
@@ -92,9 +223,12 @@ async def revisions(
     try:
         for _ in range(total):
             msg = await sub.next_msg(timeout=5.0)
-            task_id = msg.subject[len(prefix) :]
-            if msg.data:  # a delete or purge marker holds no result
-                out.setdefault(task_id, []).append(decode(msg.data, TaskResult))
+            if not msg.data:  # a delete or purge marker holds no result
+                continue
+            for r in decode(msg.data, TaskResults).results:
+                seen = out.setdefault(r.task_id, [])
+                if not seen or seen[-1] != r:
+                    seen.append(r)
     finally:
         await sub.unsubscribe()
     return out

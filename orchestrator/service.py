@@ -248,6 +248,8 @@ class Orchestrator:
             for t in left:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+        if self.recovery.ledger is not None:
+            await self.recovery.ledger.stop()  # results still gathered are written
         if self.store is not None:
             await self.store.stop()
             st = self.store.stats

@@ -64,7 +64,7 @@ from schemas.placement import (
     TaskOffer,
 )
 from schemas.predictor import CorrectionRecord
-from schemas.recovery import ClusterEvent, TaskResult
+from schemas.recovery import ClusterEvent, TaskResult, TaskResults
 
 PUBLIC_MODELS: tuple[type[WireModel], ...] = (
     AgentAdvert,
@@ -98,6 +98,7 @@ PUBLIC_MODELS: tuple[type[WireModel], ...] = (
     CalibrationDrift,
     ClusterEvent,
     TaskResult,
+    TaskResults,
     OwnerLease,
     PipelineRecord,
     CorrectionRecord,

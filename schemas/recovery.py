@@ -31,9 +31,13 @@ class ClusterEvent(WireModel):
     orchestrator: ShortText = ""
 
 
+#: Tasks whose results share one key of `MARS_RESULTS` (by their place in the spec).
+RESULTS_PER_KEY = 32
+
+
 class TaskResult(TaskOutcome):
-    """A task's committed result: KV `MARS_RESULTS`, key `<pipeline>.<task>`, created once
-    from the `succeeded` event (`event_id` names it)."""
+    """A task's committed result, made once from the `succeeded` event (`event_id` names
+    it): an entry of `TaskResults`."""
 
     committed_by: ShortText = ""
 
@@ -42,3 +46,14 @@ class TaskResult(TaskOutcome):
         return cls(
             **ev.model_dump(include=set(TaskOutcome.model_fields)), committed_by=committed_by
         )
+
+
+class TaskResults(WireModel):
+    """Committed results of up to RESULTS_PER_KEY tasks of a pipeline: KV `MARS_RESULTS`, key
+    `<pipeline>.<n>` for the tasks at places n * RESULTS_PER_KEY onwards in its spec. Each
+    write (CAS on the key's revision) adds entries; none is ever changed or removed."""
+
+    pipeline_id: Ident
+    results: Annotated[list[TaskResult], Field(max_length=RESULTS_PER_KEY)] = Field(
+        default_factory=list
+    )

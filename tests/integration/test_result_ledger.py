@@ -1,46 +1,96 @@
-"""The result ledger over a real nats-server: first commit wins, later ones say why not, and
-`revisions` counts every revision the bucket holds (the exactly-once audit)."""
+"""The result ledger over a real nats-server: first commit wins, later ones say why not,
+commits gathered together cost one write per key, and `revisions` sees every value a task's
+result ever had in the bucket (the exactly-once audit)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import nats
 import pytest
 
-from orchestrator.results import ResultLedger, result_key, revisions
-from schemas.codec import encode
+from orchestrator.results import CHUNK, ResultLedger, result_key, revisions
+from schemas.codec import decode, encode
 from schemas.events import TaskEvent
-from schemas.recovery import TaskResult
+from schemas.recovery import TaskResult, TaskResults
 
 pytestmark = pytest.mark.integration
 
 
-def succeeded(task: str, token: int, event: str) -> TaskEvent:
+def succeeded(task: str, token: int, event: str, pipeline: str = "p1") -> TaskEvent:
     return TaskEvent(
-        event_id=event, pipeline_id="p1", task_id=task, agent_id="a1", incarnation="i1",
+        event_id=event, pipeline_id=pipeline, task_id=task, agent_id="a1", incarnation="i1",
         device_id="cpu0", token=token, state="succeeded", duration_s=0.01,
     )  # fmt: skip
 
 
-async def test_first_commit_wins_and_revisions_counts_each_write(nats_url: str) -> None:
+async def test_first_commit_wins_and_revisions_sees_every_value(nats_url: str) -> None:
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
         ledger = ResultLedger(js, "orch-1")
         await ledger.start()
         assert await revisions(js, "p1") == {}
-        assert await ledger.commit(succeeded("a", 3, "e1")) == "committed"
-        assert await ledger.commit(succeeded("a", 3, "e1")) == "duplicate"
-        assert await ledger.commit(succeeded("a", 2, "e0")) == "stale"
-        assert await ledger.commit(succeeded("a", 4, "e2")) == "rerun"
-        assert await ledger.commit(succeeded("b", 1, "e3")) == "committed"
-        await ledger.commit(succeeded("x", 1, "e4").model_copy(update={"pipeline_id": "p2"}))
+        # gathered, then written together: one write, and a repeat in the same batch is seen
+        first = [ledger.ask(succeeded("a", 3, "e1"), 0), ledger.ask(succeeded("a", 3, "e1"), 0)]
+        first.append(ledger.ask(succeeded("b", 1, "e3"), 1))
+        await ledger.flush("p1")
+        assert [f.result() for f in first] == ["committed", "duplicate", "committed"]
+        assert ledger.writes == 1
+        # later commits of a task say why they were not written
+        later = [ledger.ask(succeeded("a", 2, "e0"), 0), ledger.ask(succeeded("a", 4, "e2"), 0)]
+        await ledger.flush("p1")
+        assert [f.result() for f in later] == ["stale", "rerun"] and ledger.writes == 1
+        # a task further on in a large pipeline goes to the next key
+        assert result_key("p1", CHUNK) == "p1.1" != result_key("p1", CHUNK - 1)
+        far = ledger.ask(succeeded("z", 1, "e5"), CHUNK)
+        await ledger.flush("p1")
+        assert far.result() == "committed"
+        chunk = decode((await ledger.kv.get("p1.1")).value, TaskResults)
+        assert [r.task_id for r in chunk.results] == ["z"]
+        # one not flushed is written BATCH_S later by itself
+        assert await asyncio.wait_for(ledger.commit(succeeded("x", 1, "e4", "p2"), 0), 5.0) == (
+            "committed"
+        )
         got = await revisions(js, "p1")
-        assert {t: [r.event_id for r in rs] for t, rs in got.items()} == {"a": ["e1"], "b": ["e3"]}
-        # a second write of one key (what exactly-once forbids) is seen, oldest first
+        assert {t: [r.event_id for r in rs] for t, rs in got.items()} == {
+            "a": ["e1"], "b": ["e3"], "z": ["e5"]
+        }  # fmt: skip
+        # a value changed in place (what exactly-once forbids) is seen, oldest first
+        cur = decode((await ledger.kv.get("p1.0")).value, TaskResults)
         forced = TaskResult.of(succeeded("b", 9, "e9"), "intruder")
-        await ledger.kv.put(result_key("p1", "b"), encode(forced))
+        bad = [r if r.task_id != "b" else forced for r in cur.results]
+        await ledger.kv.put("p1.0", encode(TaskResults(pipeline_id="p1", results=bad)))
         again = await revisions(js, "p1")
         assert [r.event_id for r in again["b"]] == ["e3", "e9"] and len(again["a"]) == 1
         assert list(await revisions(js, "p2")) == ["x"]
+    finally:
+        await nc.close()
+
+
+async def test_two_ledgers_add_to_one_key_without_losing_either(nats_url: str) -> None:
+    """Replicas committing results of one pipeline (an adopter replaying its events): the
+    second to write reads what the first wrote and adds to it, by CAS."""
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        one, two = ResultLedger(js, "orch-1"), ResultLedger(js, "orch-2")
+        await one.start()
+        await two.start()
+        mine = one.ask(succeeded("a", 1, "e1"), 0)
+        await one.flush("p1")
+        # `two` has not read the key: its write loses the CAS, reads, and adds to it
+        theirs = [two.ask(succeeded("a", 1, "e1"), 0), two.ask(succeeded("b", 1, "e2"), 1)]
+        await two.flush("p1")
+        assert mine.result() == "committed"
+        assert [f.result() for f in theirs] == ["duplicate", "committed"]
+        # and `one`, whose copy of the key is now old, does the same
+        late = one.ask(succeeded("c", 1, "e3"), 2)
+        await one.flush("p1")
+        assert late.result() == "committed"
+        got = await revisions(js, "p1")
+        assert {t: [r.committed_by for r in rs] for t, rs in got.items()} == {
+            "a": ["orch-1"], "b": ["orch-2"], "c": ["orch-1"]
+        }  # fmt: skip
     finally:
         await nc.close()
