@@ -92,7 +92,8 @@ class Trial:
 
 @dataclass
 class Watch:
-    """Cluster events and task `started` events, stamped when they arrive here."""
+    """Cluster events, stamped when they arrive here, and task `started` events, dated by when
+    they say the task began (arrival less the time it says it had run)."""
 
     dead: dict[str, float] = field(default_factory=dict)
     started: dict[tuple[str, str, str], float] = field(default_factory=dict)
@@ -108,7 +109,9 @@ class Watch:
     async def on_task(self, msg: Msg) -> None:
         ev = decode(msg.data, TaskEvent)
         if ev.state == "started":
-            self.started.setdefault((ev.pipeline_id, ev.task_id, ev.agent_id), time.monotonic())
+            # a start is reported once the task has run a while, saying how long: dated back
+            began = time.monotonic() - (ev.duration_s or 0.0)
+            self.started.setdefault((ev.pipeline_id, ev.task_id, ev.agent_id), began)
             self.changed.set()
 
     async def until(self, cond: Any, timeout: float) -> None:
