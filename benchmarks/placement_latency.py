@@ -22,7 +22,8 @@ of their own, so on a machine with cores to spare several processes are nearer t
    floor: 680 pods/s).
 
 Every pipeline runs (its tasks are short), so the fleet does not just fill up; the report says
-how many finished and how.
+how many finished and how, and the messages each kind of process sent and received per
+pipeline in each latency phase (the nats-server's own count, from its monitoring port).
 """
 
 from __future__ import annotations
