@@ -248,7 +248,7 @@ class Agent:
                 task.cancel()
                 stopping.append(task)
             elif job.state == "cancelled":
-                await self._event(job, "cancelled", error=reason)
+                self._emit(job, "cancelled", error=reason)
         self._jobs_changed.set()
         if stopping:
             await asyncio.wait(stopping, timeout=10.0)
@@ -500,12 +500,12 @@ class Agent:
             # where the consumers are now (a routing update may have come while it ran)
             self._spawn(self.data.publish(job.offer, out.data))
             ok = True
-            await self._event(job, "succeeded", duration=duration, output=out)
+            self._emit(job, "succeeded", duration=duration, output=out)
         except asyncio.CancelledError:
-            await self._event(job, "cancelled", duration=time.perf_counter() - t0)
+            self._emit(job, "cancelled", duration=time.perf_counter() - t0)
         except Exception as exc:
             log.warning("task %s/%s failed: %s", offer.pipeline_id, offer.task.id, exc)
-            await self._event(
+            self._emit(
                 job,
                 "failed",
                 duration=time.perf_counter() - t0,
@@ -558,17 +558,6 @@ class Agent:
                 max_output_bytes=cfg.python_max_output_bytes,
             )
         raise ExecutionError(f"no executor for kind {run.kind} in this agent")
-
-    async def _event(
-        self,
-        job: Job,
-        state: TaskEventState,
-        *,
-        duration: float | None = None,
-        output: Output | None = None,
-        error: str = "",
-    ) -> None:
-        self._emit(job, state, duration=duration, output=output, error=error)
 
     def _emit(
         self,
