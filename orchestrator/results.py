@@ -72,6 +72,8 @@ class ResultLedger:
         self._writing: set[asyncio.Task[None]] = set()
         #: key -> (revision, results) as this ledger last wrote or read it.
         self._known: OrderedDict[str, tuple[int, TaskResults]] = OrderedDict()
+        #: pipeline -> its keys in `_known`
+        self._keys: dict[str, set[str]] = {}
         self.writes = 0
 
     async def start(self) -> None:
@@ -131,8 +133,8 @@ class ResultLedger:
 
     def forget(self, pipeline_id: str) -> None:
         """The pipeline ended here: its chunks' values need not be kept."""
-        for key in [k for k in self._known if k.rsplit(".", 1)[0] == pipeline_id]:
-            del self._known[key]
+        for key in self._keys.pop(pipeline_id, ()):
+            self._known.pop(key, None)
 
     async def _write(self, key: str, batch: list[_Ask]) -> None:
         outcome: dict[int, Outcome] = {}
@@ -182,8 +184,14 @@ class ResultLedger:
     def _remember(self, key: str, revision: int, value: TaskResults) -> None:
         self._known[key] = (revision, value)
         self._known.move_to_end(key)
+        self._keys.setdefault(value.pipeline_id, set()).add(key)
         while len(self._known) > KNOWN_KEPT:
-            self._known.popitem(last=False)
+            old, (_rev, gone) = self._known.popitem(last=False)
+            keys = self._keys.get(gone.pipeline_id)
+            if keys is not None:
+                keys.discard(old)
+                if not keys:
+                    del self._keys[gone.pipeline_id]
 
     async def _read(self, key: str) -> tuple[int, TaskResults]:
         pid = key.rsplit(".", 1)[0]
