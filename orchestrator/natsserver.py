@@ -6,7 +6,6 @@ Many sites run a NATS hub cluster instead (see deploy/nats); this is the single-
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import secrets
 import shutil
@@ -19,6 +18,9 @@ import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from schemas.advisories import ServerConnections
+from schemas.codec import decode
 
 
 class NatsServerError(RuntimeError):
@@ -130,14 +132,11 @@ class EmbeddedNats:
             raise NatsServerError("traffic needs the server started with monitor=True")
         url = f"http://{self.host}:{self.monitor_port}/connz?limit=100000"
         with urllib.request.urlopen(url, timeout=10) as resp:  # loopback only
-            conns = json.load(resp).get("connections") or []
+            connz = decode(resp.read(), ServerConnections, "json")
         out: dict[str, tuple[int, int]] = {}
-        for c in conns:
-            sent, got = out.get(c.get("name", ""), (0, 0))
-            out[c.get("name", "")] = (
-                sent + int(c.get("in_msgs", 0)),
-                got + int(c.get("out_msgs", 0)),
-            )
+        for c in connz.connections:
+            sent, got = out.get(c.name, (0, 0))
+            out[c.name] = (sent + c.in_msgs, got + c.out_msgs)
         return out
 
     def _ready(self) -> bool:

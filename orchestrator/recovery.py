@@ -17,7 +17,6 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,7 +103,7 @@ class Recovery:
         self.moved: dict[tuple[str, str], dict[str, set[str]]] = {}
         self._wake = asyncio.Event()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._commits: dict[str, set[asyncio.Task[None]]] = {}
+        self._commits: dict[str, set[asyncio.Future[Outcome]]] = {}
         #: agent -> (server, client id) of its newest connection, from CONNECT advisories.
         self._conns: dict[str, tuple[str, int]] = {}
         #: Pipelines whose re-placement found no capacity, retried every STUCK_RETRY_S.
@@ -182,10 +181,10 @@ class Recovery:
         """Called for every task event once the pipeline state machine has seen it."""
         if applied and ev.state == "succeeded" and self.ledger is not None:
             asked = self.ledger.ask(ev, run.index[ev.task_id])  # gathered now: settle writes it
-            task = asyncio.create_task(self._commit(run, ev, asked))
+            asked.add_done_callback(lambda f: self._committed(run, ev, f.result()))
             pending = self._commits.setdefault(run.pipeline_id, set())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            pending.add(asked)
+            asked.add_done_callback(pending.discard)
         elif applied and ev.state == "cancelled" and not run.terminal:
             # the agent gave the task up on its own (drain deadline, shutdown): run it elsewhere
             why = f"{ev.agent_id} cancelled {ev.task_id} itself ({ev.error or 'no reason'})"
@@ -203,8 +202,7 @@ class Recovery:
         if self.ledger is not None:
             self.ledger.forget(pipeline_id)
 
-    async def _commit(self, run: PipelineRun, ev: TaskEvent, asked: Awaitable[Outcome]) -> None:
-        outcome = await asked
+    def _committed(self, run: PipelineRun, ev: TaskEvent, outcome: Outcome) -> None:
         if outcome == "committed":
             run.results_committed += 1
         elif outcome != "error":

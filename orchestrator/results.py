@@ -29,7 +29,7 @@ from typing import Any, Literal
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
 from schemas import subjects
-from schemas.codec import DecodeError, decode, encode
+from schemas.codec import decode, encode
 from schemas.events import TaskEvent
 from schemas.recovery import RESULTS_PER_KEY, TaskResult, TaskResults
 
@@ -93,19 +93,16 @@ class ResultLedger:
 
     async def stop(self) -> None:
         """Write what is still gathered (a replica adopting the pipelines would, from the
-        events, but this is sooner)."""
+        events, but this is sooner), and wait for the writes under way."""
         for pid in list(self._asked):
             with contextlib.suppress(Exception):
                 await self.flush(pid)
-
-    async def commit(self, ev: TaskEvent, index: int) -> Outcome:
-        """Commit a `succeeded` event's result (the task at `index` in the spec) unless one is
-        already there (then say why not); returns once the batch it went with is written."""
-        return await self.ask(ev, index)
+        await asyncio.gather(*self._writing, return_exceptions=True)
 
     def ask(self, ev: TaskEvent, index: int) -> asyncio.Future[Outcome]:
-        """`commit`, gathered at once (a `flush` right after writes it); the future says how
-        it went once written."""
+        """Commit a `succeeded` event's result (the task at `index` in the spec) unless one is
+        already there; gathered now, written with its pipeline's next batch (`flush`, or
+        BATCH_S later). The future says how it went: committed, or why not."""
         pid = ev.pipeline_id
         loop = asyncio.get_running_loop()
         ask = _Ask(ev, result_key(pid, index), loop.create_future())
@@ -200,13 +197,6 @@ class ResultLedger:
         except KeyNotFoundError:  # deleted ones too (`create` writes over the marker)
             return 0, TaskResults(pipeline_id=pid)
         return int(entry.revision), decode(entry.value, TaskResults)
-
-    async def get(self, pipeline_id: str, task_id: str, index: int) -> TaskResult | None:
-        try:
-            _rev, cur = await self._read(result_key(pipeline_id, index))
-        except DecodeError:
-            return None
-        return next((r for r in cur.results if r.task_id == task_id), None)
 
 
 async def revisions(

@@ -137,7 +137,6 @@ class Orchestrator:
         self._stopping = asyncio.Event()
         #: The garbage-collection pause logger (`mars.timing` debug), while running.
         self._gc_hook: Callable[[str, dict[str, int]], None] | None = None
-        #: Reservations of tasks that ended, to give back: pipeline -> key -> windows.
         #: Task events queued behind each other give the loop turns (placements first).
         self.event_pacer = Pacer()
         self._events_sub: Subscription | None = None

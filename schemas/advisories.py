@@ -33,3 +33,21 @@ class AdvisoryServer(_ServerFormat):
 class ConnectionAdvisory(_ServerFormat):
     client: AdvisoryClient
     server: AdvisoryServer = Field(default_factory=lambda: AdvisoryServer())
+
+
+class ServerConnection(_ServerFormat):
+    """One client connection in nats-server's monitoring `/connz` answer."""
+
+    #: The name the client connected with (`mars-orchestrator`, `mars-agent-<id>`, ...).
+    name: ShortText = ""
+    #: Messages the client sent to the server, and the server delivered to it.
+    in_msgs: Annotated[int, Field(ge=0)] = 0
+    out_msgs: Annotated[int, Field(ge=0)] = 0
+
+
+class ServerConnections(_ServerFormat):
+    """nats-server's `/connz` answer, as far as the benchmarks read it."""
+
+    connections: Annotated[list[ServerConnection], Field(max_length=1_000_000)] = Field(
+        default_factory=list
+    )

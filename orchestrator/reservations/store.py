@@ -97,6 +97,23 @@ class Release:
     #: Event-loop time by which it is written, alone if nothing carried it.
     due: float = 0.0
 
+    @classmethod
+    def of(
+        cls,
+        pipeline_id: str,
+        now: float,
+        task_ids: Collection[str] | None = None,
+        exact: Collection[tuple[str, float, float]] | None = None,
+        due: float = 0.0,
+    ) -> Release:
+        return cls(
+            pipeline_id,
+            now,
+            None if task_ids is None else frozenset(task_ids),
+            None if exact is None else frozenset(exact),
+            due,
+        )
+
     def apply(self, book: DeviceBookings) -> DeviceBookings:
         return rules.release(book, self.pipeline_id, self.now, self.task_ids, self.exact)
 
@@ -225,18 +242,14 @@ class BookingStore:
         now: float,
         task_ids: Collection[str] | None = None,
         exact: Collection[tuple[str, float, float]] | None = None,
+        after_s: float = RELEASE_FLUSH_S,
     ) -> None:
         """`release`, written with this process's next write of the key (a booking, a renewal)
-        or alone after RELEASE_FLUSH_S, whichever comes first. Planning here sees the windows
-        gone at once; other replicas when it is written. Under load most keys are booked
-        again within that time, so most releases cost no write of their own."""
-        rel = Release(
-            pipeline_id,
-            now,
-            None if task_ids is None else frozenset(task_ids),
-            None if exact is None else frozenset(exact),
-            asyncio.get_running_loop().time() + RELEASE_FLUSH_S,
-        )
+        or alone `after_s` later, whichever comes first. Planning here sees the windows gone
+        at once; other replicas when it is written. Under load most keys are booked again
+        within that time, so most releases cost no write of their own."""
+        due = asyncio.get_running_loop().time() + after_s
+        rel = Release.of(pipeline_id, now, task_ids, exact, due)
         todo = self._deferred.setdefault(key, [])
         if task_ids is None and exact is None and todo:  # all of the pipeline's: its earlier
             rel = replace(rel, due=min(r.due for r in todo))  # ones go, keeping the key's due
@@ -427,10 +440,8 @@ class BookingStore:
         """Give the pipeline's windows on `key` back (see `book.release`); nothing is written
         when none is there."""
 
-        def fn(b: DeviceBookings) -> rules.AddResult:
-            return rules.AddResult(True, rules.release(b, pipeline_id, now, task_ids, exact))
-
-        return (await self.transact(key, fn))[1]
+        rel = Release.of(pipeline_id, now, task_ids, exact)
+        return (await self.transact(key, lambda b: rules.AddResult(True, rel.apply(b))))[1]
 
     async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
         def fn(b: DeviceBookings) -> rules.AddResult:

@@ -49,9 +49,8 @@ async def test_first_commit_wins_and_revisions_sees_every_value(nats_url: str) -
         chunk = decode((await ledger.kv.get("p1.1")).value, TaskResults)
         assert [r.task_id for r in chunk.results] == ["z"]
         # one not flushed is written BATCH_S later by itself
-        assert await asyncio.wait_for(ledger.commit(succeeded("x", 1, "e4", "p2"), 0), 5.0) == (
-            "committed"
-        )
+        alone = ledger.ask(succeeded("x", 1, "e4", "p2"), 0)
+        assert await asyncio.wait_for(alone, 5.0) == "committed"
         got = await revisions(js, "p1")
         assert {t: [r.event_id for r in rs] for t, rs in got.items()} == {
             "a": ["e1"], "b": ["e3"], "z": ["e5"]

@@ -9,6 +9,7 @@ import math
 from collections.abc import Coroutine
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -262,3 +263,35 @@ def test_a_situation_the_bound_skips_is_never_worth_a_move(
         assert not opt.moved or not worth_moving(opt.gain_s, opt.cost_s)
         assert opt.gain_s <= most_to_gain(s, keep) + 1e-9
         assert not decide("p", "drift", s).replan
+
+
+async def test_a_start_reported_into_the_run_shortens_its_lateness_timer() -> None:
+    """Starts are reported `started_event_after_s` into a run, saying how long it had run:
+    the lateness timer counts that time, not only what follows the event."""
+    from orchestrator.adaptive import Adaptive
+    from orchestrator.pipelines import PipelineRun
+    from schemas import PipelineSpec, TaskEvent
+
+    orch = _Orch()
+    spec = PipelineSpec.model_validate(
+        {"name": "p", "tasks": [{"id": "a", "run": {"kind": "synthetic", "seconds": 1.0}}]}
+    )
+    run = PipelineRun("p1", spec, 0.0)
+    tr = run.tasks["a"]
+    tr.state, tr.token, tr.predicted_s, tr.agent_id, tr.device_id = "accepted", 1, 1.0, "x", "c"
+    orch.pipelines["p1"] = run
+    ad = Adaptive(orch)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    timers: dict[float, asyncio.TimerHandle] = {}
+    for ran in (0.0, 0.4):
+        ev = TaskEvent(
+            event_id=f"e{int(ran * 10)}", pipeline_id="p1", task_id="a", agent_id="x",
+            incarnation="i", device_id="c", token=1, state="started", duration_s=ran,
+        )  # fmt: skip
+        ad.task_event(ev)
+        timers[ran] = ad._timers.pop(("p1", "a", 1))
+        timers[ran].cancel()
+    due = ad._due(1.0)
+    assert timers[0.0].when() - loop.time() == pytest.approx(due, abs=0.05)
+    assert timers[0.4].when() - loop.time() == pytest.approx(due - 0.4, abs=0.05)
+    ad.stop()
