@@ -86,6 +86,12 @@ class Services:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.names: list[str] = []
         self._logs: list[IO[bytes]] = []
+        #: other processes whose CPU time is counted with the children's (not stopped here)
+        self.watched: dict[str, int] = {}
+
+    def watch(self, name: str, pid: int) -> None:
+        """Count `pid`'s CPU time too (the nats-server, the benchmark itself)."""
+        self.watched[name] = pid
 
     def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> None:
         fh = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop())
@@ -102,11 +108,13 @@ class Services:
                 )
 
     def cpu_seconds(self) -> dict[str, float]:
-        """User+system CPU seconds each live child has used so far."""
+        """User+system CPU seconds each live child (and each watched process) has used so
+        far."""
         out: dict[str, float] = {}
-        for name, p in zip(self.names, self.procs, strict=True):
+        pids = [*zip(self.names, (p.pid for p in self.procs), strict=True), *self.watched.items()]
+        for name, pid in pids:
             with contextlib.suppress(psutil.Error):
-                t = psutil.Process(p.pid).cpu_times()
+                t = psutil.Process(pid).cpu_times()
                 out[name] = t.user + t.system
         return out
 

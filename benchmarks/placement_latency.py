@@ -274,6 +274,21 @@ def cpu_note(phase: Phase) -> str:
     )
 
 
+def host_note(phase: Phase) -> str:
+    """The CPU all processes used per pipeline, and the share of the host's cores it took:
+    one closed-loop submitter cannot be answered faster than that CPU spread over the cores
+    once they are busy."""
+    n = max(1, len(phase.latencies_s))
+    cores = os.cpu_count() or 1
+    total = sum(phase.cpu_s.values())
+    busy = 100 * total / (phase.wall_s * cores) if phase.wall_s else float("nan")
+    return (
+        f"all processes {1e3 * total / n:.1f} ms CPU per pipeline, {busy:.0f}% of "
+        f"{cores} cores over the phase (a floor of {1e3 * total / n / cores:.1f} ms per "
+        "pipeline when they are all busy)"
+    )
+
+
 def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     print(f"placement latency: {args.replicas} orchestrator process(es), {args.agents} "
           f"emulated agents, {args.tasks}-task pipelines, seed {args.seed}")  # fmt: skip
@@ -304,6 +319,7 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     ):
         done = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
         print(f"{name}: wall {phase.wall_s:.1f} s; CPU: {cpu_note(phase)}; pipelines: {done}")
+        print(f"  {host_note(phase)}")
         n = max(1, len(phase.latencies_s))
         per = ", ".join(
             f"{k} {sent / n:.0f} / {got / n:.0f}" for k, (sent, got) in sorted(phase.msgs.items())
@@ -333,6 +349,7 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     if args.replicas > 1:
         print(f"(all {args.replicas} orchestrator processes together: the goal is per process)")
     print(f"CPU: {cpu_note(thr)}")
+    print(host_note(thr))
     print("pipelines: " + ", ".join(f"{k} {v}" for k, v in sorted(r.throughput_states.items())))
     for name, phase in (("latency", r.latency), ("isolated", r.isolated), ("throughput", thr)):
         if phase.refused:
@@ -382,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     with log_dir("mars-placement-latency-") as logs, EmbeddedNats(monitor=True) as srv:
         progress(f"nats-server on {srv.url}")
         with Services(logs) as services:
+            if srv.proc is not None:
+                services.watch("nats-server", srv.proc.pid)
+            services.watch("benchmark", os.getpid())
             results = eventloop.run(drive(srv.url, args, services, srv.traffic))
         states = (results.latency_states, results.isolated_states, results.throughput_states)
         if any(s["no terminal event"] for s in states):

@@ -1,0 +1,33 @@
+"""The placement benchmark's CPU accounting: every process on the host, and the floor it sets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.booking_stress import Services
+from benchmarks.placement_latency import Phase, host_note
+
+
+def test_a_watched_process_is_counted_with_the_children(tmp_path: Path) -> None:
+    with Services(tmp_path) as services:
+        assert services.cpu_seconds() == {}
+        services.watch("benchmark", os.getpid())
+        sum(i * i for i in range(200_000))  # some CPU of our own to count
+        got = services.cpu_seconds()
+    assert set(got) == {"benchmark"}
+    assert got["benchmark"] > 0.0
+
+
+def test_host_note_spreads_all_processes_cpu_over_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    phase = Phase(latencies_s=[0.01] * 10, wall_s=0.2, cpu_s={"a": 0.12, "b": 0.06})
+    # 0.18 s over 10 pipelines: 18 ms each; 0.18 s of 2 x 0.2 s: 45% busy; 9 ms on 2 cores
+    assert host_note(phase) == (
+        "all processes 18.0 ms CPU per pipeline, 45% of 2 cores over the phase "
+        "(a floor of 9.0 ms per pipeline when they are all busy)"
+    )
