@@ -136,8 +136,15 @@ class ResultLedger:
     async def _write(self, key: str, batch: list[_Ask]) -> None:
         outcome: dict[int, Outcome] = {}
         try:
-            for _ in range(CAS_TRIES):
-                known = self._known.get(key) or await self._read(key)
+            for attempt in range(CAS_TRIES):
+                known = self._known.get(key)
+                # A key not known here is nearly always new (this replica's own pipeline):
+                # written as if empty, with no read first; that write (a bare "must not
+                # exist", not `create`, which reads on failure) fails when it exists, and
+                # the key is read then.
+                assumed = known is None and attempt == 0
+                if known is None:
+                    known = _empty(key) if assumed else await self._read(key)
                 rev, cur = known
                 have = {r.task_id: r for r in cur.results}
                 added: list[TaskResult] = []
@@ -157,8 +164,8 @@ class ResultLedger:
                 try:
                     data = encode(new)
                     got = await (
-                        self.kv.create(key, data)
-                        if rev == 0
+                        self.kv.create(key, data)  # over a delete marker too
+                        if rev == 0 and not assumed
                         else self.kv.update(key, data, last=rev)
                     )
                 except KeyWrongLastSequenceError:
@@ -191,12 +198,16 @@ class ResultLedger:
                     del self._keys[gone.pipeline_id]
 
     async def _read(self, key: str) -> tuple[int, TaskResults]:
-        pid = key.rsplit(".", 1)[0]
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:  # deleted ones too (`create` writes over the marker)
-            return 0, TaskResults(pipeline_id=pid)
+            return _empty(key)
         return int(entry.revision), decode(entry.value, TaskResults)
+
+
+def _empty(key: str) -> tuple[int, TaskResults]:
+    """A chunk with no results yet, as (revision 0, value): what `create` writes over."""
+    return 0, TaskResults(pipeline_id=key.rsplit(".", 1)[0])
 
 
 async def revisions(

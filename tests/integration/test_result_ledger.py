@@ -8,6 +8,7 @@ import asyncio
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from orchestrator.results import CHUNK, ResultLedger, result_key, revisions
 from schemas.codec import decode, encode
@@ -91,5 +92,42 @@ async def test_two_ledgers_add_to_one_key_without_losing_either(nats_url: str) -
         assert {t: [r.committed_by for r in rs] for t, rs in got.items()} == {
             "a": ["orch-1"], "b": ["orch-2"], "c": ["orch-1"]
         }  # fmt: skip
+    finally:
+        await nc.close()
+
+
+async def test_a_new_key_is_created_without_a_read_and_an_existing_one_read_once(
+    nats_url: str,
+) -> None:
+    """A replica's own pipeline's chunk does not exist yet: its first write creates it with no
+    read before it. A chunk that does exist (another replica wrote it) fails that create and
+    is read then, and its results are kept."""
+    nc = await nats.connect(nats_url)
+    reads: list[str] = []
+
+    async def tap(msg: Msg) -> None:
+        reads.append(msg.subject)
+
+    try:
+        sub = await nc.subscribe("$JS.API.STREAM.MSG.GET.>", cb=tap)
+        js = nc.jetstream()
+        one, two = ResultLedger(js, "orch-1"), ResultLedger(js, "orch-2")
+        await one.start()
+        await two.start()
+        first = one.ask(succeeded("a", 1, "e1", "p9"), 0)
+        await one.flush("p9")
+        assert first.result() == "committed" and one.writes == 1
+        await nc.flush()  # our tap has heard whatever the server was asked before this
+        assert reads == []
+        second = two.ask(succeeded("b", 1, "e2", "p9"), 1)
+        await two.flush("p9")
+        assert second.result() == "committed" and two.writes == 1
+        await nc.flush()
+        assert len(reads) == 1
+        got = await revisions(js, "p9")
+        assert {t: [r.committed_by for r in rs] for t, rs in got.items()} == {
+            "a": ["orch-1"], "b": ["orch-2"]
+        }  # fmt: skip
+        await sub.unsubscribe()
     finally:
         await nc.close()
