@@ -229,6 +229,9 @@ class Failover:
                 log.debug("not persisting %s: lease lapsed while writing", pid)
                 return
             epoch = self.leases.epoch(pid)
+            # what this write says: the pipeline may end while it is on its way, and then the
+            # ending is written by the persist queued behind it, not taken as written
+            ended = run.terminal
             rec = record_fields(
                 run,
                 epoch=epoch,
@@ -250,7 +253,7 @@ class Failover:
                     self._rev[pid] = cur[1]  # an earlier life of ours wrote it: take it over
         else:  # said by `persist`, which tries again later: a record is never dropped silently
             raise RuntimeError(f"record of {pid}: lost the CAS {RECORD_CAS_TRIES} times")
-        if run.terminal:
+        if ended:
             await self.leases.release(pid)
             self._finished[pid] = None
             while len(self._finished) > FINISHED_KEPT:

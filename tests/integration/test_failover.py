@@ -330,3 +330,33 @@ async def test_a_pipeline_not_recorded_yet_is_unavailable_elsewhere_not_unknown(
         hold.set()
         await other.stop()
         await stop_cluster(orch, agents)
+
+
+async def test_a_pipeline_that_ends_while_its_record_is_written_is_recorded_ended(
+    nats_url: str,
+) -> None:
+    """The record of a pipeline that ended while an earlier record (saying it runs) was on its
+    way is written again, ended: the write on its way must not count as the final one."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    entered, gate = asyncio.Event(), asyncio.Event()
+    write = orch.failover.runs.write
+
+    async def held(fields: dict[str, Any], last: int | None) -> int:
+        entered.set()
+        await gate.wait()
+        return await write(fields, last)
+
+    orch.failover.runs.write = held  # type: ignore[method-assign]
+    try:
+        await orch.submit_spec(chain("w", [5.0]), "w-1")
+        await entered.wait()  # the first record, saying `running`, is on its way
+        run = orch.pipelines["w-1"]
+        run.finish("cancelled", "ended while its record was being written", orch._now())
+        ended = asyncio.create_task(orch._finished(run))  # queues behind that write
+        gate.set()
+        await ended
+        rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("w-1")), PipelineRecord)
+        assert rec.state == "cancelled"
+    finally:
+        gate.set()
+        await stop_cluster(orch, agents)
