@@ -2,7 +2,7 @@
 
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
-        [--agent-procs 1] [--replicas 1]
+        [--paced 1000] [--agent-procs 1] [--replicas 1]
 
 An embedded nats-server, ONE `mars orchestrator` process (`--replicas` for more, in one
 queue group: the throughput goal is per process, so it is measured with one) and
@@ -11,12 +11,18 @@ emulated (declared, never measured). One process for all agents (the default) ma
 offer wait its turn behind the other agents' work in one event loop; real agents are processes
 of their own, so on a machine with cores to spare several processes are nearer to a fleet.
 
-1. Latency: `--submissions` sequential submissions of `--tasks`-task pipelines (random DAG
-   shapes, seeded; synthetic sleep tasks of 1-5 ms), each timed on the client with
-   time.perf_counter from the submit request to its reply, which carries the committed plan
-   (planned, booked by CAS, offered, accepted and committed). `--warmup` submissions before
-   them are not counted. Goal: P99 <= 10 ms (references: 89 ms P99 for the agent-based seed,
-   420 ms for a traditional scheduler).
+1. Latency: `--submissions` submissions of `--tasks`-task pipelines (random DAG shapes,
+   seeded; synthetic sleep tasks of 1-5 ms), each timed on the client with time.perf_counter
+   from the submit request to its reply, which carries the committed plan (planned, booked by
+   CAS, offered, accepted and committed), in three phases: back-to-back (each right after the
+   previous reply, earlier pipelines still running: a closed loop as fast as the host allows),
+   isolated (each after the previous pipeline ended) and paced (arriving at random at
+   `--paced` task placements/s on average, the throughput goal by default, each sent at its
+   time: the latency at that offered load). `--warmup` submissions before them are not
+   counted. Goal: P99 <= 10 ms (references: 89 ms P99 for the agent-based seed, 420 ms for a
+   traditional scheduler). Per phase, the CPU all processes used per pipeline, and the share
+   of the host's cores: back-to-back on a small host is as fast as the cores let every
+   process's work for a pipeline be done, whatever the scheduler's own latency.
 2. Throughput: `--submitters` concurrent submitters for `--duration` seconds; task placements
    per second = tasks in committed plans / elapsed. Goal: >= 1,000/s (kube-scheduler's CI
    floor: 680 pods/s).
@@ -52,9 +58,9 @@ from benchmarks.booking_stress import (
 from benchmarks.common import pct, progress, table
 from orchestrator import eventloop
 from orchestrator.client import Client
+from orchestrator.eventloop import GC_PAUSE_LOGGED_S
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.recovery import AGENT_CLIENT_PREFIX
-from orchestrator.service import GC_PAUSE_LOGGED_S
 from schemas.codec import RemoteError
 from schemas.events import PipelineEvent
 from schemas.pipeline import PipelineSpec
@@ -145,6 +151,8 @@ class Results:
     latency_states: Counter[str]
     isolated: Phase
     isolated_states: Counter[str]
+    paced: Phase
+    paced_states: Counter[str]
     throughput: Phase
     throughput_states: Counter[str]
     submissions: int
@@ -153,6 +161,11 @@ class Results:
 def orchestrator_names(replicas: int) -> list[str]:
     """The orchestrator processes' names (their logs are `<name>.log`)."""
     return ["orchestrator" if k == 0 else f"orchestrator-{k}" for k in range(replicas)]
+
+
+def agents_names(procs: int) -> list[str]:
+    """The agent processes' names (their logs are `<name>.log`)."""
+    return ["sim-agents" if procs == 1 else f"sim-agents-{k}" for k in range(procs)]
 
 
 Traffic = Callable[[], dict[str, tuple[int, int]]]
@@ -183,19 +196,20 @@ def msgs_diff(
 async def drive(
     url: str, args: argparse.Namespace, services: Services, traffic: Traffic
 ) -> Results:
+    # one line per placement with its steps' times, and the collections that paused a process
+    # (plus loggers named in MARS_DEBUG)
+    timing = {"MARS_DEBUG": ",".join(filter(None, ["mars.timing", os.environ.get("MARS_DEBUG")]))}
     for name in orchestrator_names(args.replicas):
         services.spawn(
             name,
             ["orchestrator", "--nats", url, "--plan-budget-ms", str(args.plan_budget_ms)],
-            # one line per placement with its steps' times (plus loggers named in MARS_DEBUG)
-            env={
-                "MARS_DEBUG": ",".join(filter(None, ["mars.timing", os.environ.get("MARS_DEBUG")]))
-            },
+            env=timing,
         )
     for k, count in enumerate(shares(args.agents, args.agent_procs)):
         services.spawn(
-            "sim-agents" if args.agent_procs == 1 else f"sim-agents-{k}",
+            agents_names(args.agent_procs)[k],
             ["sim", "agents", "--nats", url, "--count", str(count), "--prefix", f"pl{k}"],
+            env=timing,
         )
     client = await Client.connect(url, timeout=30.0)
     terminals = Terminals()
@@ -235,10 +249,44 @@ async def drive(
             services.check()
             return phase, states
 
+        async def paced(tag: str, rate: float) -> tuple[Phase, Counter[str]]:
+            """`--submissions` submissions arriving at `rate` per second on average (seeded
+            exponential gaps), each sent at its time whether or not the earlier ones were
+            answered: the latency at that offered load (open loop)."""
+            phase = Phase()
+            gaps = random.Random(args.seed + 1)
+            msgs0 = await measured(traffic)
+            cpu0 = services.cpu_seconds()
+            loop = asyncio.get_running_loop()
+            t0, at = time.perf_counter(), loop.time()
+            sent: set[asyncio.Task[object]] = set()
+            for i in range(args.submissions):
+                at += gaps.expovariate(rate)
+                await asyncio.sleep(max(0.0, at - loop.time()))  # the arrival's time (pacing)
+                task = asyncio.create_task(sub.submit(phase, tag))
+                sent.add(task)
+                task.add_done_callback(sent.discard)
+                if (i + 1) % max(1, args.submissions // 10) == 0:
+                    progress(f"  {i + 1}/{args.submissions}, P50 so far "
+                             f"{pct(phase.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
+            await asyncio.gather(*sent)
+            phase.wall_s = time.perf_counter() - t0
+            phase.cpu_s = diff(cpu0, services.cpu_seconds())
+            states = await finish(phase, client)
+            phase.msgs = msgs_diff(msgs0, await measured(traffic))
+            services.check()
+            return phase, states
+
         progress(f"latency: {args.submissions} sequential submissions of {args.tasks} tasks")
         lat, lat_states = await sequential("lat", isolated=False)
         progress(f"latency, isolated: {args.submissions} submissions, each after the last ended")
         iso, iso_states = await sequential("iso", isolated=True)
+
+        pac, pac_states = Phase(), Counter[str]()
+        if args.paced > 0:
+            rate = args.paced / args.tasks
+            progress(f"latency, paced: {args.submissions} submissions at {rate:g}/s on average")
+            pac, pac_states = await paced("pac", rate)
 
         progress(f"throughput: {args.submitters} submitters for {args.duration:.0f} s")
         thr = Phase()
@@ -257,7 +305,9 @@ async def drive(
         progress(f"  {len(thr.latencies_s)} submissions; waiting for their pipelines to finish")
         thr_states = await finish(thr, client)
         services.check()
-        return Results(lat, lat_states, iso, iso_states, thr, thr_states, args.submissions)
+        return Results(
+            lat, lat_states, iso, iso_states, pac, pac_states, thr, thr_states, args.submissions
+        )
     finally:
         await terminals.stop()
         await client.close()
@@ -289,11 +339,26 @@ def host_note(phase: Phase) -> str:
     )
 
 
+def paced_name(args: argparse.Namespace) -> str:
+    return f"paced {args.paced / args.tasks:g}/s"
+
+
+def latency_phases(args: argparse.Namespace, r: Results) -> list[tuple[str, Phase, Counter[str]]]:
+    """The timed latency phases that ran: (name, phase, terminal states)."""
+    out = [
+        ("back-to-back", r.latency, r.latency_states),
+        ("isolated", r.isolated, r.isolated_states),
+    ]
+    if args.paced > 0:
+        out.append((paced_name(args), r.paced, r.paced_states))
+    return out
+
+
 def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     print(f"placement latency: {args.replicas} orchestrator process(es), {args.agents} "
           f"emulated agents, {args.tasks}-task pipelines, seed {args.seed}")  # fmt: skip
     rows = []
-    for name, phase in (("back-to-back", r.latency), ("isolated", r.isolated)):
+    for name, phase, _states in latency_phases(args, r):
         ms = [x * 1e3 for x in phase.latencies_s]
         rows.append([
             name, len(ms), pct(ms, 50), pct(ms, 90), pct(ms, 99), max(ms, default=float("nan")),
@@ -309,14 +374,14 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
     print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
     print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es).")
+    if args.paced > 0:
+        print(f"paced: submissions arrive at random (exponential gaps) at {args.paced:g} task")
+        print("placements/s on average, each sent at its time, answered or not (open loop)")
     print(
         f"orchestrator plan budget beyond HEFT: {args.plan_budget_ms:g} ms; every process "
         f"on the {eventloop.loop_name()} event loop (MARS_LOOP=asyncio for the standard one)"
     )
-    for name, phase, states in (
-        ("back-to-back", r.latency, r.latency_states),
-        ("isolated", r.isolated, r.isolated_states),
-    ):
+    for name, phase, states in latency_phases(args, r):
         done = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
         print(f"{name}: wall {phase.wall_s:.1f} s; CPU: {cpu_note(phase)}; pipelines: {done}")
         print(f"  {host_note(phase)}")
@@ -351,7 +416,9 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
     print(f"CPU: {cpu_note(thr)}")
     print(host_note(thr))
     print("pipelines: " + ", ".join(f"{k} {v}" for k, v in sorted(r.throughput_states.items())))
-    for name, phase in (("latency", r.latency), ("isolated", r.isolated), ("throughput", thr)):
+    for name, phase in (
+        ("latency", r.latency), ("isolated", r.isolated), ("paced", r.paced), ("throughput", thr)
+    ):  # fmt: skip
         if phase.refused:
             print(f"\n{name} phase: refused or failed pipelines by reason:")
             for reason, n in phase.refused.most_common(8):
@@ -381,6 +448,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the orchestrator's portfolio budget beyond HEFT (its default: 2; 0: HEFT only)",
     )
     ap.add_argument(
+        "--paced",
+        type=float,
+        default=1000.0,
+        help="task placements/s offered in the paced (open-loop) latency phase: pipelines of "
+        "--tasks arrive at this over --tasks per second (default: the throughput goal; 0 skips)",
+    )
+    ap.add_argument(
         "--agent-procs", type=int, default=1, help="processes the agents are spread over"
     )
     ap.add_argument(
@@ -403,30 +477,43 @@ def main(argv: list[str] | None = None) -> int:
                 services.watch("nats-server", srv.proc.pid)
             services.watch("benchmark", os.getpid())
             results = eventloop.run(drive(srv.url, args, services, srv.traffic))
-        states = (results.latency_states, results.isolated_states, results.throughput_states)
+        states = (
+            results.latency_states,
+            results.isolated_states,
+            results.paced_states,
+            results.throughput_states,
+        )
         if any(s["no terminal event"] for s in states):
             keep_logs(logs, "a pipeline got no terminal event")
         orch_logs = [logs / f"{name}.log" for name in orchestrator_names(args.replicas)]
         stalls = sum(stalled_tasks(log) for log in orch_logs)
         steps = merged_steps(step_times(log) for log in orch_logs)
         pauses = [p for log in orch_logs for p in gc_pauses(log)]
+        agent_pauses = [
+            p for name in agents_names(args.agent_procs) for p in gc_pauses(logs / f"{name}.log")
+        ]
         if stalls:
             keep_logs(logs, f"the orchestrator's watchdog reported {stalls} task(s)")
     rc = report(args, results, time.perf_counter() - t0)
-    print_steps(steps, results)
+    print_steps(steps, results, args)
     print(f"tasks the orchestrator's watchdog found stalled or overdue: {stalls}")
-    if pauses:
-        ms = [p for _g, p in pauses]
-        gens = Counter(g for g, _p in pauses)
-        print(
-            f"garbage collections that paused the orchestrator >= "
-            f"{1e3 * GC_PAUSE_LOGGED_S:g} ms: {len(pauses)} (by generation: "
-            + ", ".join(f"{g}: {n}" for g, n in sorted(gens.items()))
-            + f"), longest {max(ms):.1f} ms, {sum(ms):.0f} ms in all"
-        )
-    else:
-        print(f"no garbage collection paused the orchestrator >= {1e3 * GC_PAUSE_LOGGED_S:g} ms")
+    print_pauses("the orchestrator", pauses)
+    print_pauses("the agents' process(es)", agent_pauses)
     return rc
+
+
+def print_pauses(who: str, pauses: list[tuple[int, float]]) -> None:
+    bar = f"{1e3 * GC_PAUSE_LOGGED_S:g} ms"
+    if not pauses:
+        print(f"no garbage collection paused {who} >= {bar}")
+        return
+    ms = [p for _g, p in pauses]
+    gens = Counter(g for g, _p in pauses)
+    print(
+        f"garbage collections that paused {who} >= {bar}: {len(pauses)} (by generation: "
+        + ", ".join(f"{g}: {n}" for g, n in sorted(gens.items()))
+        + f"), longest {max(ms):.1f} ms, {sum(ms):.0f} ms in all"
+    )
 
 
 STEP_RE = re.compile(rb"placed (\S+) ((?:\w+_ms=[0-9.]+ ?)+)")
@@ -467,7 +554,9 @@ def merged_steps(
     return out
 
 
-def print_steps(steps: dict[str, dict[str, list[float]]], r: Results) -> None:
+def print_steps(
+    steps: dict[str, dict[str, list[float]]], r: Results, args: argparse.Namespace
+) -> None:
     """Where the reply's time goes: the orchestrator's own clock around each step (claim:
     waiting for the ownership lease once the plan and its offers are made; plan; send: the
     round's bookings and offers built, a new pipeline's offers on their way; book: the CAS
@@ -475,7 +564,9 @@ def print_steps(steps: dict[str, dict[str, list[float]]], r: Results) -> None:
     work), the handler in all, and the client's time for comparison (the difference is the
     request and reply in transit, and waiting for the handler)."""
     rows = []
-    for tag, name, phase in (("lat", "back-to-back", r.latency), ("iso", "isolated", r.isolated)):
+    phases = [("lat", "back-to-back", r.latency), ("iso", "isolated", r.isolated)]
+    phases.append(("pac", paced_name(args), r.paced))
+    for tag, name, phase in phases:
         per = steps.get(tag)
         if not per or not per["total"]:
             continue
@@ -497,7 +588,7 @@ def stalled_tasks(log: Path) -> int:
 
 
 def gc_pauses(log: Path) -> list[tuple[int, float]]:
-    """The orchestrator's garbage-collection pauses it logged: (generation, ms); see
+    """The garbage-collection pauses a process logged: (generation, ms); see
     GC_PAUSE_LOGGED_S."""
     if not log.exists():
         return []

@@ -597,10 +597,14 @@ async def run_agent(
     agent_id: str | None = None,
     stop: asyncio.Event | None = None,
     grace_s: float | None = None,
+    started: asyncio.Event | None = None,
 ) -> None:
-    """Run until `stop` is set, then shut down gracefully (see `Agent.shutdown`)."""
+    """Run until `stop` is set, then shut down gracefully (see `Agent.shutdown`); `started`
+    is set once the agent is up."""
     agent = Agent(nats_url, config, agent_id=agent_id)
     await agent.start()
+    if started is not None:
+        started.set()
     try:
         await (stop or asyncio.Event()).wait()
     finally:

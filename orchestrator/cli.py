@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
+import logging
 import os
 import signal
 import sys
@@ -32,6 +34,16 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     return 0
 
 
+async def _quiet_once_up(started: asyncio.Event) -> None:
+    """An agent process, once up: `eventloop.quiet_gc`, and its collections' pauses logged
+    on `mars.timing` (debug) when that logger is on (MARS_DEBUG=mars.timing)."""
+    await started.wait()
+    eventloop.quiet_gc()
+    timing = logging.getLogger("mars.timing")
+    if timing.isEnabledFor(logging.DEBUG):
+        gc.callbacks.append(eventloop.gc_pause_hook(timing))
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from edge_agent.config import AgentConfig, load_config
     from edge_agent.service import run_agent
@@ -44,10 +56,20 @@ def cmd_agent(args: argparse.Namespace) -> int:
         updates["tier"] = args.tier
     if updates:
         config = AgentConfig.model_validate({**config.model_dump(), **updates})
-    # SIGTERM/SIGINT: drain, let running work finish for the grace period, cancel the rest
-    return _run_until_signal(
-        lambda stop: run_agent(args.nats, config, agent_id=args.id, stop=stop, grace_s=args.grace)
-    )
+
+    async def main(stop: asyncio.Event) -> None:
+        started = asyncio.Event()
+        quiet = asyncio.create_task(_quiet_once_up(started))
+        try:
+            # SIGTERM/SIGINT: drain, let running work finish for the grace period, cancel the rest
+            await run_agent(
+                args.nats, config, agent_id=args.id, stop=stop, grace_s=args.grace,
+                started=started,
+            )  # fmt: skip
+        finally:
+            quiet.cancel()
+
+    return _run_until_signal(main)
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
@@ -248,6 +270,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
             )
 
         note = asyncio.create_task(announce())
+        quiet = asyncio.create_task(_quiet_once_up(started))
         try:
             await run_fleet(
                 args.nats,
@@ -262,6 +285,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
             )
         finally:
             note.cancel()
+            quiet.cancel()
 
     return _run_until_signal(main)
 

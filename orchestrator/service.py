@@ -19,6 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import RetentionPolicy, StreamConfig
 from nats.micro.request import Request
 
+from orchestrator import eventloop
 from orchestrator.adaptive import Adaptive
 from orchestrator.eventloop import Pacer
 from orchestrator.failover import OWNER_LEASE_S, Failover
@@ -76,8 +77,6 @@ TIMING_LINE = (
     "placed %s claim_ms=%.3f plan_ms=%.3f send_ms=%.3f book_ms=%.3f offer_ms=%.3f "
     "total_ms=%.3f budget_ms=%.1f conflicts=%d rejections=%d"
 )
-#: Garbage collections at least this long are logged on `mars.timing` (debug).
-GC_PAUSE_LOGGED_S = 0.002
 VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
 #: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
@@ -213,11 +212,9 @@ class Orchestrator:
         self._spawn(self.failover.run())
         await self.adaptive.start()
         await settle(nc)  # every subscription is live before a caller's first request
-        # long-lived objects made at start need no more GC scans; fewer full collections
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 100)
+        eventloop.quiet_gc()
         if timing_log.isEnabledFor(logging.DEBUG):
-            self._gc_hook = _gc_pauses()
+            self._gc_hook = eventloop.gc_pause_hook(timing_log)
             gc.callbacks.append(self._gc_hook)
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
 
@@ -793,25 +790,6 @@ async def _after_reply(work: Coroutine[Any, Any, None]) -> None:
         work.close()  # stopped first: never started, and never left unawaited
         raise
     await work
-
-
-def _gc_pauses() -> Callable[[str, dict[str, int]], None]:
-    """A `gc.callbacks` hook for the timing log: each collection that stopped the event loop
-    for GC_PAUSE_LOGGED_S or more (a suspect when a placement's time has a long tail)."""
-    began = [0.0]
-
-    def hook(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            began[0] = time.perf_counter()
-            return
-        paused = time.perf_counter() - began[0]
-        if paused >= GC_PAUSE_LOGGED_S:
-            timing_log.debug(
-                "gc generation=%d pause_ms=%.1f collected=%d",
-                info.get("generation", -1), 1e3 * paused, info.get("collected", 0),
-            )  # fmt: skip
-
-    return hook
 
 
 class OwnedElsewhere(Exception):

@@ -1,23 +1,25 @@
-"""The orchestrator's garbage-collection pause log (debug, `mars.timing`) and the latency
-benchmark's reading of it."""
+"""The services' garbage-collection policy and pause log (debug, `mars.timing`), and the
+latency benchmark's reading of it."""
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from benchmarks.placement_latency import gc_pauses
-from orchestrator import service
+from orchestrator import eventloop, service
 
 
 def test_a_long_collection_is_logged_and_a_short_one_is_not(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hook = service._gc_pauses()
+    hook = eventloop.gc_pause_hook(logging.getLogger("mars.timing"))
     clock = iter([10.0, 10.5, 20.0, 20.0005])
-    monkeypatch.setattr("orchestrator.service.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("orchestrator.eventloop.time.perf_counter", lambda: next(clock))
     with caplog.at_level(logging.DEBUG, logger="mars.timing"):
         hook("start", {"generation": 2})
         hook("stop", {"generation": 2, "collected": 7})  # 500 ms
@@ -25,6 +27,27 @@ def test_a_long_collection_is_logged_and_a_short_one_is_not(
         hook("stop", {"generation": 0, "collected": 0})  # 0.5 ms: below the bar
     lines = [r.getMessage() for r in caplog.records if r.name == "mars.timing"]
     assert lines == ["gc generation=2 pause_ms=500.0 collected=7"]
+
+
+@pytest.fixture
+def gc_state() -> Iterator[None]:
+    """This process's collector as it was, afterwards."""
+    thresholds = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+@pytest.mark.usefixtures("gc_state")
+def test_quiet_gc_freezes_what_exists_and_collects_less_often() -> None:
+    gc.unfreeze()
+    kept = [[i] for i in range(1000)]  # long-lived objects made at start-up
+    eventloop.quiet_gc()
+    assert gc.get_freeze_count() >= len(kept)
+    assert gc.get_threshold() == eventloop.GC_THRESHOLDS
+    assert eventloop.GC_THRESHOLDS[0] > 700  # fewer young collections than the default
 
 
 def test_the_benchmark_reads_the_pauses_back(tmp_path: Path) -> None:
