@@ -248,3 +248,47 @@ def test_tasks_without_a_known_graph_get_the_prior_with_its_band(learned: Learne
                 assert est.source[i, j] == PRIOR
                 assert est.lo[i, j] < est.base[i, j] < est.hi[i, j]
     assert est.source[5, 0] == MODEL  # the model's row is left to the model
+
+
+def synthetic(i: int) -> TaskSpec:
+    """A task of its own signature (its declared seconds differ)."""
+    return TaskSpec.model_validate(
+        {"id": f"s{i}", "run": {"kind": "synthetic", "seconds": 0.001 + i * 1e-6}}
+    )
+
+
+def test_the_cache_is_bounded_by_bytes_least_recently_used_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    devs = [CPU.model_copy(update={"device_id": f"d{i}"}) for i in range(10)]
+    row = 4 * len(devs) * 8  # bytes of one task's cached figures on these devices
+    monkeypatch.setattr("orchestrator.predictor.model.CACHE_BYTES", 3 * row)
+    p = Predictor(use_model=False)
+    p.estimate([synthetic(0), synthetic(1), synthetic(2)], devs)
+    assert p.scored == 3
+    p.estimate([synthetic(0)], devs)  # a hit: 0 is now the most recently used
+    assert p.scored == 3
+    p.estimate([synthetic(3)], devs)  # over the budget: 1, the least recently used, goes
+    assert p.scored == 4
+    p.estimate([synthetic(0), synthetic(2), synthetic(3)], devs)
+    assert p.scored == 4
+    p.estimate([synthetic(1)], devs)
+    assert p.scored == 5
+    # the same signature twice in one call is kept (and counted) once
+    p.estimate([synthetic(7), synthetic(7)], devs)
+    p.estimate([synthetic(7)], devs)
+    assert p.scored == 7
+
+
+def test_the_placement_benchmarks_task_signatures_all_stay_cached() -> None:
+    """5,120 distinct signatures (256 pipelines of 20 random synthetic tasks) on 100 devices:
+    after one pass every estimate is a hit (a bound of 4,096 entries missed them all)."""
+    devs = [CPU.model_copy(update={"device_id": f"d{i}"}) for i in range(100)]
+    tasks = [synthetic(i) for i in range(5120)]
+    p = Predictor(use_model=False)
+    for k in range(0, len(tasks), 20):
+        p.estimate(tasks[k : k + 20], devs)
+    assert p.scored == 5120
+    for k in range(0, len(tasks), 20):
+        p.estimate(tasks[k : k + 20], devs)
+    assert p.scored == 5120
