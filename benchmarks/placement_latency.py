@@ -107,7 +107,8 @@ class Submitter:
             reply = await self.client.submit(spec, pipeline_id=pid)
         except RemoteError as exc:
             self.terminals.forget(pid)
-            phase.refuse(f"submit refused ({exc.code}): {exc.envelope.message}")
+            why = "; ".join(f"{k}: {v}" for k, v in list(exc.envelope.details.items())[:4])
+            phase.refuse(f"submit refused ({exc.code}): {exc.envelope.message} [{why}]")
             return None
         except (TimeoutError, nats.errors.Error) as exc:
             self.terminals.forget(pid)
