@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.pipelines import PipelineRun
-from orchestrator.planning import plan_pipeline
+from orchestrator.planning import MIN_TASK_S, plan_pipeline
 from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key
 from orchestrator.scheduling import Placement, Unschedulable
@@ -354,8 +354,9 @@ class Placer:
         await asyncio.gather(*jobs)
 
 
-#: Shortest reservation: a task predicted to take microseconds still holds its slot a while.
-MIN_WINDOW_S = 1e-3
+#: Shortest reservation: a task predicted to take microseconds still holds its slot a while
+#: (plans give no task less: `planning.MIN_TASK_S`).
+MIN_WINDOW_S = MIN_TASK_S
 
 
 def window_ends(placements: dict[str, Placement], todo: Iterable[str]) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,6 +57,12 @@ def to_graph(spec: PipelineSpec) -> TaskGraph:
     return TaskGraph(tasks, edges)
 
 
+#: The shortest time a plan gives a task on its slot: a reservation is never shorter
+#: (`placement.MIN_WINDOW_S`), and a task planned shorter would let the plan start the next
+#: one on that slot inside the reservation (a re-planned task then loses every round to its
+#: own pipeline's window).
+MIN_TASK_S = 1e-3
+
 _DEFAULT_PREDICTOR: Predictor | None = None
 
 
@@ -94,15 +100,16 @@ class SpecCostModel:
 
     @property
     def estimates(self) -> Estimates:
-        """All tasks on all devices, computed once per cost model."""
+        """All tasks on all devices, computed once per cost model (none under MIN_TASK_S)."""
         if self._est is None:
             keys = list(self.devices)
-            self._est = self.predictor.estimate(
+            est = self.predictor.estimate(
                 list(self.specs.values()),
                 [self.devices[k] for k in keys],
                 keys,
                 [self.tiers.get(k, "") for k in keys],
             )
+            self._est = replace(est, seconds=np.maximum(est.seconds, MIN_TASK_S))
         return self._est
 
     def estimate(self, task_id: str, device_id: str) -> tuple[float, str, float, float]:

@@ -343,3 +343,37 @@ async def test_the_gc_pause_logger_comes_and_goes_with_the_orchestrator(nats_url
         await orch.stop()
         timing.setLevel(level)
     assert gc.callbacks == before  # a second orchestrator in this process adds its own only
+
+
+async def test_a_task_replanned_right_after_a_held_tiny_one_does_not_lose_to_its_window(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A task planned shorter than the shortest reservation (`MIN_WINDOW_S`) holds its slot a
+    little past its planned end. When another task of its pipeline is re-planned (here: after
+    a rejection) onto that slot right after it, the plan must not start it inside that
+    reservation: each round would lose to the pipeline's own window, up to MAX_ROUNDS."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
+    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
+    one_slot = {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": 10.0, "emulated": True}
+    orch, agents = await start_cluster(nats_url, {
+        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
+        "slow-has-model": agent_config(
+            "s", "edge", probe_cpu=False, devices=[one_slot], models_dir=str(models)
+        ),
+    })  # fmt: skip
+    here = {"pinned_agent": "slow-has-model"}
+    try:
+        s = spec("tiny", [
+            sleep_task("a", 0.05, requires=here),
+            sleep_task("t", 0.0002, deps=["a"], requires=here),  # ends 0.2 ms after a
+            {"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}},
+        ])  # fmt: skip
+        reply = await orch.submit_spec(s, "tiny-1")
+        assert {p.task_id: p.agent_id for p in reply.plan}["m"] == "slow-has-model"
+        run = await orch.wait_terminal("tiny-1", 20)
+        assert run.state == "succeeded", run.reason
+        assert run.rejections == 1 and run.conflicts == 0, run.placement_log
+    finally:
+        await stop_cluster(orch, agents)
