@@ -41,7 +41,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -229,20 +229,19 @@ async def drive(
             await sub.submit(warm, "warm")
         await finish(warm, client)
 
-        async def sequential(tag: str, isolated: bool) -> tuple[Phase, Counter[str]]:
-            """`--submissions` submissions one after another; `isolated`: each after the
-            previous pipeline ended, else right after the previous reply."""
+        def tick(i: int, phase: Phase) -> None:
+            if (i + 1) % max(1, args.submissions // 10) == 0:
+                progress(f"  {i + 1}/{args.submissions}, P50 so far "
+                         f"{pct(phase.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
+
+        async def timed(run: Callable[[Phase], Awaitable[None]]) -> tuple[Phase, Counter[str]]:
+            """One latency phase: its submissions, then its pipelines' ends, with the wall
+            time, CPU and messages from its start until they ended."""
             phase = Phase()
             msgs0 = await measured(traffic)
             cpu0 = services.cpu_seconds()
             t0 = time.perf_counter()
-            for i in range(args.submissions):
-                fut = await sub.submit(phase, tag)
-                if isolated and fut is not None:
-                    await asyncio.wait([fut], timeout=FINISH_TIMEOUT_S)
-                if (i + 1) % max(1, args.submissions // 10) == 0:
-                    progress(f"  {i + 1}/{args.submissions}, P50 so far "
-                             f"{pct(phase.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
+            await run(phase)
             phase.wall_s = time.perf_counter() - t0
             phase.cpu_s = diff(cpu0, services.cpu_seconds())
             states = await finish(phase, client)
@@ -250,16 +249,22 @@ async def drive(
             services.check()
             return phase, states
 
-        async def paced(tag: str, rate: float) -> tuple[Phase, Counter[str]]:
+        async def sequential(phase: Phase, tag: str, isolated: bool) -> None:
+            """`--submissions` submissions one after another; `isolated`: each after the
+            previous pipeline ended, else right after the previous reply."""
+            for i in range(args.submissions):
+                fut = await sub.submit(phase, tag)
+                if isolated and fut is not None:
+                    await asyncio.wait([fut], timeout=FINISH_TIMEOUT_S)
+                tick(i, phase)
+
+        async def paced(phase: Phase, tag: str, rate: float) -> None:
             """`--submissions` submissions arriving at `rate` per second on average (seeded
             exponential gaps), each sent at its time whether or not the earlier ones were
             answered: the latency at that offered load (open loop)."""
-            phase = Phase()
             gaps = random.Random(args.seed + 1)
-            msgs0 = await measured(traffic)
-            cpu0 = services.cpu_seconds()
             loop = asyncio.get_running_loop()
-            t0, at = time.perf_counter(), loop.time()
+            at = loop.time()
             sent: set[asyncio.Task[object]] = set()
             for i in range(args.submissions):
                 at += gaps.expovariate(rate)
@@ -267,27 +272,19 @@ async def drive(
                 task = asyncio.create_task(sub.submit(phase, tag))
                 sent.add(task)
                 task.add_done_callback(sent.discard)
-                if (i + 1) % max(1, args.submissions // 10) == 0:
-                    progress(f"  {i + 1}/{args.submissions}, P50 so far "
-                             f"{pct(phase.latencies_s, 50) * 1e3:.1f} ms")  # fmt: skip
+                tick(i, phase)
             await asyncio.gather(*sent)
-            phase.wall_s = time.perf_counter() - t0
-            phase.cpu_s = diff(cpu0, services.cpu_seconds())
-            states = await finish(phase, client)
-            phase.msgs = msgs_diff(msgs0, await measured(traffic))
-            services.check()
-            return phase, states
 
         progress(f"latency: {args.submissions} sequential submissions of {args.tasks} tasks")
-        lat, lat_states = await sequential("lat", isolated=False)
+        lat, lat_states = await timed(lambda ph: sequential(ph, "lat", isolated=False))
         progress(f"latency, isolated: {args.submissions} submissions, each after the last ended")
-        iso, iso_states = await sequential("iso", isolated=True)
+        iso, iso_states = await timed(lambda ph: sequential(ph, "iso", isolated=True))
 
         pac, pac_states = Phase(), Counter[str]()
         if args.paced > 0:
             rate = args.paced / args.tasks
             progress(f"latency, paced: {args.submissions} submissions at {rate:g}/s on average")
-            pac, pac_states = await paced("pac", rate)
+            pac, pac_states = await timed(lambda ph: paced(ph, "pac", rate))
 
         progress(f"throughput: {args.submitters} submitters for {args.duration:.0f} s")
         thr = Phase()
