@@ -21,9 +21,23 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record comes, not to the one there when the
+    handler was made: a host that swaps it (a test harness capturing output) and closes the
+    old one must not leave every later record failing on a closed stream."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        """`StreamHandler.__init__` sets a stream; this handler has none of its own."""
+
+
 def setup(verbosity: int = 0) -> None:
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

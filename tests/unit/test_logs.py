@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 
 import pytest
 
@@ -38,3 +40,19 @@ def test_without_mars_debug_debug_records_stay_off(
     logging.getLogger("mars.timing").setLevel(logging.NOTSET)
     logs.setup(0)
     assert not logging.getLogger("mars.timing").isEnabledFor(logging.DEBUG)
+
+
+def test_records_go_to_the_stderr_of_the_moment_not_a_closed_one(
+    monkeypatch: pytest.MonkeyPatch, restore_logging: object
+) -> None:
+    """`setup` ran while something had swapped stderr (a test capturing output); that stream
+    is later closed and another put in its place: records go to the new one, no error."""
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    logs.setup(0)
+    logging.getLogger("mars.test").warning("one")
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("mars.test").warning("two")
+    assert 'msg="two"' in second.getvalue()
+    assert "Logging error" not in second.getvalue()
