@@ -10,6 +10,7 @@ import nats
 import pytest
 
 from orchestrator.natsserver import EmbeddedNats, NatsServerError
+from schemas.rpc import settle
 
 pytestmark = pytest.mark.integration
 
@@ -24,10 +25,10 @@ async def test_traffic_counts_what_each_named_connection_sent_and_received(
         rx = await nats.connect(srv.url, name="rx")
         try:
             sub = await rx.subscribe("t.x")
-            await rx.flush()
+            await settle(rx)  # the server has the subscription (one flush does not promise it)
             for i in range(3):
                 await tx.publish("t.x", str(i).encode())
-            await tx.flush()
+            await settle(tx)
             got = [(await sub.next_msg(timeout=5)).data for _ in range(3)]
             assert got == [b"0", b"1", b"2"]
             counts = await asyncio.to_thread(srv.traffic)

@@ -14,6 +14,7 @@ from orchestrator.results import CHUNK, ResultLedger, result_key, revisions
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
 from schemas.recovery import TaskResult, TaskResults
+from schemas.rpc import settle
 
 pytestmark = pytest.mark.integration
 
@@ -110,6 +111,7 @@ async def test_a_new_key_is_created_without_a_read_and_an_existing_one_read_once
 
     try:
         sub = await nc.subscribe("$JS.API.STREAM.MSG.GET.>", cb=tap)
+        await settle(nc)  # the tap is live before anything is asked
         js = nc.jetstream()
         one, two = ResultLedger(js, "orch-1"), ResultLedger(js, "orch-2")
         await one.start()
@@ -117,12 +119,12 @@ async def test_a_new_key_is_created_without_a_read_and_an_existing_one_read_once
         first = one.ask(succeeded("a", 1, "e1", "p9"), 0)
         await one.flush("p9")
         assert first.result() == "committed" and one.writes == 1
-        await nc.flush()  # our tap has heard whatever the server was asked before this
+        await settle(nc)  # our tap has heard whatever the server was asked before this
         assert reads == []
         second = two.ask(succeeded("b", 1, "e2", "p9"), 1)
         await two.flush("p9")
         assert second.result() == "committed" and two.writes == 1
-        await nc.flush()
+        await settle(nc)
         assert len(reads) == 1
         got = await revisions(js, "p9")
         assert {t: [r.committed_by for r in rs] for t, rs in got.items()} == {
