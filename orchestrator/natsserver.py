@@ -82,8 +82,12 @@ class EmbeddedNats:
     ) -> None:
         self.host = host
         self.port = port or free_port(host)
-        #: The server's HTTP monitoring port (`traffic`), when asked for.
-        self.monitor_port = free_port(host) if monitor else None
+        #: The server's HTTP monitoring port (`traffic`), when asked for; never the client
+        #: port (each probe's socket is closed before the next, so the OS may hand one out
+        #: twice, and the server would then not start).
+        self.monitor_port: int | None = None
+        while monitor and self.monitor_port in (None, self.port):
+            self.monitor_port = free_port(host)
         self._own_dir = store_dir is None
         self.store_dir = store_dir or tempfile.mkdtemp(prefix="mars-nats-")
         self.ready_timeout = ready_timeout

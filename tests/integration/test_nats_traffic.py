@@ -44,3 +44,15 @@ def test_traffic_needs_the_monitoring_port(tmp_path: Path) -> None:
         pytest.raises(NatsServerError, match="monitor"),
     ):
         srv.traffic()
+
+
+def test_the_monitoring_port_is_never_the_client_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free ports are probed one after another, each probe's socket closed before the next:
+    the OS may give the same one twice, and a server told to use it for both would not start."""
+    ports = iter([41001, 41001, 41001, 41002])
+    monkeypatch.setattr("orchestrator.natsserver.free_port", lambda host="": next(ports))
+    srv = EmbeddedNats(monitor=True)
+    try:
+        assert (srv.port, srv.monitor_port) == (41001, 41002)
+    finally:
+        srv.stop()  # never started: only its temporary store goes
