@@ -430,6 +430,13 @@ class Orchestrator:
             return other.reply
         if failed is not None:
             unsched = isinstance(failed.__cause__, Unschedulable)
+            # a pipeline that does not fit the fleet is the submitter's news (info); one lost
+            # to conflicts or rejections round after round is the operator's (warning)
+            log.log(
+                logging.INFO if unsched else logging.WARNING,
+                "pipeline %s not placed: %s (%s)", pid, failed,
+                "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
+            )  # fmt: skip
             run.finish("unschedulable" if unsched else "failed", str(failed), self._now())
             await self._finished(run)
             await self._publish_pipeline(run)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -375,5 +376,40 @@ async def test_a_task_replanned_right_after_a_held_tiny_one_does_not_lose_to_its
         run = await orch.wait_terminal("tiny-1", 20)
         assert run.state == "succeeded", run.reason
         assert run.rejections == 1 and run.conflicts == 0, run.placement_log
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_a_pipeline_not_placed_after_its_rounds_is_logged_with_its_reasons(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The submitter gets the error; the operator's log gets a warning saying why, per task
+    and device (here: one round allowed, and the one agent the plan chose rejects)."""
+    monkeypatch.setattr("orchestrator.placement.MAX_ROUNDS", 1)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
+    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
+    orch, agents = await start_cluster(nats_url, {
+        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
+        "slow-has-model": agent_config("s", "edge", models_dir=str(models)),
+    })  # fmt: skip
+    try:
+        s = spec(
+            "once",
+            [{"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}}],
+        )
+        with (
+            caplog.at_level(logging.WARNING, logger="mars.orchestrator"),
+            pytest.raises(ServiceError) as err,
+        ):
+            await orch.submit_spec(s, "once-1")
+        assert err.value.code == "conflict"
+        lines = [r.getMessage() for r in caplog.records if r.name == "mars.orchestrator"]
+        assert any(
+            "pipeline once-1 not placed: no placement after 1 rounds" in m
+            and "m@fast-no-model:gpu0: missing_model" in m
+            for m in lines
+        ), lines
     finally:
         await stop_cluster(orch, agents)
