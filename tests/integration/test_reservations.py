@@ -12,6 +12,7 @@ from typing import Any
 import nats
 import pytest
 
+from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
 from orchestrator.client import Client
 from orchestrator.reservations.book import double_booked
@@ -32,6 +33,25 @@ def spec(name: str, tasks: list[dict[str, Any]], **kw: Any) -> PipelineSpec:
 
 def sleep_task(tid: str, seconds: float, **kw: Any) -> dict[str, Any]:
     return {"id": tid, "run": {"kind": "synthetic", "seconds": seconds}, **kw}
+
+
+#: A task only the slow agent can run: the fast one, which the plan prefers, lacks its model
+#: and rejects it (`missing_model`; plans cannot know which models an agent holds).
+ONLY_ON_SLOW = {"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}}
+
+
+def fast_rejects(tmp_path: Path, slow: dict[str, Any] | None = None) -> dict[str, AgentConfig]:
+    """Agents "fast-no-model" (an emulated GPU) and "slow-has-model" (this host's CPU, or the
+    emulated `slow` device), only the slow one holding ONLY_ON_SLOW's model."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
+    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
+    own = {"probe_cpu": False, "devices": [slow]} if slow is not None else {}
+    return {
+        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
+        "slow-has-model": agent_config("s", "edge", models_dir=str(models), **own),
+    }
 
 
 class History:
@@ -117,19 +137,9 @@ async def test_two_orchestrators_booking_the_same_devices_never_overlap(nats_url
 async def test_an_agent_that_rejects_gets_its_task_placed_elsewhere(
     nats_url: str, tmp_path: Path
 ) -> None:
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
-    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
-    orch, agents = await start_cluster(nats_url, {
-        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
-        "slow-has-model": agent_config("s", "edge", models_dir=str(models)),
-    })  # fmt: skip
+    orch, agents = await start_cluster(nats_url, fast_rejects(tmp_path))
     try:
-        s = spec(
-            "rej",
-            [{"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}}],
-        )
+        s = spec("rej", [ONLY_ON_SLOW])
         reply = await orch.submit_spec(s, "rej-1")
         assert [p.agent_id for p in reply.plan] == ["slow-has-model"]
         run = await orch.wait_terminal("rej-1", 20)
@@ -353,23 +363,14 @@ async def test_a_task_replanned_right_after_a_held_tiny_one_does_not_lose_to_its
     little past its planned end. When another task of its pipeline is re-planned (here: after
     a rejection) onto that slot right after it, the plan must not start it inside that
     reservation: each round would lose to the pipeline's own window, up to MAX_ROUNDS."""
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
-    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
     one_slot = {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": 10.0, "emulated": True}
-    orch, agents = await start_cluster(nats_url, {
-        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
-        "slow-has-model": agent_config(
-            "s", "edge", probe_cpu=False, devices=[one_slot], models_dir=str(models)
-        ),
-    })  # fmt: skip
+    orch, agents = await start_cluster(nats_url, fast_rejects(tmp_path, one_slot))
     here = {"pinned_agent": "slow-has-model"}
     try:
         s = spec("tiny", [
             sleep_task("a", 0.05, requires=here),
             sleep_task("t", 0.0002, deps=["a"], requires=here),  # ends 0.2 ms after a
-            {"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}},
+            ONLY_ON_SLOW,
         ])  # fmt: skip
         reply = await orch.submit_spec(s, "tiny-1")
         assert {p.task_id: p.agent_id for p in reply.plan}["m"] == "slow-has-model"
@@ -386,19 +387,9 @@ async def test_a_pipeline_not_placed_after_its_rounds_is_logged_with_its_reasons
     """The submitter gets the error; the operator's log gets a warning saying why, per task
     and device (here: one round allowed, and the one agent the plan chose rejects)."""
     monkeypatch.setattr("orchestrator.placement.MAX_ROUNDS", 1)
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "only_here.onnx").write_bytes((BUILTIN_MODELS / "tiny_cnn.onnx").read_bytes())
-    fast = {"device_id": "gpu0", "kind": "gpu", "gflops": 500.0, "emulated": True}
-    orch, agents = await start_cluster(nats_url, {
-        "fast-no-model": agent_config("s", "edge", probe_cpu=False, devices=[fast]),
-        "slow-has-model": agent_config("s", "edge", models_dir=str(models)),
-    })  # fmt: skip
+    orch, agents = await start_cluster(nats_url, fast_rejects(tmp_path))
     try:
-        s = spec(
-            "once",
-            [{"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}}],
-        )
+        s = spec("once", [ONLY_ON_SLOW])
         with (
             caplog.at_level(logging.WARNING, logger="mars.orchestrator"),
             pytest.raises(ServiceError) as err,
