@@ -45,7 +45,7 @@ from edge_agent.config import AgentConfig
 from edge_agent.service import Agent
 from orchestrator import eventloop
 from orchestrator.natsserver import EmbeddedNats
-from orchestrator.pipelines import PipelineRun
+from orchestrator.pipelines import PipelineRun, ran_since
 from orchestrator.procs import spawn
 from orchestrator.results import revisions
 from orchestrator.service import Orchestrator
@@ -110,7 +110,7 @@ class Watch:
         ev = decode(msg.data, TaskEvent)
         if ev.state == "started":
             # a start is reported once the task has run a while, saying how long: dated back
-            began = time.monotonic() - (ev.duration_s or 0.0)
+            began = ran_since(time.monotonic(), ev)
             self.started.setdefault((ev.pipeline_id, ev.task_id, ev.agent_id), began)
             self.changed.set()
 

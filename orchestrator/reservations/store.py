@@ -252,7 +252,7 @@ class BookingStore:
         rel = Release.of(pipeline_id, now, task_ids, exact, due)
         todo = self._deferred.setdefault(key, [])
         if task_ids is None and exact is None and todo:  # all of the pipeline's: its earlier
-            rel = replace(rel, due=min(r.due for r in todo))  # ones go, keeping the key's due
+            rel = replace(rel, due=_due(todo))  # ones go, keeping the key's due
             todo[:] = [r for r in todo if r.pipeline_id != pipeline_id]
         todo.append(rel)
         memo, cur = self._without.get(key), self.cache.get(key)
