@@ -1,7 +1,9 @@
-"""Shared fixtures: a real nats-server with JetStream on a free port in a temp dir."""
+"""Shared fixtures: a real nats-server with JetStream on a free port in a temp dir; the
+process's garbage collector put back as it was."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,3 +37,16 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 @pytest.fixture
 def nats_url(nats_server: EmbeddedNats) -> str:
     return nats_server.url
+
+
+@pytest.fixture
+def gc_state() -> Iterator[None]:
+    """This process's garbage collector as it was (thresholds, hooks, nothing frozen),
+    afterwards: for tests of what services do to it once up."""
+    thresholds, hooks = gc.get_threshold(), list(gc.callbacks)
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+        gc.callbacks[:] = hooks

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Iterator
 
 import pytest
 
@@ -16,18 +15,6 @@ from orchestrator.cli import _quiet_once_up
 from tests.harness import agent_config
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def gc_state() -> Iterator[None]:
-    """This process's collector as it was, afterwards."""
-    thresholds, hooks = gc.get_threshold(), list(gc.callbacks)
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
-        gc.callbacks[:] = hooks
 
 
 @pytest.mark.usefixtures("gc_state")

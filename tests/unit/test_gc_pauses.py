@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,17 +26,6 @@ def test_a_long_collection_is_logged_and_a_short_one_is_not(
         hook("stop", {"generation": 0, "collected": 0})  # 0.5 ms: below the bar
     lines = [r.getMessage() for r in caplog.records if r.name == "mars.timing"]
     assert lines == ["gc generation=2 pause_ms=500.0 collected=7"]
-
-
-@pytest.fixture
-def gc_state() -> Iterator[None]:
-    """This process's collector as it was, afterwards."""
-    thresholds = gc.get_threshold()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
 
 
 @pytest.mark.usefixtures("gc_state")
