@@ -286,23 +286,20 @@ async def drive(
             progress(f"latency, paced: {args.submissions} submissions at {rate:g}/s on average")
             pac, pac_states = await timed(lambda ph: paced(ph, "pac", rate))
 
+        async def sustained(phase: Phase) -> None:
+            """`--submitters` submitting one after another each for `--duration` seconds."""
+            loop = asyncio.get_running_loop()
+            end = loop.time() + args.duration
+
+            async def submitter() -> None:
+                while loop.time() < end:
+                    await sub.submit(phase, "thr")
+
+            await asyncio.gather(*(submitter() for _ in range(args.submitters)))
+            progress(f"  {len(phase.latencies_s)} submissions; waiting for their pipelines")
+
         progress(f"throughput: {args.submitters} submitters for {args.duration:.0f} s")
-        thr = Phase()
-        loop = asyncio.get_running_loop()
-        end = loop.time() + args.duration
-
-        async def submitter() -> None:
-            while loop.time() < end:
-                await sub.submit(thr, "thr")
-
-        cpu0 = services.cpu_seconds()
-        t0 = time.perf_counter()
-        await asyncio.gather(*(submitter() for _ in range(args.submitters)))
-        thr.wall_s = time.perf_counter() - t0
-        thr.cpu_s = diff(cpu0, services.cpu_seconds())
-        progress(f"  {len(thr.latencies_s)} submissions; waiting for their pipelines to finish")
-        thr_states = await finish(thr, client)
-        services.check()
+        thr, thr_states = await timed(sustained)
         return Results(
             lat, lat_states, iso, iso_states, pac, pac_states, thr, thr_states, args.submissions
         )
