@@ -74,6 +74,9 @@ class ResultLedger:
         self._known: OrderedDict[str, tuple[int, TaskResults]] = OrderedDict()
         #: pipeline -> its keys in `_known`
         self._keys: dict[str, set[str]] = {}
+        #: key -> (its lock, writes holding or awaiting it): one write of a key at a time
+        #: here, so a batch due and the pipeline's end do not race each other by CAS
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.writes = 0
 
     async def start(self) -> None:
@@ -134,6 +137,17 @@ class ResultLedger:
             self._known.pop(key, None)
 
     async def _write(self, key: str, batch: list[_Ask]) -> None:
+        lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                await self._write_now(key, batch)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[key]
+
+    async def _write_now(self, key: str, batch: list[_Ask]) -> None:
         outcome: dict[int, Outcome] = {}
         try:
             for attempt in range(CAS_TRIES):

@@ -133,3 +133,33 @@ async def test_a_new_key_is_created_without_a_read_and_an_existing_one_read_once
         await sub.unsubscribe()
     finally:
         await nc.close()
+
+
+async def test_two_batches_of_one_key_are_written_in_turn_not_raced(nats_url: str) -> None:
+    """A batch falling due while the pipeline's end writes the next one (two flushes of one
+    key at once): the second is written after the first, on its revision, with no CAS lost
+    and nothing read back."""
+    nc = await nats.connect(nats_url)
+    reads: list[str] = []
+
+    async def tap(msg: Msg) -> None:
+        reads.append(msg.subject)
+
+    try:
+        await nc.subscribe("$JS.API.STREAM.MSG.GET.>", cb=tap)
+        await settle(nc)
+        ledger = ResultLedger(nc.jetstream(), "orch-1")
+        await ledger.start()
+        first = ledger.ask(succeeded("a", 1, "e1", "p8"), 0)
+        one = asyncio.ensure_future(ledger.flush("p8"))
+        await asyncio.sleep(0)  # it takes its batch and sends its write (one loop turn)
+        second = ledger.ask(succeeded("b", 1, "e2", "p8"), 1)
+        await asyncio.gather(one, ledger.flush("p8"))
+        assert [first.result(), second.result()] == ["committed", "committed"]
+        assert ledger.writes == 2
+        await settle(nc)
+        assert reads == []
+        got = await revisions(nc.jetstream(), "p8")
+        assert sorted(got) == ["a", "b"]
+    finally:
+        await nc.close()
