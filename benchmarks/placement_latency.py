@@ -2,7 +2,7 @@
 
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
-        [--paced 1000] [--agent-procs 1] [--replicas 1]
+        [--paced 1000] [--agent-procs 1] [--replicas 1] [--server-procs N]
 
 An embedded nats-server, ONE `mars orchestrator` process (`--replicas` for more, in one
 queue group: the throughput goal is per process, so it is measured with one) and
@@ -349,7 +349,7 @@ def latency_phases(args: argparse.Namespace, r: Results) -> list[tuple[str, Phas
     return out
 
 
-def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
+def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: int) -> int:
     print(f"placement latency: {args.replicas} orchestrator process(es), {args.agents} "
           f"emulated agents, {args.tasks}-task pipelines, seed {args.seed}")  # fmt: skip
     rows = []
@@ -374,7 +374,8 @@ def report(args: argparse.Namespace, r: Results, total_s: float) -> int:
         print("placements/s on average, each sent at its time, answered or not (open loop)")
     print(
         f"orchestrator plan budget beyond HEFT: {args.plan_budget_ms:g} ms; every process "
-        f"on the {eventloop.loop_name()} event loop (MARS_LOOP=asyncio for the standard one)"
+        f"on the {eventloop.loop_name()} event loop (MARS_LOOP=asyncio for the standard one); "
+        f"nats-server on {server_procs} of {os.cpu_count()} cores (GOMAXPROCS)"
     )
     for name, phase, states in latency_phases(args, r):
         done = ", ".join(f"{k} {v}" for k, v in sorted(states.items()))
@@ -458,14 +459,24 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="orchestrator processes in the API queue group (each submission goes to one)",
     )
+    ap.add_argument(
+        "--server-procs",
+        type=int,
+        default=None,
+        help="the nats-server's GOMAXPROCS (default: the environment's, else a quarter of "
+        "the cores, at least 1)",
+    )
     args = ap.parse_args(argv)
     counts = (args.agents, args.tasks, args.submissions, args.submitters, args.agent_procs)
-    if min(*counts, args.replicas) < 1:
+    if min(*counts, args.replicas) < 1 or (args.server_procs is not None and args.server_procs < 1):
         ap.error("counts must be >= 1")
     if args.agent_procs > args.agents:
         ap.error("--agent-procs must be <= --agents")
     t0 = time.perf_counter()
-    with log_dir("mars-placement-latency-") as logs, EmbeddedNats(monitor=True) as srv:
+    with (
+        log_dir("mars-placement-latency-") as logs,
+        EmbeddedNats(monitor=True, procs=args.server_procs) as srv,
+    ):
         progress(f"nats-server on {srv.url}")
         with Services(logs) as services:
             if srv.proc is not None:
@@ -489,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         if stalls:
             keep_logs(logs, f"the orchestrator's watchdog reported {stalls} task(s)")
-    rc = report(args, results, time.perf_counter() - t0)
+    rc = report(args, results, time.perf_counter() - t0, srv.procs)
     print_steps(steps, results, args)
     print(f"tasks the orchestrator's watchdog found stalled or overdue: {stalls}")
     print_pauses("the orchestrator", pauses)

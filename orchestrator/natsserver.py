@@ -68,6 +68,31 @@ no_auth_user: mars
 """
 
 
+def go_procs(cpus: int | None = None) -> int:
+    """Cores the embedded server's Go runtime may run on at once (its GOMAXPROCS): a quarter
+    of the machine's, at least one. The embedded server shares one machine with the
+    orchestrator (and, in a demo or a benchmark, the agents); with as many Go threads as cores
+    it spends CPU looking for work among them on every wake-up: on the 2-core reference
+    machine 1 instead of 2 took a third off its CPU per pipeline (docs/operations.md)."""
+    return max(1, (cpus if cpus is not None else os.cpu_count() or 1) // 4)
+
+
+def server_procs() -> int:
+    """GOMAXPROCS for a server started on this machine: the environment's when it sets a
+    whole number >= 1 (the operator's choice), else `go_procs()`."""
+    try:
+        n = int(os.environ.get("GOMAXPROCS", ""))
+    except ValueError:
+        n = 0
+    return n if n >= 1 else go_procs()
+
+
+def server_env(procs: int | None = None) -> dict[str, str]:
+    """The environment to start a nats-server on this machine with (`server_procs` unless
+    `procs` is given)."""
+    return {**os.environ, "GOMAXPROCS": str(procs if procs is not None else server_procs())}
+
+
 class EmbeddedNats:
     """Start a JetStream-enabled nats-server on a free loopback port; stop it on exit."""
 
@@ -79,8 +104,13 @@ class EmbeddedNats:
         store_dir: str | None = None,
         ready_timeout: float = 10.0,
         monitor: bool = False,
+        procs: int | None = None,
     ) -> None:
         self.host = host
+        #: GOMAXPROCS of the server: `procs`, else as `server_procs` says.
+        self.procs = procs if procs is not None else server_procs()
+        if self.procs < 1:
+            raise ValueError(f"procs must be >= 1, got {self.procs}")
         self.port = port or free_port(host)
         #: The server's HTTP monitoring port (`traffic`), when asked for; never the client
         #: port (each probe's socket is closed before the next, so the OS may hand one out
@@ -116,8 +146,9 @@ class EmbeddedNats:
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
         self.proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=server_env(self.procs),
+        )  # fmt: skip
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -36,7 +36,7 @@ import psutil
 import yaml
 
 from orchestrator import eventloop
-from orchestrator.natsserver import find_binary, free_port
+from orchestrator.natsserver import find_binary, free_port, server_env
 from schemas.linkcontrol import LinkControl
 from sim.linkemu import LinkSpecEntry, control_request, profile_to_dict, write_spec
 from sim.topology import Topology, load_topology
@@ -190,7 +190,7 @@ def _start(
         [find_binary(), "-a", "127.0.0.1", "-p", str(port), "-js",
          "-sd", str(rd / "nats" / "jetstream"), "-l", str(nats_log)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True, env=server_env(),
     )  # fmt: skip
     _record(state, "nats", "nats-server", proc, nats_log)
     _wait_until(

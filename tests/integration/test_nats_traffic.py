@@ -4,12 +4,21 @@ received (what the placement benchmark reports per pipeline), over a real nats-s
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import urllib.request
 from pathlib import Path
 
 import nats
 import pytest
 
-from orchestrator.natsserver import EmbeddedNats, NatsServerError
+from orchestrator.natsserver import (
+    EmbeddedNats,
+    NatsServerError,
+    go_procs,
+    server_env,
+    server_procs,
+)
 from schemas.rpc import settle
 
 pytestmark = pytest.mark.integration
@@ -56,3 +65,43 @@ def test_the_monitoring_port_is_never_the_client_port(monkeypatch: pytest.Monkey
         assert (srv.port, srv.monitor_port) == (41001, 41002)
     finally:
         srv.stop()  # never started: only its temporary store goes
+
+
+def _varz(srv: EmbeddedNats) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://{srv.host}:{srv.monitor_port}/varz", timeout=10) as r:
+        out: dict[str, object] = json.load(r)
+    return out
+
+
+def test_the_servers_go_procs_are_a_quarter_of_the_cores_unless_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's own account of its GOMAXPROCS: a quarter of the machine's cores (at least
+    one) by default, `procs` when given, the environment's GOMAXPROCS when it sets one."""
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    cores = os.cpu_count() or 1
+    with EmbeddedNats(store_dir=str(tmp_path / "a"), monitor=True) as srv:
+        assert _varz(srv)["gomaxprocs"] == srv.procs == max(1, cores // 4)
+    with EmbeddedNats(store_dir=str(tmp_path / "b"), monitor=True, procs=3) as srv:
+        assert _varz(srv)["gomaxprocs"] == 3
+    monkeypatch.setenv("GOMAXPROCS", "2")
+    with EmbeddedNats(store_dir=str(tmp_path / "c"), monitor=True) as srv:
+        assert _varz(srv)["gomaxprocs"] == srv.procs == 2
+
+
+@pytest.mark.parametrize(
+    ("cores", "procs"), [(1, 1), (2, 1), (4, 1), (7, 1), (8, 2), (16, 4), (64, 16)]
+)
+def test_go_procs_is_a_quarter_of_the_cores_and_at_least_one(cores: int, procs: int) -> None:
+    assert go_procs(cores) == procs
+
+
+@pytest.mark.parametrize(("env", "procs"), [("3", 3), ("0", None), ("-1", None), ("x", None)])
+def test_the_environments_gomaxprocs_is_kept_when_it_is_a_count(
+    monkeypatch: pytest.MonkeyPatch, env: str, procs: int | None
+) -> None:
+    monkeypatch.setenv("GOMAXPROCS", env)
+    assert server_procs() == (procs if procs is not None else go_procs())
+    assert server_env()["GOMAXPROCS"] == str(server_procs())
+    with pytest.raises(ValueError, match="procs"):
+        EmbeddedNats(procs=0)
