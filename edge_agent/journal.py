@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 _TOKEN = re.compile(rb"^[^\s]{1,1024}$")
+#: With nothing left to deliver, the file is emptied once it holds this many bytes.
+TRUNCATE_AT = 64 << 10
 #: Done keys remembered after compaction, so a late duplicate append is still refused.
 REMEMBER_DONE = 10_000
 
@@ -181,11 +183,15 @@ class Journal:
             return
         for s in done:
             self._drop(s)
-        if not self._pending:
-            self._truncate()  # nothing left: the cheapest compaction
-            return
         rec = _record(b"D " + b",".join(b"%d" % s for s in done))
-        if self.size + len(rec) > self.max_bytes or self.size > 2 * self.live_bytes + 65536:
+        if not self._pending:
+            # nothing left: a done record while the file is small, else the cheapest compaction
+            # (an emptied file per delivered event cost 9 us against 2.5 for the record)
+            if self.size + len(rec) > min(TRUNCATE_AT, self.max_bytes):
+                self._truncate()
+            else:
+                self._write(rec)
+        elif self.size + len(rec) > self.max_bytes or self.size > 2 * self.live_bytes + 65536:
             self.compact()
         else:
             self._write(rec)

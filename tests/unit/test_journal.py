@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_agent.journal import Journal, JournalFull
+from edge_agent.journal import TRUNCATE_AT, Journal, JournalFull
 
 
 def _keys(j: Journal) -> list[str]:
@@ -31,9 +31,30 @@ def test_append_replay_in_order_and_done_entries_never_come_back(tmp_path: Path)
     e = again.append("ev-5", "t", b"")
     assert e is not None and e.seq > seqs[-1]
     again.mark_done(x.seq for x in again.pending())
-    assert len(again) == 0 and path.stat().st_size == 0  # all delivered: truncated
+    assert len(again) == 0 and path.stat().st_size == again.size > 0  # a done record
     again.close()
     assert Journal(path, 1 << 20).pending() == []
+
+
+def test_a_journal_with_nothing_left_is_emptied_once_past_its_size(tmp_path: Path) -> None:
+    """All delivered: a done record is appended while the file is small (cheaper than
+    emptying it each time), and the file is emptied once it would pass TRUNCATE_AT."""
+    path = tmp_path / "e.journal"
+    j = Journal(path, 1 << 20)
+    sizes = []
+    for i in range(2000):
+        e = j.append(f"ev-{i}", "mars.v1.events.task.p.t", b"x" * 100)
+        assert e is not None
+        j.mark_done([e.seq])
+        sizes.append(path.stat().st_size)
+        assert sizes[-1] == j.size <= TRUNCATE_AT
+    emptied = [i for i in range(1, len(sizes)) if sizes[i] == 0]
+    assert emptied, "never emptied"
+    assert all(sizes[i - 1] > TRUNCATE_AT // 2 for i in emptied)  # only once it was big
+    j.close()
+    again = Journal(path, 1 << 20)
+    assert again.pending() == [] and again.skipped == 0
+    assert "ev-1999" in again  # the done records since the last emptying are remembered
 
 
 def test_a_key_is_journaled_once(tmp_path: Path) -> None:
