@@ -14,6 +14,7 @@ import pytest
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
+from edge_agent.journal import Journal
 from edge_agent.service import Agent
 from orchestrator.natsserver import free_port
 from orchestrator.service import Orchestrator
@@ -188,7 +189,7 @@ async def test_cut_off_agent_delivers_buffered_results_exactly_once(
         run = await orch.wait_terminal(pid, 20.0)
         assert run.state == "succeeded", run.reason
         assert await agent.outbox.wait_empty(5.0)
-        assert agent.outbox.journal.path.stat().st_size == 0  # nothing left to send twice
+        assert agent.outbox.journal.pending() == []
         counts = await _final_events(nats_url, pid)
         assert counts[("t1", "succeeded")] == 1 and counts[("t2", "succeeded")] == 1
         assert counts[("t1", "started")] == 1 and counts[("t2", "started")] == 1
@@ -197,6 +198,11 @@ async def test_cut_off_agent_delivers_buffered_results_exactly_once(
         await agent.stop()
         await orch.stop()
         await proxy.close()
+    again = Journal(agent.outbox.journal.path)  # what a restart would replay: nothing
+    try:
+        assert again.pending() == [] and again.skipped == 0
+    finally:
+        again.close()
 
 
 async def test_a_journal_left_by_a_stopped_agent_is_replayed_by_the_next_start(
