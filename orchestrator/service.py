@@ -86,8 +86,10 @@ LEASE_S = 15.0
 #: Finished pipelines kept in memory (`list` shows the live ones and these; `status` of any
 #: other is rebuilt from its record in KV). Every object kept is visited by each full garbage
 #: collection, which stops the orchestrator: with 2,000 kept one took 80-300 ms; measured in
-#: one process after 300 pipelines, 250 kept made ~140 of a 270 ms collection.
-MAX_PIPELINES_KEPT = 64
+#: one process after 300 pipelines, 250 kept made ~140 of a 270 ms collection. The young ones
+#: are visited by each young collection too: 64 kept (with the predictor's task memo, since
+#: gone) made its longest pauses 33-48 ms in a placement benchmark run, 16 made them 26-32.
+MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
 

@@ -14,6 +14,7 @@ from orchestrator.predictor.model import (
     LearnedModel,
     Predictor,
     shipped_model,
+    task_signature,
 )
 from orchestrator.scheduling import Cluster, Device
 from schemas import DeviceSpec, PipelineSpec, TaskSpec
@@ -202,7 +203,6 @@ def test_task_signatures_are_stable_and_ignore_id_and_deps() -> None:
     versions (the run's and the profile's JSON, hashed), whatever its id or dependencies."""
     import hashlib
 
-    from orchestrator.predictor.model import task_signature
     from schemas.pipeline import TaskSpec
 
     runs = [
@@ -293,3 +293,18 @@ def test_the_placement_benchmarks_task_signatures_all_stay_cached() -> None:
     for k in range(0, len(tasks), 20):
         p.estimate(tasks[k : k + 20], devs)
     assert p.scored == 5120
+
+
+def test_the_predictor_keeps_no_task_alive(learned: LearnedModel) -> None:
+    """Estimating and learning hold no reference to the task specs they are given: a finished
+    pipeline's specs go with it (each is a score of objects every young garbage collection of
+    the orchestrator would visit while something else kept them)."""
+    import sys
+
+    p = Predictor(model=learned)
+    tasks = [onnx_task(1), onnx_task(8, model="tiny_cnn", iterations=2)]
+    before = [sys.getrefcount(t) for t in tasks]
+    p.estimate(tasks, [CPU])
+    p.observe(tasks[0], "cpu", CPU, 0.01, 0.0)
+    assert p.signature(tasks[1]) == task_signature(tasks[1])
+    assert [sys.getrefcount(t) for t in tasks] == before
