@@ -12,6 +12,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from orchestrator.natsserver import server_procs
 from schemas import subjects
 from schemas.agent import AgentAdvert
 from schemas.codec import decode, encoding_of
@@ -91,6 +92,9 @@ async def test_sim_up_runs_a_pipeline_and_down_stops_everything(tmp_path: Path) 
             "agent", "agent", "agent", "linkemu", "nats", "orchestrator",
         ]  # fmt: skip
         assert sorted(launcher.pids(run)) == sorted(recorded)
+        nats_pid = next(p.pid for p in state.processes if p.role == "nats")
+        environ = Path(f"/proc/{nats_pid}/environ").read_bytes().split(b"\0")
+        assert f"GOMAXPROCS={server_procs()}".encode() in environ  # the broker's share
         assert state.links["edge-0"]["profile"]["latency_ms"] == 40.0
 
         rc, out, err = await _mars("submit", str(pipe), "--wait", "--nats", state.nats_url)
