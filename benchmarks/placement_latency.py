@@ -2,7 +2,7 @@
 
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
-        [--paced 1000] [--agent-procs 1] [--replicas 1] [--server-procs N]
+        [--paced 1000[,RATE...]] [--agent-procs 1] [--replicas 1] [--server-procs N]
 
 An embedded nats-server, ONE `mars orchestrator` process (`--replicas` for more, in one
 queue group: the throughput goal is per process, so it is measured with one) and
@@ -18,7 +18,8 @@ of their own, so on a machine with cores to spare several processes are nearer t
    previous reply, earlier pipelines still running: a closed loop as fast as the host allows),
    isolated (each after the previous pipeline ended) and paced (arriving at random at
    `--paced` task placements/s on average, the throughput goal by default, each sent at its
-   time: the latency at that offered load). `--warmup` submissions before them are not
+   time: the latency at that offered load; a comma-separated list of rates runs one paced
+   phase each, latency against load). `--warmup` submissions before them are not
    counted. Goal: P99 <= 10 ms (references: 89 ms P99 for the agent-based seed, 420 ms for a
    traditional scheduler). Per phase, the CPU all processes used per pipeline, and the share
    of the host's cores: back-to-back on a small host is as fast as the cores let every
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import math
 import os
 import random
 import re
@@ -152,8 +155,8 @@ class Results:
     latency_states: Counter[str]
     isolated: Phase
     isolated_states: Counter[str]
-    paced: Phase
-    paced_states: Counter[str]
+    #: One per `--paced` rate: (task placements/s offered, phase, terminal states).
+    paced: list[tuple[float, Phase, Counter[str]]]
     throughput: Phase
     throughput_states: Counter[str]
     submissions: int
@@ -280,11 +283,12 @@ async def drive(
         progress(f"latency, isolated: {args.submissions} submissions, each after the last ended")
         iso, iso_states = await timed(lambda ph: sequential(ph, "iso", isolated=True))
 
-        pac, pac_states = Phase(), Counter[str]()
-        if args.paced > 0:
-            rate = args.paced / args.tasks
+        pac: list[tuple[float, Phase, Counter[str]]] = []
+        for i, offered in enumerate(args.paced):
+            rate = offered / args.tasks
             progress(f"latency, paced: {args.submissions} submissions at {rate:g}/s on average")
-            pac, pac_states = await timed(lambda ph: paced(ph, "pac", rate))
+            ph, ph_states = await timed(functools.partial(paced, tag=f"pac{i}", rate=rate))
+            pac.append((offered, ph, ph_states))
 
         async def sustained(phase: Phase) -> None:
             """`--submitters` submitting one after another each for `--duration` seconds."""
@@ -300,9 +304,7 @@ async def drive(
 
         progress(f"throughput: {args.submitters} submitters for {args.duration:.0f} s")
         thr, thr_states = await timed(sustained)
-        return Results(
-            lat, lat_states, iso, iso_states, pac, pac_states, thr, thr_states, args.submissions
-        )
+        return Results(lat, lat_states, iso, iso_states, pac, thr, thr_states, args.submissions)
     finally:
         await terminals.stop()
         await client.close()
@@ -334,8 +336,20 @@ def host_note(phase: Phase) -> str:
     )
 
 
-def paced_name(args: argparse.Namespace) -> str:
-    return f"paced {args.paced / args.tasks:g}/s"
+def paced_name(offered: float, tasks: int) -> str:
+    return f"paced {offered / tasks:g}/s"
+
+
+def paced_rates(text: str) -> list[float]:
+    """`--paced`: task placements/s offered, one paced phase each (comma-separated; 0 or
+    nothing: none)."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {text!r}") from None
+    if any(not math.isfinite(r) or r < 0 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be >= 0: {text!r}")
+    return [r for r in rates if r > 0]
 
 
 def latency_phases(args: argparse.Namespace, r: Results) -> list[tuple[str, Phase, Counter[str]]]:
@@ -344,8 +358,7 @@ def latency_phases(args: argparse.Namespace, r: Results) -> list[tuple[str, Phas
         ("back-to-back", r.latency, r.latency_states),
         ("isolated", r.isolated, r.isolated_states),
     ]
-    if args.paced > 0:
-        out.append((paced_name(args), r.paced, r.paced_states))
+    out += [(paced_name(offered, args.tasks), ph, st) for offered, ph, st in r.paced]
     return out
 
 
@@ -369,8 +382,9 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
     print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
     print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es).")
-    if args.paced > 0:
-        print(f"paced: submissions arrive at random (exponential gaps) at {args.paced:g} task")
+    if args.paced:
+        rates = ", ".join(f"{x:g}" for x in args.paced)
+        print(f"paced: submissions arrive at random (exponential gaps) at {rates} task")
         print("placements/s on average, each sent at its time, answered or not (open loop)")
     print(
         f"orchestrator plan budget beyond HEFT: {args.plan_budget_ms:g} ms; every process "
@@ -413,7 +427,9 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
     print(host_note(thr))
     print("pipelines: " + ", ".join(f"{k} {v}" for k, v in sorted(r.throughput_states.items())))
     for name, phase in (
-        ("latency", r.latency), ("isolated", r.isolated), ("paced", r.paced), ("throughput", thr)
+        ("latency", r.latency), ("isolated", r.isolated),
+        *((paced_name(offered, args.tasks), ph) for offered, ph, _ in r.paced),
+        ("throughput", thr),
     ):  # fmt: skip
         if phase.refused:
             print(f"\n{name} phase: refused or failed pipelines by reason:")
@@ -445,10 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--paced",
-        type=float,
-        default=1000.0,
+        type=paced_rates,
+        default=[1000.0],
         help="task placements/s offered in the paced (open-loop) latency phase: pipelines of "
-        "--tasks arrive at this over --tasks per second (default: the throughput goal; 0 skips)",
+        "--tasks arrive at this over --tasks per second (default: the throughput goal; 0 skips); "
+        "a comma-separated list runs one paced phase per rate, e.g. 250,500,1000",
     )
     ap.add_argument(
         "--agent-procs", type=int, default=1, help="processes the agents are spread over"
@@ -486,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         states = (
             results.latency_states,
             results.isolated_states,
-            results.paced_states,
+            *(st for _, _, st in results.paced),
             results.throughput_states,
         )
         if any(s["no terminal event"] for s in states):
@@ -571,7 +588,10 @@ def print_steps(
     request and reply in transit, and waiting for the handler)."""
     rows = []
     phases = [("lat", "back-to-back", r.latency), ("iso", "isolated", r.isolated)]
-    phases.append(("pac", paced_name(args), r.paced))
+    phases += [
+        (f"pac{i}", paced_name(offered, args.tasks), ph)
+        for i, (offered, ph, _) in enumerate(r.paced)
+    ]
     for tag, name, phase in phases:
         per = steps.get(tag)
         if not per or not per["total"]:

@@ -1,0 +1,30 @@
+"""The placement benchmark's `--paced` list: one paced phase per rate offered."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks.placement_latency import paced_name, paced_rates
+
+
+@pytest.mark.parametrize(
+    ("text", "rates"),
+    [("1000", [1000.0]), ("250,500, 1000", [250.0, 500.0, 1000.0]), ("0", []), ("", [])],
+)
+def test_paced_rates_are_a_comma_separated_list_zero_meaning_none(
+    text: str, rates: list[float]
+) -> None:
+    assert paced_rates(text) == rates
+
+
+@pytest.mark.parametrize("text", ["fast", "500,x", "-1", "nan", "inf"])
+def test_paced_rates_refuse_what_is_not_a_rate(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        paced_rates(text)
+
+
+def test_a_paced_phase_is_named_by_its_pipelines_per_second() -> None:
+    assert paced_name(1000.0, 20) == "paced 50/s"
+    assert paced_name(250.0, 20) == "paced 12.5/s"
