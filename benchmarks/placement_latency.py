@@ -3,7 +3,6 @@
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
         [--paced 1000[,RATE...]] [--agent-procs 1] [--replicas 1] [--server-procs N]
-        [--fleet-nice 0]
 
 An embedded nats-server, ONE `mars orchestrator` process (`--replicas` for more, in one
 queue group: the throughput goal is per process, so it is measured with one) and
@@ -213,18 +212,7 @@ async def drive(
     for k, count in enumerate(shares(args.agents, args.agent_procs)):
         services.spawn(
             agents_names(args.agent_procs)[k],
-            [
-                "sim",
-                "agents",
-                "--nats",
-                url,
-                "--count",
-                str(count),
-                "--prefix",
-                f"pl{k}",
-                "--nice",
-                str(args.fleet_nice),
-            ],
+            ["sim", "agents", "--nats", url, "--count", str(count), "--prefix", f"pl{k}"],
             env=timing,
         )
     client = await Client.connect(url, timeout=30.0)
@@ -393,12 +381,7 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
     print("goal: P99 <= 10 ms (agent-based seed: 89 ms P99; traditional scheduler: 420 ms)")
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
     print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
-    print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es)", end="")
-    if args.fleet_nice:
-        print(f", at nice {args.fleet_nice} (they stand for machines of their own: here they")
-        print("yield the cores to the orchestrator and the broker when both want them).")
-    else:
-        print(", sharing the cores equally with the orchestrator and the broker.")
+    print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es).")
     if args.paced:
         rates = ", ".join(f"{x:g}" for x in args.paced)
         print(f"paced: submissions arrive at random (exponential gaps) at {rates} task")
@@ -494,14 +477,6 @@ def main(argv: list[str] | None = None) -> int:
         help="orchestrator processes in the API queue group (each submission goes to one)",
     )
     ap.add_argument(
-        "--fleet-nice",
-        type=int,
-        default=0,
-        help="CPU priority the agents' processes give up (0-19, `mars sim agents --nice`): "
-        "on one host the emulated fleet competes with the control plane for the cores, which "
-        "machines of their own would not",
-    )
-    ap.add_argument(
         "--server-procs",
         type=int,
         default=None,
@@ -512,8 +487,6 @@ def main(argv: list[str] | None = None) -> int:
     counts = (args.agents, args.tasks, args.submissions, args.submitters, args.agent_procs)
     if min(*counts, args.replicas) < 1 or (args.server_procs is not None and args.server_procs < 1):
         ap.error("counts must be >= 1")
-    if not 0 <= args.fleet_nice <= 19:
-        ap.error("--fleet-nice must be in [0, 19]")
     if args.agent_procs > args.agents:
         ap.error("--agent-procs must be <= --agents")
     t0 = time.perf_counter()

@@ -256,11 +256,6 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
     if not 0 < args.heartbeat <= 60:
         print("error: --heartbeat must be in (0, 60] seconds", file=sys.stderr)
         return 2
-    if not 0 <= args.nice <= 19:
-        print("error: --nice must be in [0, 19]", file=sys.stderr)
-        return 2
-    if args.nice:
-        os.nice(args.nice)  # the fleet yields the cores to the control plane on a shared host
 
     async def main(stop: asyncio.Event) -> None:
         started = asyncio.Event()
@@ -423,13 +418,6 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--gflops", type=float, default=50.0, help="declared GFLOP/s per device")
     sa.add_argument("--site-count", type=int, default=4, help="sites the agents spread over")
     sa.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval (s)")
-    sa.add_argument(
-        "--nice",
-        type=int,
-        default=0,
-        help="lower this process's CPU priority by N (0-19): the emulated fleet stands for "
-        "machines of their own, so on the orchestrator's host it can yield the cores to it",
-    )
     sa.set_defaults(fn=cmd_sim_agents)
     sr = sim_sub.add_parser("run", help="discrete-event simulation scenario (docs/sim.md)")
     add_sim_run_arguments(sr)

@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import sys
 
-import psutil
 import pytest
 
 from edge_agent.service import run_agent
@@ -48,33 +45,3 @@ async def test_an_agent_process_quiets_its_collector_once_its_agent_is_up(
         timing.setLevel(level)
         stop.set()
         await asyncio.wait_for(agent, 10.0)
-
-
-async def test_a_sim_fleet_process_gives_up_the_cpu_priority_it_is_told(nats_url: str) -> None:
-    """`mars sim agents --nice N`: the fleet's process runs N steps nicer than its parent
-    (it stands for machines of its own, so on a shared host it yields the cores)."""
-    base = os.nice(0)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", "sim", "agents", "--nats", nats_url,
-        "--count", "1", "--prefix", "nice", "--nice", "7",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        line = await asyncio.wait_for(proc.stderr.readline(), 30.0)  # up: it says so
-        assert b"sim fleet: 1 agents" in line, line
-        assert psutil.Process(proc.pid).nice() == min(19, base + 7)
-    finally:
-        proc.terminate()
-        await asyncio.wait_for(proc.wait(), 10.0)
-
-
-@pytest.mark.parametrize("nice", ["-1", "20"])
-async def test_a_sim_fleet_refuses_a_nice_outside_0_to_19(nats_url: str, nice: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", "sim", "agents", "--nats", nats_url,
-        "--count", "1", "--nice", nice,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, err = await asyncio.wait_for(proc.communicate(), 30.0)
-    assert proc.returncode == 2 and b"--nice must be in [0, 19]" in err
