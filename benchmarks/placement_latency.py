@@ -85,6 +85,8 @@ class Phase:
     #: Messages each kind of process sent / received from the phase's start until its
     #: pipelines ended (the server's count).
     msgs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Per placed pipeline: (wall clock when its request was sent, its latency in s).
+    sent: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def refuse(self, reason: str) -> None:
         key = normalise_reason(reason)
@@ -105,7 +107,7 @@ class Submitter:
         spec = self.specs[self.n % len(self.specs)]
         self.n += 1
         fut = self.terminals.expect(pid)
-        t0 = time.perf_counter()
+        t0, t0_wall = time.perf_counter(), time.time()
         try:
             reply = await self.client.submit(spec, pipeline_id=pid)
         except RemoteError as exc:
@@ -117,7 +119,9 @@ class Submitter:
             self.terminals.forget(pid)
             phase.refuse(f"submit got no reply: {type(exc).__name__}")
             return None
-        phase.latencies_s.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        phase.latencies_s.append(took)
+        phase.sent[pid] = (t0_wall, took)
         phase.placed_tasks += len(reply.plan)
         phase.pending[pid] = fut
         return fut
@@ -511,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         orch_logs = [logs / f"{name}.log" for name in orchestrator_names(args.replicas)]
         stalls = sum(stalled_tasks(log) for log in orch_logs)
         steps = merged_steps(step_times(log) for log in orch_logs)
+        spans = {pid: span for log in orch_logs for pid, span in handler_spans(log).items()}
         pauses = [p for log in orch_logs for p in gc_pauses(log)]
         agent_pauses = [
             p for name in agents_names(args.agent_procs) for p in gc_pauses(logs / f"{name}.log")
@@ -519,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
             keep_logs(logs, f"the orchestrator's watchdog reported {stalls} task(s)")
     rc = report(args, results, time.perf_counter() - t0, srv.procs)
     print_steps(steps, results, args)
+    print_waits(spans, results, args)
     print(f"tasks the orchestrator's watchdog found stalled or overdue: {stalls}")
     print_pauses("the orchestrator", pauses)
     print_pauses("the agents' process(es)", agent_pauses)
@@ -603,6 +609,59 @@ def print_steps(
         return
     print("\nper step, ms (each column's own percentile; orchestrator clock, debug log):")
     print(table(rows, ["phase", "pct", *STEPS[:-1], "handler", "client"]))
+
+
+HANDLER_RE = re.compile(rb"placed (\S+) .*?total_ms=([0-9.]+) .*?start_wall=([0-9.]+)")
+
+
+def handler_spans(log: Path) -> dict[str, tuple[float, float]]:
+    """Per pipeline, when the orchestrator's submit handler started (its wall clock) and how
+    long it took (ms), from the `mars.timing` debug lines."""
+    out: dict[str, tuple[float, float]] = {}
+    if not log.exists():
+        return out
+    with log.open("rb") as fh:
+        for line in fh:
+            m = HANDLER_RE.search(line)
+            if m is not None:
+                out[m.group(1).decode()] = (float(m.group(3)), float(m.group(2)))
+    return out
+
+
+def waits(
+    sent: dict[str, tuple[float, float]], spans: dict[str, tuple[float, float]]
+) -> list[tuple[float, float, float, float]]:
+    """Per placed pipeline, on one clock (client and orchestrator share the host): (its
+    latency, the time from the request's send to the handler's start, the handler's, the
+    time from its end to the reply's arrival), ms, slowest last."""
+    out = []
+    for pid, (sent_at, took_s) in sent.items():
+        span = spans.get(pid)
+        if span is None:
+            continue
+        began, handler_ms = span
+        before = 1e3 * (began - sent_at)
+        out.append((1e3 * took_s, before, handler_ms, 1e3 * took_s - before - handler_ms))
+    return sorted(out)
+
+
+def print_waits(
+    spans: dict[str, tuple[float, float]], r: Results, args: argparse.Namespace
+) -> None:
+    """Where the fastest half and the slowest 2% of each phase's submissions spent their time:
+    on the way to the handler (transit, and waiting for the submission before: one is served
+    at a time), in it, and on the way back."""
+    rows = []
+    for name, phase, _ in latency_phases(args, r):
+        got = waits(phase.sent, spans)
+        if len(got) < 50:
+            continue
+        fastest, slowest = got[: len(got) // 2], got[-(len(got) // 50) :]
+        for label, part in (("fastest half", fastest), ("slowest 2%", slowest)):
+            rows.append([name, label, *(sum(x[i] for x in part) / len(part) for i in range(4))])
+    if rows:
+        print("\nwhere the time went, ms (means; client and orchestrator clocks are the host's):")
+        print(table(rows, ["phase", "submissions", "client", "to handler", "handler", "back"]))
 
 
 def stalled_tasks(log: Path) -> int:
