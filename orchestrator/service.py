@@ -92,6 +92,10 @@ LEASE_S = 15.0
 MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
+#: Submissions one process serves at once. The planner stays one at a time (`Placer`); the
+#: next submission's claim, and its wait for the planner, overlap the one before's offers,
+#: commit and reply. More at once booked the 2-core fleet faster than it ran (docs/reservations.md).
+SUBMITS_AT_ONCE = 2
 
 
 class Orchestrator:
@@ -120,6 +124,9 @@ class Orchestrator:
         self._service: Any = None
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._submit_slots = asyncio.Semaphore(SUBMITS_AT_ONCE)
+        #: Ids being submitted now: the same id submitted again meanwhile waits for the first.
+        self._submitting: dict[str, asyncio.Event] = {}
         self.cluster_changed = asyncio.Event()
         self.lease_s = lease_s
         self.placer = Placer(self)
@@ -199,7 +206,7 @@ class Orchestrator:
             description="MARS pipeline API",
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
-            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit)),
+            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit, at_once=True)),
             ("status", subjects.STATUS, self._ep(StatusRequest, self.status)),
             ("list", subjects.LIST, self._ep(ListRequest, self.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.cancel)),
@@ -268,15 +275,34 @@ class Orchestrator:
         self.nc = None
 
     def _ep(
-        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
+        self,
+        model: type[Any],
+        fn: Callable[[Any], Awaitable[WireModel]],
+        *,
+        at_once: bool = False,
     ) -> Callable[[Request], Awaitable[None]]:
-        """An endpoint handler. nats-py runs one subscription's callbacks one after another,
-        so submissions are placed one at a time (see docs/reservations.md: serving them side
-        by side was tried, and let the fleet be booked faster than it ran)."""
+        """An endpoint handler. nats-py runs one subscription's callbacks one after another;
+        an `at_once` endpoint hands each request to a task of its own, up to SUBMITS_AT_ONCE
+        (then the subscription waits, and requests queue in the client library)."""
 
-        async def endpoint(req: Request) -> None:
+        async def serve(req: Request) -> None:
             body, headers = await handle(req.data, req.headers, model, fn)
             await req.respond(body, headers=headers)
+
+        async def serve_alone(req: Request) -> None:
+            try:
+                await serve(req)
+            except Exception as exc:  # the requester times out; the service stays up
+                log.warning("could not answer a request on %s: %s", req.subject, exc)
+            finally:
+                self._submit_slots.release()
+
+        async def endpoint(req: Request) -> None:
+            if not at_once:
+                await serve(req)
+                return
+            await self._submit_slots.acquire()
+            self._spawn(serve_alone(req))
 
         return endpoint
 
@@ -399,6 +425,16 @@ class Orchestrator:
     # -- API ------------------------------------------------------------------------------------
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         pid = req.pipeline_id or uuid.uuid4().hex
+        while (first := self._submitting.get(pid)) is not None:
+            await first.wait()  # the same id twice at once: answered as the first ended
+        self._submitting[pid] = done = asyncio.Event()
+        try:
+            return await self._submit(req, pid)
+        finally:
+            del self._submitting[pid]
+            done.set()
+
+    async def _submit(self, req: SubmitRequest, pid: str) -> SubmitReply:
         existing = self.pipelines.get(pid)
         if existing is not None:
             if existing.spec != req.pipeline:
