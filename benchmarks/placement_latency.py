@@ -44,7 +44,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -545,28 +545,32 @@ def print_pauses(who: str, pauses: list[tuple[int, float]]) -> None:
     )
 
 
-STEP_RE = re.compile(rb"placed (\S+) ((?:\w+_ms=[0-9.]+ ?)+)")
+TIMING_RE = re.compile(rb"placed (\S+) ((?:\w+=[0-9.]+ ?)+)")
 STEPS = ("claim", "plan", "send", "book", "offer", "rest", "total")
 
 
-def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
-    """Per phase (the pipeline id's prefix), each step's milliseconds over its placements,
-    from the orchestrator's `mars.timing` debug lines."""
-    out: dict[str, dict[str, list[float]]] = {}
+def timing_lines(log: Path) -> Iterator[tuple[str, dict[str, float]]]:
+    """(pipeline id, its fields) of each of the orchestrator's `mars.timing` placement lines
+    (`service.TIMING_LINE`): `claim_ms`, ..., `total_ms`, `start_wall`."""
     if not log.exists():
-        return out
+        return
     with log.open("rb") as fh:
         for line in fh:
-            m = STEP_RE.search(line)
-            if m is None:
-                continue
-            phase = m.group(1).decode().split("-", 1)[0]
-            per = out.setdefault(phase, {s: [] for s in STEPS})
-            got = dict(item.decode().partition("_ms=")[::2] for item in m.group(2).split())
-            ms = {k: float(got.get(k, "nan")) for k in STEPS if k != "rest"}
-            ms["rest"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
-            for k, v in ms.items():
-                per[k].append(v)
+            m = TIMING_RE.search(line)
+            if m is not None:
+                fields = (item.decode().partition("=")[::2] for item in m.group(2).split())
+                yield m.group(1).decode(), {k: float(v) for k, v in fields}
+
+
+def step_times(log: Path) -> dict[str, dict[str, list[float]]]:
+    """Per phase (the pipeline id's prefix), each step's milliseconds over its placements."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for pid, got in timing_lines(log):
+        per = out.setdefault(pid.split("-", 1)[0], {s: [] for s in STEPS})
+        ms = {k: got.get(f"{k}_ms", math.nan) for k in STEPS if k != "rest"}
+        ms["rest"] = ms["total"] - sum(v for k, v in ms.items() if k != "total")
+        for k, v in ms.items():
+            per[k].append(v)
     return out
 
 
@@ -611,21 +615,14 @@ def print_steps(
     print(table(rows, ["phase", "pct", *STEPS[:-1], "handler", "client"]))
 
 
-HANDLER_RE = re.compile(rb"placed (\S+) .*?total_ms=([0-9.]+) .*?start_wall=([0-9.]+)")
-
-
 def handler_spans(log: Path) -> dict[str, tuple[float, float]]:
     """Per pipeline, when the orchestrator's submit handler started (its wall clock) and how
-    long it took (ms), from the `mars.timing` debug lines."""
-    out: dict[str, tuple[float, float]] = {}
-    if not log.exists():
-        return out
-    with log.open("rb") as fh:
-        for line in fh:
-            m = HANDLER_RE.search(line)
-            if m is not None:
-                out[m.group(1).decode()] = (float(m.group(3)), float(m.group(2)))
-    return out
+    long it took (ms)."""
+    return {
+        pid: (got["start_wall"], got["total_ms"])
+        for pid, got in timing_lines(log)
+        if "start_wall" in got and "total_ms" in got
+    }
 
 
 def waits(

@@ -177,7 +177,9 @@ class Predictor:
         their device ids). One ONNX Runtime call for everything not cached."""
         keys = list(keys) if keys is not None else [d.device_id for d in devices]
         set_id = self._set_id(tuple(zip(keys, map(id, devices), strict=True)), devices)
-        sigs = [self.signature(t) for t in tasks]
+        # not memoised: a signature takes ~1.5 us, and a memo per task object kept up to 2,048
+        # tasks' specs alive for every young garbage collection of the orchestrator to visit
+        sigs = [task_signature(t) for t in tasks]
         nt, nd = len(tasks), len(devices)
         out = np.empty((4, nt, nd))  # base, lo, hi, source
         todo: list[int] = []
@@ -213,12 +215,6 @@ class Predictor:
                     if j is not None:
                         factor[i, j] = tr.factor
         return Estimates(base * factor, base, lo * factor, hi * factor, src, factor)
-
-    def signature(self, task: TaskSpec) -> str:
-        """`task_signature`. Not memoised: it takes ~1.5 us, and a memo per task object kept
-        up to 2,048 tasks' specs alive, each a score of objects for every young garbage
-        collection of the orchestrator to visit."""
-        return task_signature(task)
 
     def _set_id(self, dev_key: tuple[Any, ...], devices: Sequence[DeviceSpec]) -> int:
         got = self._set_ids.get(dev_key)
@@ -324,7 +320,7 @@ class Predictor:
         inference per finished task); otherwise it is estimated again."""
         if base_s is None:
             base_s = float(self.estimate([task], [device], [key]).base[0, 0])
-        sig = self.signature(task)
+        sig = task_signature(task)
         if self.corrections.observe(sig, key, base_s, actual_s, now):
             return sig, key
         track = self.corrections.get(sig, key)
