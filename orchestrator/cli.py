@@ -34,14 +34,16 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     return 0
 
 
-async def _quiet_once_up(started: asyncio.Event) -> None:
-    """An agent process, once up: `eventloop.quiet_gc`, and its collections' pauses logged
-    on `mars.timing` (debug) when that logger is on (MARS_DEBUG=mars.timing)."""
+async def _paced_gc_once_up(started: asyncio.Event) -> None:
+    """An agent process, once up: its garbage collector paced (`eventloop.PacedGc`, as the
+    orchestrator's; an agent calls any moment idle), and its collections' pauses logged on
+    `mars.timing` (debug) when that logger is on (MARS_DEBUG=mars.timing). Runs until
+    cancelled."""
     await started.wait()
-    eventloop.quiet_gc()
     timing = logging.getLogger("mars.timing")
     if timing.isEnabledFor(logging.DEBUG):
         gc.callbacks.append(eventloop.gc_pause_hook(timing))
+    await eventloop.PacedGc().run()
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
@@ -59,7 +61,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> None:
         started = asyncio.Event()
-        quiet = asyncio.create_task(_quiet_once_up(started))
+        paced = asyncio.create_task(_paced_gc_once_up(started))
         try:
             # SIGTERM/SIGINT: drain, let running work finish for the grace period, cancel the rest
             await run_agent(
@@ -67,7 +69,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 started=started,
             )  # fmt: skip
         finally:
-            quiet.cancel()
+            paced.cancel()
 
     return _run_until_signal(main)
 
@@ -270,7 +272,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
             )
 
         note = asyncio.create_task(announce())
-        quiet = asyncio.create_task(_quiet_once_up(started))
+        paced = asyncio.create_task(_paced_gc_once_up(started))
         try:
             await run_fleet(
                 args.nats,
@@ -285,7 +287,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
             )
         finally:
             note.cancel()
-            quiet.cancel()
+            paced.cancel()
 
     return _run_until_signal(main)
 

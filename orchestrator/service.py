@@ -221,11 +221,14 @@ class Orchestrator:
         self._spawn(self.failover.run())
         await self.adaptive.start()
         await settle(nc)  # every subscription is live before a caller's first request
-        eventloop.quiet_gc()
         if timing_log.isEnabledFor(logging.DEBUG):
             self._gc_hook = eventloop.gc_pause_hook(timing_log)
             gc.callbacks.append(self._gc_hook)
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
+
+    def idle(self) -> bool:
+        """Nothing being submitted or placed: a collection now holds up no reply."""
+        return not self._submitting and not self.placer.placing
 
     async def _on_nats_down(self) -> None:
         self.recovery.observer_lost()
@@ -861,10 +864,22 @@ async def run_orchestrator(
     stop: asyncio.Event | None = None,
     name: str | None = None,
     plan_budget_s: float = PLAN_BUDGET_S,
+    started: asyncio.Event | None = None,
 ) -> None:
+    """The orchestrator of a process of its own (`mars orchestrator`): its garbage collector
+    is paced (`eventloop.PacedGc`), collections waiting for a moment with no submission
+    under way. `started` is set once it serves."""
     orch = Orchestrator(nats_url, name=name, plan_budget_s=plan_budget_s)
     await orch.start()
+    pacer = eventloop.PacedGc(orch.idle)
+    pacer.start()
+    paced = asyncio.create_task(pacer.run())
+    if started is not None:
+        started.set()
     try:
         await (stop or asyncio.Event()).wait()
     finally:
+        paced.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await paced
         await orch.stop()

@@ -41,12 +41,14 @@ def nats_url(nats_server: EmbeddedNats) -> str:
 
 @pytest.fixture
 def gc_state() -> Iterator[None]:
-    """This process's garbage collector as it was (thresholds, hooks, nothing frozen),
+    """This process's garbage collector as it was (on or off, thresholds, hooks, nothing frozen),
     afterwards: for tests of what services do to it once up."""
-    thresholds, hooks = gc.get_threshold(), list(gc.callbacks)
+    thresholds, hooks, enabled = gc.get_threshold(), list(gc.callbacks), gc.isenabled()
     try:
         yield
     finally:
+        if enabled:
+            gc.enable()
         gc.unfreeze()
         gc.set_threshold(*thresholds)
         gc.callbacks[:] = hooks

@@ -61,8 +61,10 @@ async def test_a_submission_waiting_on_its_agents_does_not_hold_up_the_next(
     orch._submitting = Submitting()
     client = await Client.connect(nats_url, timeout=10.0)
     try:
+        assert orch.idle()
         slow = asyncio.create_task(client.submit(one_task("s"), pipeline_id="slow"))
         await asyncio.wait_for(holding.wait(), 5.0)
+        assert not orch.idle()  # a paced collection would wait (eventloop.PacedGc)
         # the next submission is served while the first waits on its agents
         fast = await asyncio.wait_for(client.submit(one_task("f"), pipeline_id="fast"), 5.0)
         assert fast.state == "running" and not slow.done()
@@ -76,6 +78,7 @@ async def test_a_submission_waiting_on_its_agents_does_not_hold_up_the_next(
         assert second.plan == first.plan and held == ["slow"]  # placed once, answered twice
         for pid in ("slow", "fast"):
             assert (await orch.wait_terminal(pid, 10.0)).state == "succeeded"
+        assert orch.idle()
     finally:
         gate.set()
         await client.close()

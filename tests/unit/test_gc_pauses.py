@@ -3,8 +3,10 @@ latency benchmark's reading of it."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import weakref
 from pathlib import Path
 
 import pytest
@@ -28,14 +30,95 @@ def test_a_long_collection_is_logged_and_a_short_one_is_not(
     assert lines == ["gc generation=2 pause_ms=500.0 collected=7"]
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Garbage:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def cyclic_garbage() -> weakref.ref[Garbage]:
+    return weakref.ref(Garbage())
+
+
 @pytest.mark.usefixtures("gc_state")
-def test_quiet_gc_freezes_what_exists_and_collects_less_often() -> None:
+def test_paced_gc_freezes_what_exists_and_turns_the_automatic_collector_off() -> None:
     gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
     kept = [[i] for i in range(1000)]  # long-lived objects made at start-up
-    eventloop.quiet_gc()
+    paced = eventloop.PacedGc()
+    paced.start()
     assert gc.get_freeze_count() >= len(kept)
-    assert gc.get_threshold() == eventloop.GC_THRESHOLDS
-    assert eventloop.GC_THRESHOLDS[0] > 700  # fewer young collections than the default
+    assert not gc.isenabled()
+    left = cyclic_garbage()
+    made = [[i] for i in range(10_000)]  # would set off young collections were it on
+    assert left() is not None and len(made) == 10_000
+    paced.stop()
+    assert gc.isenabled()
+    more = [[i] for i in range(10_000)]  # and now they do
+    assert left() is None and len(more) == 10_000
+
+
+@pytest.mark.usefixtures("gc_state")
+def test_a_due_collection_waits_for_an_idle_moment_but_not_for_ever() -> None:
+    clock, busy = Clock(), [True]
+    paced = eventloop.PacedGc(
+        lambda: not busy[0], every_s=60.0, idle_wait_s=10.0, most_young=10**9, clock=clock
+    )
+    paced.start()
+    left = cyclic_garbage()
+    clock.now += 59.0
+    assert not paced.step() and left() is not None  # not due yet
+    clock.now += 1.0
+    assert not paced.step() and left() is not None  # due, but the service is busy
+    busy[0] = False
+    assert paced.step() and left() is None and paced.collections == 1  # idle: collected
+    busy[0] = True
+    left = cyclic_garbage()
+    clock.now += 60.0
+    assert not paced.step()  # due again, busy: it waits...
+    clock.now += 9.9
+    assert not paced.step() and left() is not None
+    clock.now += 0.1
+    assert paced.step() and left() is None  # ...at most idle_wait_s
+    assert not paced.step() and paced.collections == 2  # and the next is a period away
+
+
+@pytest.mark.usefixtures("gc_state")
+def test_a_collection_is_due_early_once_enough_objects_were_made() -> None:
+    clock = Clock()
+    paced = eventloop.PacedGc(every_s=3600.0, most_young=5_000, clock=clock)
+    paced.start()
+    assert not paced.step()
+    left = cyclic_garbage()
+    made = [[i] for i in range(6_000)]  # more made than freed: the count the bound reads
+    assert paced.step() and left() is None and len(made) == 6_000
+
+
+@pytest.mark.usefixtures("gc_state")
+async def test_the_paced_collector_runs_until_cancelled_then_hands_back() -> None:
+    ticks = asyncio.Event()
+
+    def idle() -> bool:
+        ticks.set()
+        return True
+
+    paced = eventloop.PacedGc(idle, every_s=0.0, most_young=10**9)
+    task = asyncio.create_task(paced.run(tick_s=0.001))
+    await asyncio.wait_for(ticks.wait(), 5.0)  # it stepped, and a collection was due
+    assert not gc.isenabled() and paced.collections >= 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert gc.isenabled()
 
 
 def test_the_benchmark_reads_the_pauses_back(tmp_path: Path) -> None:
