@@ -41,9 +41,16 @@ async def _paced_gc_once_up(started: asyncio.Event) -> None:
     cancelled."""
     await started.wait()
     timing = logging.getLogger("mars.timing")
-    if timing.isEnabledFor(logging.DEBUG):
-        gc.callbacks.append(eventloop.gc_pause_hook(timing))
-    await eventloop.PacedGc().run()
+    hook = eventloop.gc_pause_hook(timing) if timing.isEnabledFor(logging.DEBUG) else None
+    if hook is not None:
+        gc.callbacks.append(hook)
+    pacer = eventloop.PacedGc()
+    try:
+        await pacer.run()
+    finally:  # the collector back on (its first collection is long) once nothing logs it
+        if hook is not None and hook in gc.callbacks:
+            gc.callbacks.remove(hook)
+        pacer.stop()
 
 
 def cmd_agent(args: argparse.Namespace) -> int:

@@ -879,7 +879,10 @@ async def run_orchestrator(
     try:
         await (stop or asyncio.Event()).wait()
     finally:
-        paced.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await paced
-        await orch.stop()
+        try:
+            await orch.stop()
+        finally:
+            paced.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await paced
+            pacer.stop()

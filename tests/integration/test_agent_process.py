@@ -38,10 +38,10 @@ async def test_an_agent_process_paces_its_collector_once_its_agent_is_up(
         await asyncio.sleep(0)  # one loop turn: the pacer starts
         assert not gc.isenabled() and gc.get_freeze_count() > 0
         assert len(gc.callbacks) == hooks + 1
-        paced.cancel()  # the process stops: the collector is handed back
+        paced.cancel()  # the process stops: the collector is handed back, unlogged
         with pytest.raises(asyncio.CancelledError):
             await paced
-        assert gc.isenabled()
+        assert gc.isenabled() and len(gc.callbacks) == hooks
     finally:
         paced.cancel()
         timing.setLevel(level)

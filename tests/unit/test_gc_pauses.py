@@ -104,7 +104,7 @@ def test_a_collection_is_due_early_once_enough_objects_were_made() -> None:
 
 
 @pytest.mark.usefixtures("gc_state")
-async def test_the_paced_collector_runs_until_cancelled_then_hands_back() -> None:
+async def test_the_paced_collector_runs_until_cancelled_and_is_handed_back_by_stop() -> None:
     ticks = asyncio.Event()
 
     def idle() -> bool:
@@ -118,6 +118,8 @@ async def test_the_paced_collector_runs_until_cancelled_then_hands_back() -> Non
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    assert not gc.isenabled()  # until its owner, done serving, hands it back
+    paced.stop()
     assert gc.isenabled()
 
 
