@@ -25,9 +25,16 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: int) -> None:
+            if stop.is_set():  # asked again while stopping: the operator will not wait
+                print(f"signal {sig} again: exiting now", file=sys.stderr, flush=True)
+                os._exit(128 + sig)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
         await main(stop)
 
     eventloop.run(runner())

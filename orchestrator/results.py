@@ -94,13 +94,21 @@ class ResultLedger:
                 self.bucket, history,
             )  # fmt: skip
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float | None = None) -> None:
         """Write what is still gathered (a replica adopting the pipelines would, from the
-        events, but this is sooner), and wait for the writes under way."""
-        for pid in list(self._asked):
-            with contextlib.suppress(Exception):
-                await self.flush(pid)
-        await asyncio.gather(*self._writing, return_exceptions=True)
+        events, but this is sooner), and wait for the writes under way, until `deadline`
+        (event-loop time) at the latest: what is left then is dropped."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                for pid in list(self._asked):
+                    with contextlib.suppress(Exception):
+                        await self.flush(pid)
+                await asyncio.gather(*self._writing, return_exceptions=True)
+        except TimeoutError:
+            left = sum(map(len, self._asked.values()))
+            log.warning("stopping: %d gathered results not written in time", left)
+        for task in list(self._writing):
+            task.cancel()
 
     def ask(self, ev: TaskEvent, index: int) -> asyncio.Future[Outcome]:
         """Commit a `succeeded` event's result (the task at `index` in the spec) unless one is

@@ -96,6 +96,11 @@ TRIM_STEP = 16
 #: next submission's claim, and its wait for the planner, overlap the one before's offers,
 #: commit and reply. More at once booked the 2-core fleet faster than it ran (docs/reservations.md).
 SUBMITS_AT_ONCE = 2
+#: At stop, the last writes (learned corrections, gathered results, deferred releases) get
+#: at most this long in all, and none without NATS: each is made good otherwise (corrections
+#: are learned again, a replica adopting the pipelines commits results from their events,
+#: bookings expire).
+FINAL_WRITES_S = 10.0
 
 
 class Orchestrator:
@@ -247,9 +252,22 @@ class Orchestrator:
         self._stopping.set()
         if self._gc_hook is not None and self._gc_hook in gc.callbacks:
             gc.callbacks.remove(self._gc_hook)  # the process may start another orchestrator
+        # the last writes get FINAL_WRITES_S in all, none when NATS is out of reach: each
+        # would otherwise wait out its own timeout, one after another
+        loop = asyncio.get_running_loop()
+        reachable = self.nc is not None and self.nc.is_connected
+        deadline = loop.time() + (FINAL_WRITES_S if reachable else 0.0)
         if self.history is not None:
-            with contextlib.suppress(Exception):
-                await self.history.flush(final=True)  # what was learned since the last write
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self.history.flush(final=True)  # what was learned since the last write
+            except TimeoutError:
+                log.warning(
+                    "stopping: learned corrections not all written (%s)",
+                    "NATS out of reach" if not reachable else f"{FINAL_WRITES_S:.0f} s passed",
+                )  # fmt: skip
+            except Exception as exc:
+                log.warning("stopping: learned corrections not written: %s", exc)
         while left := [t for t in self._tasks if not t.done()]:  # clean-ups may spawn more
             for t in left:
                 t.cancel()
@@ -257,9 +275,9 @@ class Orchestrator:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
         if self.recovery.ledger is not None:
-            await self.recovery.ledger.stop()  # results still gathered are written
+            await self.recovery.ledger.stop(deadline)  # results still gathered are written
         if self.store is not None:
-            await self.store.stop()
+            await self.store.stop(deadline)
             st = self.store.stats
             log.info(
                 "bookings: %d writes, %d CAS retries, %d conflicts; releases: %d, of them "

@@ -31,6 +31,8 @@ FLUSH_EVERY_S = 1.0
 KEYS_ATTEMPTS = 5
 #: Observations a track needs before it is written at all.
 MIN_SAVE_N = 2
+#: Track writes a flush keeps in flight at once.
+SAVE_AT_ONCE = 32
 #: Change of log(factor) since the last write that makes a track due again (~5%).
 MIN_SAVE_SHIFT = 0.05
 #: The bucket's entries expire this long after their last write: a track nobody has observed
@@ -92,7 +94,7 @@ class History:
         todo = self.dirty | self.held if final else self.dirty
         self.dirty = set()
         self.changed.clear()
-        written = 0
+        ready: list[tuple[str, str]] = []
         for key in sorted(todo):
             track = self.corrections.get(*key)
             if track is None or track.n < MIN_SAVE_N:
@@ -101,9 +103,12 @@ class History:
                 self.held.add(key)
                 continue
             self.held.discard(key)
-            await self.save(*key)
-            written += 1
-        return written
+            ready.append(key)
+        # SAVE_AT_ONCE writes in flight: thousands of tracks one round trip after another
+        # held a stopping orchestrator for seconds
+        for i in range(0, len(ready), SAVE_AT_ONCE):
+            await asyncio.gather(*(self.save(*k) for k in ready[i : i + SAVE_AT_ONCE]))
+        return len(ready)
 
     async def run(self, stopped: asyncio.Event, every_s: float = FLUSH_EVERY_S) -> None:
         """Flush at most every `every_s` while there is something to write, and once at stop."""

@@ -166,13 +166,20 @@ class BookingStore:
             self._apply(entry)
         self._watch_task = asyncio.create_task(self._watch())
 
-    async def stop(self) -> None:
+    async def stop(self, deadline: float | None = None) -> None:
+        """Write the deferred releases (until `deadline`, event-loop time, at the latest: the
+        windows left expire with their lease) and stop watching."""
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
-        with contextlib.suppress(Exception):
-            await self.flush()  # what ended is given back before this replica goes
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self.flush()  # what ended is given back before this replica goes
+        except TimeoutError:
+            log.warning("stopping: deferred releases not all written in time (they expire)")
+        except Exception as exc:
+            log.warning("stopping: deferred releases not written (they expire): %s", exc)
         if self._watch_task is not None:
             self._watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
