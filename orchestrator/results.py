@@ -98,6 +98,7 @@ class ResultLedger:
         """Write what is still gathered (a replica adopting the pipelines would, from the
         events, but this is sooner), and wait for the writes under way, until `deadline`
         (event-loop time) at the latest: what is left then is dropped."""
+        gathered = sum(map(len, self._asked.values()))
         try:
             async with asyncio.timeout_at(deadline):
                 for pid in list(self._asked):
@@ -105,8 +106,11 @@ class ResultLedger:
                         await self.flush(pid)
                 await asyncio.gather(*self._writing, return_exceptions=True)
         except TimeoutError:
-            left = sum(map(len, self._asked.values()))
-            log.warning("stopping: %d gathered results not written in time", left)
+            log.warning(
+                "stopping: results gathered (%d) or being written not all written (out of "
+                "time, or NATS out of reach); an adopting replica commits them from the task "
+                "events", gathered,
+            )  # fmt: skip
         for task in list(self._writing):
             task.cancel()
 
