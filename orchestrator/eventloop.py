@@ -60,7 +60,7 @@ class PacedGc:
 
     The orchestrator's garbage goes by reference counting: in the placement benchmark its
     automatic young collections freed nothing (collected=0) and stopped the event loop 12-86
-    ms each, four times a run, holding every placement under way; one full collection over a
+    ms each, 3-4 times a run, holding every placement under way; one full collection over a
     whole run of 3,500 pipelines found 7 objects. So once the service is up what start-up
     made is frozen (never scanned), the automatic collector is off, and a full collection
     runs every `every_s`, or after `most_young` net allocations, at the first moment `idle`
