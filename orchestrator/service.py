@@ -101,6 +101,13 @@ SUBMITS_AT_ONCE = 2
 #: are learned again, a replica adopting the pipelines commits results from their events,
 #: bookings expire).
 FINAL_WRITES_S = 10.0
+#: Live task events waiting to be handled at which a new submission waits for them first
+#: (EVENTS_CAUGHT_UP), at most EVENTS_WAIT_S. Without it, an orchestrator placing flat out
+#: fell further behind its events by the second: releases come from them, so every plan
+#: read more booked windows, and the watchdog took tasks long done for stalled.
+EVENTS_BEHIND = 512
+EVENTS_CAUGHT_UP = 64
+EVENTS_WAIT_S = 5.0
 
 
 class Orchestrator:
@@ -152,6 +159,11 @@ class Orchestrator:
         self._gc_hook: Callable[[str, dict[str, int]], None] | None = None
         #: Task events queued behind each other give the loop turns (placements first).
         self.event_pacer = Pacer()
+        #: Set while the live task events are caught up (EVENTS_CAUGHT_UP or fewer waiting).
+        self._events_caught_up = asyncio.Event()
+        self._events_caught_up.set()
+        #: Submissions that waited for the task events first (a gauge of overload).
+        self.held_submissions = 0
         self._events_sub: Subscription | None = None
 
     def _now(self) -> float:
@@ -379,8 +391,24 @@ class Orchestrator:
             if ev is not None and ev.pipeline_id == pid:  # else: published under another's name
                 self.adaptive.task_event(ev)  # lateness timers follow live events, not replays
                 await self._task_event(ev)
+        if self.events_backlog() <= EVENTS_CAUGHT_UP:
+            self._events_caught_up.set()
+        await self.event_pacer.pace(self.events_backlog() > 0)
+
+    def events_backlog(self) -> int:
+        """Live task events received and not handled yet."""
         sub = self._events_sub
-        await self.event_pacer.pace(sub is not None and sub.pending_msgs > 0)
+        return sub.pending_msgs if sub is not None else 0
+
+    async def _catch_up_events(self) -> None:
+        """Backpressure: while EVENTS_BEHIND or more task events wait, a new submission waits
+        for them to be handled (placing takes the CPU they need), up to EVENTS_WAIT_S."""
+        if self.events_backlog() < EVENTS_BEHIND:
+            return
+        self.held_submissions += 1
+        self._events_caught_up.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._events_caught_up.wait(), EVENTS_WAIT_S)
 
     async def _on_task_event(self, msg: Msg) -> None:
         """A task event from a replay of MARS_EVENTS (the live path also lands in
@@ -461,6 +489,7 @@ class Orchestrator:
             if existing.spec != req.pipeline:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self._submit_reply(existing)
+        await self._catch_up_events()
         t0, t0_wall = time.perf_counter(), time.time()
         run = PipelineRun(
             pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner

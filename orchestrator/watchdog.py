@@ -47,6 +47,8 @@ class Watchdog:
         self._stalled_looks: dict[tuple[str, str, int], int] = {}
         #: pipelines whose events are being read again now
         self.replaying: set[str] = set()
+        #: Looks skipped because the orchestrator was behind on its task events.
+        self.skipped = 0
 
     async def run(self) -> None:
         while True:
@@ -54,8 +56,16 @@ class Watchdog:
             self.check()
 
     def check(self) -> None:
-        """One look at every live pipeline this replica may act for."""
+        """One look at every live pipeline this replica may act for; none while the
+        orchestrator is behind on its live task events (what it knows of its tasks is that
+        old: under overload every task looked stalled, and each look made more work)."""
+        from orchestrator import service
+
         o, now = self.o, self.o._now()
+        if o.events_backlog() >= service.EVENTS_BEHIND:
+            self.skipped += 1
+            log.debug("look skipped: %d task events not handled yet", o.events_backlog())
+            return
         live = set()
         looks: dict[tuple[str, str, int], int] = {}
         for run in list(o.pipelines.values()):

@@ -254,3 +254,35 @@ async def test_replays_are_bounded_when_every_pipeline_looks_stalled(
             assert run.state == "succeeded", run.reason
         assert len(lost) >= 2 * len(pids)  # started and succeeded, for every one
         assert most[0] == 2  # bounded, and used
+
+
+async def test_the_watchdog_does_not_judge_while_task_events_are_behind(nats_url: str) -> None:
+    """An orchestrator behind on its task events knows its tasks only as they were: a task
+    that looks stalled then may long be done. The watchdog skips its look, and judges once the
+    events are handled."""
+    orch = Orchestrator(nats_url, stall_s=3600.0)  # no look of its own during the test
+    await orch.start()
+    agent = RecordingAgent(
+        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
+        agent_id="a1", calibrate=False,
+    )  # fmt: skip
+    await agent.start()
+    try:
+        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        agent.core.commit = lambda cmd: 0  # type: ignore[method-assign]  # never acted on
+        await orch.submit_spec(chain("t"), "p")
+        run = orch.pipelines["p"]
+        real_now = orch._now
+        orch._now = lambda: real_now() + 7200.0  # type: ignore[method-assign]  # long after
+        assert run.stalled(orch._now(), 3600.0) == ["t"]
+        orch.events_backlog = lambda: 10**6  # type: ignore[method-assign]  # far behind
+        orch.watchdog.check()
+        assert orch.watchdog.skipped == 1
+        assert not any(line.startswith("stalled") for line in run.placement_log)
+        del orch.events_backlog  # caught up: the same look judges it stalled
+        orch.watchdog.check()
+        assert orch.watchdog.skipped == 1
+        assert any(line.startswith("stalled, commit sent again: t") for line in run.placement_log)
+    finally:
+        await agent.stop()
+        await orch.stop()
