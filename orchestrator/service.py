@@ -297,6 +297,11 @@ class Orchestrator:
                 st.writes, st.cas_retries, st.conflicts, st.releases_deferred,
                 st.releases_carried, st.releases_flushed,
             )  # fmt: skip
+        if self.held_submissions or self.watchdog.skipped:
+            log.info(
+                "behind on task events: %d submissions waited for them, %d watchdog looks "
+                "skipped", self.held_submissions, self.watchdog.skipped,
+            )  # fmt: skip
         await self.failover.stop()
         self.adaptive.stop()
         if self._service is not None:
