@@ -35,11 +35,11 @@ def chain(*tasks: str) -> PipelineSpec:
 
 @contextlib.asynccontextmanager
 async def one_agent(
-    nats_url: str, lose: Callable[[TaskEvent], bool] | None = None
+    nats_url: str, lose: Callable[[TaskEvent], bool] | None = None, stall_s: float = 0.4
 ) -> AsyncIterator[tuple[Orchestrator, RecordingAgent, list[str]]]:
-    """An orchestrator (stall time 0.4 s) whose live task-event path drops the events `lose`
-    picks (their ids are listed), and one agent."""
-    orch = Orchestrator(nats_url, stall_s=0.4)
+    """An orchestrator (stall time `stall_s`) whose live task-event path drops the events
+    `lose` picks (their ids are listed), and one agent."""
+    orch = Orchestrator(nats_url, stall_s=stall_s)
     lost: list[str] = []
     if lose is not None:
         live = orch._on_live_task_event
@@ -260,15 +260,8 @@ async def test_the_watchdog_does_not_judge_while_task_events_are_behind(nats_url
     """An orchestrator behind on its task events knows its tasks only as they were: a task
     that looks stalled then may long be done. The watchdog skips its look, and judges once the
     events are handled."""
-    orch = Orchestrator(nats_url, stall_s=3600.0)  # no look of its own during the test
-    await orch.start()
-    agent = RecordingAgent(
-        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
-        agent_id="a1", calibrate=False,
-    )  # fmt: skip
-    await agent.start()
-    try:
-        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+    # stall time an hour: the watchdog takes no look of its own during the test
+    async with one_agent(nats_url, stall_s=3600.0) as (orch, agent, _):
         agent.core.commit = lambda cmd: 0  # type: ignore[method-assign]  # never acted on
         await orch.submit_spec(chain("t"), "p")
         run = orch.pipelines["p"]
@@ -283,6 +276,3 @@ async def test_the_watchdog_does_not_judge_while_task_events_are_behind(nats_url
         orch.watchdog.check()
         assert orch.watchdog.skipped == 1
         assert any(line.startswith("stalled, commit sent again: t") for line in run.placement_log)
-    finally:
-        await agent.stop()
-        await orch.stop()
