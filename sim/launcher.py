@@ -56,6 +56,8 @@ class ProcRecord:
     pid: int
     create_time: float
     log: str
+    #: The argv it was started with (names files under the run dir: unique to this fleet).
+    cmdline: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -101,17 +103,26 @@ def _record(
         created = psutil.Process(proc.pid).create_time()
     except psutil.Error as exc:
         raise SimError(f"{role} {name} exited at start; see {log}") from exc
-    state.processes.append(ProcRecord(role, name, proc.pid, created, str(log)))
+    argv = [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
+    state.processes.append(ProcRecord(role, name, proc.pid, created, str(log), argv))
     state.save()
 
 
 def _ours(rec: ProcRecord) -> psutil.Process | None:
-    """The live process of a record, or None (gone, a zombie, or the pid now names another)."""
+    """The live process of a record, or None (gone, a zombie, or the pid now names another).
+
+    Known by the argv it was started with. Its start time alone is not enough: psutil
+    derives it from the boot time, which moves when the wall clock is stepped (seen here:
+    4.4 s between a start and its `down`, which then took a live fleet for gone and left it
+    running)."""
     try:
         p = psutil.Process(rec.pid)
-        if abs(p.create_time() - rec.create_time) > 0.5 or p.status() == psutil.STATUS_ZOMBIE:
+        if p.status() == psutil.STATUS_ZOMBIE:
             return None
-        return p
+        if rec.cmdline:
+            return p if p.cmdline() == rec.cmdline else None
+        # a state file from before argv was recorded
+        return p if abs(p.create_time() - rec.create_time) <= 0.5 else None
     except psutil.Error:
         return None
 
