@@ -93,11 +93,10 @@ MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
 #: Submissions one process serves at once. The planner stays one at a time (`Placer`); the
-#: next submissions' claims, and their wait for the planner, overlap the ones before's offers,
-#: commit and reply. More at once used to book the 2-core fleet faster than the orchestrator
-#: took in its task events; with backpressure on them (EVENTS_BEHIND) four cost no
-#: throughput and shorten the wait of random arrivals (docs/reservations.md).
-SUBMITS_AT_ONCE = 4
+#: next submission's claim, and its wait for the planner, overlap the one before's offers,
+#: commit and reply. Four at once shortened the wait of random arrivals when the host was
+#: fast and lengthened their placements when it was slow (docs/reservations.md).
+SUBMITS_AT_ONCE = 2
 #: At stop, the last writes (learned corrections, gathered results, deferred releases) get
 #: at most this long in all, and none without NATS: each is made good otherwise (corrections
 #: are learned again, a replica adopting the pipelines commits results from their events,
