@@ -514,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             keep_logs(logs, "a pipeline got no terminal event")
         orch_logs = [logs / f"{name}.log" for name in orchestrator_names(args.replicas)]
         stalls = sum(stalled_tasks(log) for log in orch_logs)
+        held = sum(held_for_events(log) for log in orch_logs)
         steps = merged_steps(step_times(log) for log in orch_logs)
         spans = {pid: span for log in orch_logs for pid, span in handler_spans(log).items()}
         pauses = [p for log in orch_logs for p in gc_pauses(log)]
@@ -526,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     print_steps(steps, results, args)
     print_waits(spans, results, args)
     print(f"tasks the orchestrator's watchdog found stalled or overdue: {stalls}")
+    print(f"submissions that waited for the orchestrator's task events (backpressure): {held}")
     print_pauses("the orchestrator", pauses)
     print_pauses("the agents' process(es)", agent_pauses)
     return rc
@@ -667,6 +669,18 @@ def stalled_tasks(log: Path) -> int:
         return 0
     with log.open("rb") as fh:
         return sum(1 for line in fh if b"free to start on" in line or b"not reported fin" in line)
+
+
+def held_for_events(log: Path) -> int:
+    """How many submissions waited for the orchestrator's task events (its line at stop)."""
+    if not log.exists():
+        return 0
+    with log.open("rb") as fh:
+        found = (HELD.search(line) for line in fh if b"behind on task events" in line)
+        return sum(int(m.group(1)) for m in found if m)
+
+
+HELD = re.compile(rb"behind on task events: ([0-9]+) submissions waited")
 
 
 def gc_pauses(log: Path) -> list[tuple[int, float]]:

@@ -299,7 +299,7 @@ class Orchestrator:
                 st.releases_carried, st.releases_flushed,
             )  # fmt: skip
         if self.held_submissions or self.watchdog.skipped:
-            log.info(
+            log.warning(
                 "behind on task events: %d submissions waited for them, %d watchdog looks "
                 "skipped", self.held_submissions, self.watchdog.skipped,
             )  # fmt: skip

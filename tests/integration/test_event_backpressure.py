@@ -4,9 +4,12 @@ for them to be handled before it is placed (over a real nats-server)."""
 from __future__ import annotations
 
 import asyncio
+import logging
+from pathlib import Path
 
 import pytest
 
+from benchmarks.placement_latency import held_for_events
 from orchestrator import service
 from orchestrator.client import Client
 from schemas import PipelineSpec, subjects
@@ -45,7 +48,10 @@ class WatchedEvent(asyncio.Event):
 
 
 async def test_a_submission_waits_while_task_events_are_behind(
-    nats_url: str, monkeypatch: pytest.MonkeyPatch
+    nats_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
 ) -> None:
     monkeypatch.setattr(service, "EVENTS_BEHIND", BACKLOG // 2)
     monkeypatch.setattr(service, "EVENTS_CAUGHT_UP", 1)
@@ -77,4 +83,9 @@ async def test_a_submission_waits_while_task_events_are_behind(
     finally:
         pacer.gate.set()
         await client.close()
-        await stop_cluster(orch, agents)
+        with caplog.at_level(logging.WARNING, logger="mars.orchestrator"):
+            await stop_cluster(orch, agents)
+    # said at stop, in the line the placement benchmark reads back
+    log = tmp_path / "orchestrator.log"
+    log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
+    assert held_for_events(log) == 1
