@@ -14,7 +14,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -140,6 +140,20 @@ def gc_pause_hook(log: logging.Logger) -> Callable[[str, dict[str, int]], None]:
             )  # fmt: skip
 
     return hook
+
+
+async def done_by(deadline: float | None, aw: Awaitable[object]) -> bool:
+    """Await `aw`, cancelled at `deadline` (event-loop time; None: no limit): False if the
+    deadline cut it short. A TimeoutError of `aw`'s own (a NATS request's) is raised as is."""
+    limit = asyncio.timeout_at(deadline)
+    try:
+        async with limit:
+            await aw
+    except TimeoutError:
+        if not limit.expired():
+            raise
+        return False
+    return True
 
 
 #: One drain of queued messages holds the loop at most about this long between turns.

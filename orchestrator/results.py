@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from orchestrator import eventloop
 from schemas import subjects
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
@@ -99,13 +100,14 @@ class ResultLedger:
         events, but this is sooner), and wait for the writes under way, until `deadline`
         (event-loop time) at the latest: what is left then is dropped."""
         gathered = sum(map(len, self._asked.values()))
-        try:
-            async with asyncio.timeout_at(deadline):
-                for pid in list(self._asked):
-                    with contextlib.suppress(Exception):
-                        await self.flush(pid)
-                await asyncio.gather(*self._writing, return_exceptions=True)
-        except TimeoutError:
+
+        async def write_all() -> None:
+            for pid in list(self._asked):
+                with contextlib.suppress(Exception):
+                    await self.flush(pid)
+            await asyncio.gather(*self._writing, return_exceptions=True)
+
+        if not await eventloop.done_by(deadline, write_all()):
             log.warning(
                 "stopping: results gathered (%d) or being written not all written (out of "
                 "time, or NATS out of reach); an adopting replica commits them from the task "

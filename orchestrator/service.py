@@ -271,14 +271,12 @@ class Orchestrator:
         reachable = self.nc is not None and self.nc.is_connected
         deadline = loop.time() + (FINAL_WRITES_S if reachable else 0.0)
         if self.history is not None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self.history.flush(final=True)  # what was learned since the last write
-            except TimeoutError:
-                log.warning(
-                    "stopping: learned corrections not all written (%s)",
-                    "NATS out of reach" if not reachable else f"{FINAL_WRITES_S:.0f} s passed",
-                )  # fmt: skip
+            try:  # what was learned since the last write
+                if not await eventloop.done_by(deadline, self.history.flush(final=True)):
+                    log.warning(
+                        "stopping: learned corrections not all written (%s)",
+                        "NATS out of reach" if not reachable else f"{FINAL_WRITES_S:.0f} s passed",
+                    )  # fmt: skip
             except Exception as exc:
                 log.warning("stopping: learned corrections not written: %s", exc)
         while left := [t for t in self._tasks if not t.done()]:  # clean-ups may spawn more
@@ -406,10 +404,15 @@ class Orchestrator:
         sub = self._events_sub
         return sub.pending_msgs if sub is not None else 0
 
+    def events_behind(self) -> bool:
+        """EVENTS_BEHIND or more live task events wait: what this replica knows of its tasks
+        is that old (new submissions wait, the watchdog does not judge)."""
+        return self.events_backlog() >= EVENTS_BEHIND
+
     async def _catch_up_events(self) -> None:
-        """Backpressure: while EVENTS_BEHIND or more task events wait, a new submission waits
-        for them to be handled (placing takes the CPU they need), up to EVENTS_WAIT_S."""
-        if self.events_backlog() < EVENTS_BEHIND:
+        """Backpressure: while behind on task events, a new submission waits for them to be
+        handled (placing takes the CPU they need), up to EVENTS_WAIT_S."""
+        if not self.events_behind():
             return
         self.held_submissions += 1
         self._events_caught_up.clear()

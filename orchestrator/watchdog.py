@@ -59,10 +59,8 @@ class Watchdog:
         """One look at every live pipeline this replica may act for; none while the
         orchestrator is behind on its live task events (what it knows of its tasks is that
         old: under overload every task looked stalled, and each look made more work)."""
-        from orchestrator import service
-
         o, now = self.o, self.o._now()
-        if o.events_backlog() >= service.EVENTS_BEHIND:
+        if o.events_behind():
             self.skipped += 1
             log.debug("look skipped: %d task events not handled yet", o.events_backlog())
             return

@@ -19,6 +19,7 @@ from typing import Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
+from orchestrator import eventloop
 from orchestrator.kvwatch import follow
 from orchestrator.reservations import book as rules
 from schemas.bookings import BookingWindow, DeviceBookings
@@ -173,11 +174,9 @@ class BookingStore:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self.flush()  # what ended is given back before this replica goes
-        except TimeoutError:
-            log.warning("stopping: deferred releases not all written in time (they expire)")
+        try:  # what ended is given back before this replica goes
+            if not await eventloop.done_by(deadline, self.flush()):
+                log.warning("stopping: deferred releases not all written in time (they expire)")
         except Exception as exc:
             log.warning("stopping: deferred releases not written (they expire): %s", exc)
         if self._watch_task is not None:

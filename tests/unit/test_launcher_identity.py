@@ -16,12 +16,17 @@ from sim.launcher import ProcRecord
 
 @pytest.fixture
 def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A process that lives until its stdin closes."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+        assert proc.stdin is not None
+        proc.stdin.close()
 
 
 def record(proc: subprocess.Popen[bytes], argv: list[str], created_shift_s: float) -> ProcRecord:
