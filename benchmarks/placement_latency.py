@@ -85,7 +85,8 @@ class Phase:
     #: Messages each kind of process sent / received from the phase's start until its
     #: pipelines ended (the server's count).
     msgs: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: Per placed pipeline: (wall clock when its request was sent, its latency in s).
+    #: Per placed pipeline: (when its request was sent, on the host's monotonic clock, its
+    #: latency in s).
     sent: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def refuse(self, reason: str) -> None:
@@ -107,7 +108,7 @@ class Submitter:
         spec = self.specs[self.n % len(self.specs)]
         self.n += 1
         fut = self.terminals.expect(pid)
-        t0, t0_wall = time.perf_counter(), time.time()
+        t0 = time.perf_counter()  # CLOCK_MONOTONIC: the orchestrator's timing line's clock
         try:
             reply = await self.client.submit(spec, pipeline_id=pid)
         except RemoteError as exc:
@@ -121,7 +122,7 @@ class Submitter:
             return None
         took = time.perf_counter() - t0
         phase.latencies_s.append(took)
-        phase.sent[pid] = (t0_wall, took)
+        phase.sent[pid] = (t0, took)
         phase.placed_tasks += len(reply.plan)
         phase.pending[pid] = fut
         return fut
@@ -553,7 +554,7 @@ STEPS = ("claim", "plan", "send", "book", "offer", "rest", "total")
 
 def timing_lines(log: Path) -> Iterator[tuple[str, dict[str, float]]]:
     """(pipeline id, its fields) of each of the orchestrator's `mars.timing` placement lines
-    (`service.TIMING_LINE`): `claim_ms`, ..., `total_ms`, `start_wall`."""
+    (`service.TIMING_LINE`): `claim_ms`, ..., `total_ms`, `held_ms`, `start_mono`."""
     if not log.exists():
         return
     with log.open("rb") as fh:
@@ -617,39 +618,42 @@ def print_steps(
     print(table(rows, ["phase", "pct", *STEPS[:-1], "handler", "client"]))
 
 
-def handler_spans(log: Path) -> dict[str, tuple[float, float]]:
-    """Per pipeline, when the orchestrator's submit handler started (its wall clock) and how
-    long it took (ms)."""
+def handler_spans(log: Path) -> dict[str, tuple[float, float, float]]:
+    """Per pipeline, when the orchestrator's submit handler was called (the host's monotonic
+    clock, which no step of the wall clock moves), how long it waited for task events
+    (backpressure, ms) and how long it took after that (ms)."""
     return {
-        pid: (got["start_wall"], got["total_ms"])
+        pid: (got["start_mono"], got.get("held_ms", 0.0), got["total_ms"])
         for pid, got in timing_lines(log)
-        if "start_wall" in got and "total_ms" in got
+        if "start_mono" in got and "total_ms" in got
     }
 
 
 def waits(
-    sent: dict[str, tuple[float, float]], spans: dict[str, tuple[float, float]]
-) -> list[tuple[float, float, float, float]]:
-    """Per placed pipeline, on one clock (client and orchestrator share the host): (its
-    latency, the time from the request's send to the handler's start, the handler's, the
-    time from its end to the reply's arrival), ms, slowest last."""
+    sent: dict[str, tuple[float, float]], spans: dict[str, tuple[float, float, float]]
+) -> list[tuple[float, float, float, float, float]]:
+    """Per placed pipeline, on one clock (client and orchestrator share the host's monotonic
+    clock): (its latency, the time from the request's send to the handler's call, the
+    handler's wait for task events, the handler's own time, the time from its end to the
+    reply's arrival), ms, slowest last."""
     out = []
     for pid, (sent_at, took_s) in sent.items():
         span = spans.get(pid)
         if span is None:
             continue
-        began, handler_ms = span
-        before = 1e3 * (began - sent_at)
-        out.append((1e3 * took_s, before, handler_ms, 1e3 * took_s - before - handler_ms))
+        called, held_ms, handler_ms = span
+        before = 1e3 * (called - sent_at)
+        back = 1e3 * took_s - before - held_ms - handler_ms
+        out.append((1e3 * took_s, before, held_ms, handler_ms, back))
     return sorted(out)
 
 
 def print_waits(
-    spans: dict[str, tuple[float, float]], r: Results, args: argparse.Namespace
+    spans: dict[str, tuple[float, float, float]], r: Results, args: argparse.Namespace
 ) -> None:
     """Where the fastest half and the slowest 2% of each phase's submissions spent their time:
-    on the way to the handler (transit, and waiting for the submission before: one is served
-    at a time), in it, and on the way back."""
+    on the way to the handler (transit, and waiting for a free submission slot), held there
+    for task events, in it, and on the way back."""
     rows = []
     for name, phase, _ in latency_phases(args, r):
         got = waits(phase.sent, spans)
@@ -657,10 +661,12 @@ def print_waits(
             continue
         fastest, slowest = got[: len(got) // 2], got[-(len(got) // 50) :]
         for label, part in (("fastest half", fastest), ("slowest 2%", slowest)):
-            rows.append([name, label, *(sum(x[i] for x in part) / len(part) for i in range(4))])
+            rows.append([name, label, *(sum(x[i] for x in part) / len(part) for i in range(5))])
     if rows:
-        print("\nwhere the time went, ms (means; client and orchestrator clocks are the host's):")
-        print(table(rows, ["phase", "submissions", "client", "to handler", "handler", "back"]))
+        print("\nwhere the time went, ms (means; the host's monotonic clock in both processes;")
+        print("held: waiting for the orchestrator's task events, backpressure):")
+        cols = ["phase", "submissions", "client", "to handler", "held", "handler", "back"]
+        print(table(rows, cols))
 
 
 def stalled_tasks(log: Path) -> int:

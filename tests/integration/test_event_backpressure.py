@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.placement_latency import held_for_events
+from benchmarks.placement_latency import handler_spans, held_for_events
 from orchestrator import service
 from orchestrator.client import Client
 from schemas import PipelineSpec, subjects
@@ -72,10 +73,13 @@ async def test_a_submission_waits_while_task_events_are_behind(
         spec = PipelineSpec.model_validate(
             {"name": "p", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0}}]}
         )
+        caplog.set_level(logging.DEBUG, logger="mars.timing")
         sub = asyncio.create_task(client.submit(spec, pipeline_id="held"))
         await asyncio.wait_for(caught_up.waited.wait(), 5.0)
+        waiting_since = time.perf_counter()
         assert not sub.done() and "held" not in orch.pipelines  # not placed yet
         assert orch.held_submissions == 1
+        waited_s = time.perf_counter() - waiting_since
         pacer.gate.set()  # the events are handled: the submission goes on
         reply = await asyncio.wait_for(sub, 10.0)
         assert reply.state == "running" and orch.events_backlog() <= 1
@@ -89,3 +93,7 @@ async def test_a_submission_waits_while_task_events_are_behind(
     log = tmp_path / "orchestrator.log"
     log.write_text("\n".join(r.getMessage() for r in caplog.records) + "\n")
     assert held_for_events(log) == 1
+    # the placement's timing line: called before the wait, and the wait apart from the rest
+    called, held_ms, handler_ms = handler_spans(log)["held"]
+    assert called <= waiting_since  # one monotonic clock in the test and the orchestrator
+    assert held_ms >= 1e3 * waited_s > 0.0 and handler_ms > 0.0

@@ -140,7 +140,8 @@ def test_the_benchmark_reads_each_placement_s_steps(tmp_path: Path) -> None:
     from benchmarks.placement_latency import STEPS, step_times
 
     st = {"claim": 0.0005, "plan": 0.003, "send": 0.0012, "book": 0.004, "offer": 0.002}
-    line = service.TIMING_LINE % ("iso-7", *(1e3 * v for v in st.values()), 14.0, 2.0, 0, 0, 1e9)
+    steps = (1e3 * v for v in st.values())
+    line = service.TIMING_LINE % ("iso-7", *steps, 14.0, 2.0, 0, 0, 0.0, 1e9)
     log = tmp_path / "orchestrator.log"
     log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
     got = step_times(log)["iso"]
@@ -155,7 +156,8 @@ def test_steps_of_several_orchestrators_are_tabulated_together(tmp_path: Path) -
 
     logs = []
     for k, total in enumerate((14.0, 9.0)):
-        line = service.TIMING_LINE % (f"lat-{k}", 0.5, 3.0, 1.2, 4.0, 2.0, total, 2.0, 0, 0, 1e9)
+        fields = (0.5, 3.0, 1.2, 4.0, 2.0, total, 2.0, 0, 0, 0.0, 1e9)
+        line = service.TIMING_LINE % (f"lat-{k}", *fields)
         log = tmp_path / f"orchestrator-{k}.log"
         log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
         logs.append(log)
@@ -166,18 +168,21 @@ def test_steps_of_several_orchestrators_are_tabulated_together(tmp_path: Path) -
 def test_the_benchmark_reads_when_each_handler_started_and_splits_the_latency(
     tmp_path: Path,
 ) -> None:
-    """The orchestrator's timing line carries its handler's start on the wall clock; with the
-    client's send time on the same host's clock, a latency splits into the way to the
-    handler, the handler, and the way back."""
+    """The orchestrator's timing line carries when its handler was called on the host's
+    monotonic clock (the client's clock too) and how long it waited for task events; a
+    latency splits into the way to the handler, that wait, the handler, and the way back."""
     from benchmarks.placement_latency import handler_spans, waits
 
-    line = service.TIMING_LINE % ("pac0-3", 0.5, 1.0, 1.0, 2.0, 0.5, 6.0, 2.0, 0, 0, 1000.0105)
+    line = service.TIMING_LINE % (
+        "pac0-3", 0.5, 1.0, 1.0, 2.0, 0.5, 6.0, 2.0, 0, 0, 1.5, 1000.0105
+    )  # fmt: skip
     log = tmp_path / "orchestrator.log"
     log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
     spans = handler_spans(log)
-    assert list(spans) == ["pac0-3"] and spans["pac0-3"] == pytest.approx((1000.0105, 6.0))
+    assert list(spans) == ["pac0-3"] and spans["pac0-3"] == pytest.approx((1000.0105, 1.5, 6.0))
     assert handler_spans(tmp_path / "missing.log") == {}
-    # sent at 1000.0000, answered 0.0200 s later: 10.5 ms to the handler, 6 in it, 3.5 back
+    # sent at 1000.0000, answered 0.0200 s later: 10.5 ms to the handler, 1.5 held for
+    # events, 6 in it, 2 back
     got = waits({"pac0-3": (1000.0, 0.020), "pac0-4": (1000.1, 0.005)}, spans)
     assert len(got) == 1  # a submission without a handler line is left out
-    assert got[0] == pytest.approx((20.0, 10.5, 6.0, 3.5), abs=1e-6)
+    assert got[0] == pytest.approx((20.0, 10.5, 1.5, 6.0, 2.0), abs=1e-6)
