@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 
+from orchestrator import ownership
 from orchestrator.eventloop import Pacer
 from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, record_fields
 from orchestrator.pipelines import PipelineRun
@@ -52,6 +54,11 @@ FINISHED_KEPT = 10_000
 PROGRESS_EVERY_S = 0.25
 #: Attempts at writing a pipeline's record before giving up (about a minute of backoff).
 PERSIST_RETRIES = 40
+#: A live pipeline's spec, record and result chunks are written again once this share of
+#: `ownership.KEEP_S` has passed since they last were (they expire at KEEP_S) ...
+KEEP_FRESH_SHARE = 1 / 3
+#: ... looked for at most this often.
+KEEP_FRESH_CHECK_S = 60.0
 
 
 class Failover:
@@ -74,6 +81,16 @@ class Failover:
         self._seq: dict[str, int] = {}
         self._adoptions: dict[str, int] = {}
         self._spec_saved: set[str] = set()
+        #: Per live pipeline held here: when its spec, record and result chunks were last all
+        #: written (monotonic), for `keep_fresh`.
+        self._written: dict[str, float] = {}
+        #: Written again after this long (`keep_fresh`; None: KEEP_FRESH_SHARE of KEEP_S).
+        self.refresh_s: float | None = None
+        self.keep_fresh_check_s = KEEP_FRESH_CHECK_S
+        self._kept_fresh_at = -math.inf
+        self._keeping: asyncio.Task[Any] | None = None
+        #: Pipelines whose keys `keep_fresh` wrote again.
+        self.kept_fresh = 0
         self._locks: dict[str, asyncio.Lock] = {}
         self._want: dict[str, int] = {}
         self._retries: dict[str, int] = {}
@@ -223,6 +240,7 @@ class Failover:
         if pid not in self._spec_saved:
             await self.runs.save_spec(pid, run.spec)
             self._spec_saved.add(pid)
+            self._written[pid] = o.mono()
         for _ in range(RECORD_CAS_TRIES):
             if not self.may_act(pid):
                 self.fenced_writes += 1
@@ -263,7 +281,7 @@ class Failover:
     def _forget(self, pid: str) -> None:
         """A finished pipeline needs no bookkeeping here any more (its lock stays while
         someone waits on it)."""
-        for d in (self._want, self._done, self._rev, self._seq, self._adoptions):
+        for d in (self._want, self._done, self._rev, self._seq, self._adoptions, self._written):
             d.pop(pid, None)
         self._spec_saved.discard(pid)
 
@@ -271,6 +289,7 @@ class Failover:
         """Another replica owns this pipeline now: forget it here, act on it no more."""
         self.lost += 1
         self.leases.held.pop(pid, None)
+        self._written.pop(pid, None)
         run = self.o.pipelines.pop(pid, None)
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:
@@ -300,10 +319,43 @@ class Failover:
                     if pid not in self._adopting:
                         self._adopting.add(pid)
                         self.o._spawn(self.adopt(pid, lease, rev))
+                now = self.o.mono()
+                busy = self._keeping is not None and not self._keeping.done()
+                if now - self._kept_fresh_at >= self.keep_fresh_check_s and not busy:
+                    self._kept_fresh_at = now
+                    self._keeping = self.o._spawn(self.keep_fresh())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.warning("ownership pass failed: %s", exc)
+
+    async def keep_fresh(self) -> int:
+        """Write again the spec, record and committed results of each live pipeline held here
+        whose keys were last written `refresh_s` ago: they expire `ownership.KEEP_S` after
+        their last write, and a pipeline that outlives that would lose what an adopter needs
+        (its spec, its record) and what keeps its results exactly-once. Returns how many
+        pipelines' keys were written."""
+        refresh_s = self.refresh_s
+        if refresh_s is None:
+            refresh_s = KEEP_FRESH_SHARE * ownership.KEEP_S
+        o, n = self.o, 0
+        for pid, at in list(self._written.items()):
+            run = o.pipelines.get(pid)
+            if o.mono() - at < refresh_s or run is None or run.terminal or not self.may_act(pid):
+                continue
+            try:
+                await self.runs.touch_spec(pid, run.spec)
+                await self.persist(run)  # with any write under way (it retries a failed one)
+                if o.recovery.ledger is not None:
+                    await o.recovery.ledger.touch(pid, len(run.spec.tasks))
+            except Exception as exc:  # looked at again at the next check
+                log.warning("writing the keys of %s again failed: %s", pid, exc)
+                continue
+            if pid in self._written:  # not ended meanwhile
+                self._written[pid] = o.mono()
+            n += 1
+        self.kept_fresh += n
+        return n
 
     def suspend(self) -> None:
         """Stop renewing and adopting, as a partitioned or frozen replica would (fail-over
@@ -348,6 +400,7 @@ class Failover:
         self._rev[pid], self._seq[pid] = rev, rec.events_seq
         self._adoptions[pid] = rec.adoptions + 1
         self._spec_saved.add(pid)
+        self._written[pid] = -math.inf  # how old its keys are is not known here
         self.adopted += 1
         run.note(f"adopted by {o.owner} from {lease.owner} (epoch {epoch})")
         o._remember(run)

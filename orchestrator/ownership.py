@@ -35,7 +35,9 @@ from schemas.failover import (
 from schemas.pipeline import PipelineSpec
 
 log = logging.getLogger("mars.ownership")
-#: Done leases, records and specs are swept this long after their last write.
+#: Leases, records, specs and committed results are swept this long after their last write
+#: (their buckets' max age); the owner of a live pipeline writes its own again before
+#: (`Failover.keep_fresh`), so only those of pipelines that ended go.
 KEEP_S = 24 * 3600.0
 #: Counters other modules keep on a run that a new owner should carry on from.
 EXTRA_COUNTERS = ("results_committed", "results_dropped", "recoveries")
@@ -255,6 +257,11 @@ class RunStore:
     async def save_spec(self, pid: str, spec: PipelineSpec) -> None:
         with contextlib.suppress(KeyWrongLastSequenceError):  # written before: specs never change
             await self.kv.create(spec_key(pid), encode(spec))
+
+    async def touch_spec(self, pid: str, spec: PipelineSpec) -> None:
+        """Write the spec again (it never changes), so it outlives KEEP_S while the pipeline
+        does: a spec gone makes the pipeline impossible to adopt."""
+        await self.kv.put(spec_key(pid), encode(spec))
 
     async def spec(self, pid: str) -> PipelineSpec | None:
         try:

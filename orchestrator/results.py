@@ -10,6 +10,10 @@ revision it read (create for a new key), so whichever replica or redelivery come
 the task already there and is counted, never written. A task re-run because its output was
 lost with its agent produces the same result again: the first commit stands.
 
+Chunks expire `ownership.KEEP_S` after their last write (the bucket's max age), as records
+and specs do; the owner of a live pipeline writes its chunks again before (`touch`), so only
+those of pipelines that ended go and the bucket stays bounded.
+
 Commits of one pipeline are gathered for up to `BATCH_S` (or until the pipeline ends, when
 `flush` writes them at once): a pipeline's results cost one write per chunk and batch instead
 of one per task, and every write its acknowledgement. The task events themselves are in the
@@ -23,12 +27,13 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
 
-from orchestrator import eventloop
+from orchestrator import eventloop, ownership
 from schemas import subjects
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
@@ -81,13 +86,29 @@ class ResultLedger:
         self.writes = 0
 
     async def start(self) -> None:
+        keep = ownership.KEEP_S
         try:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
             with contextlib.suppress(Exception):  # a concurrent replica may create it first
-                await self.js.create_key_value(bucket=self.bucket, history=HISTORY)
+                await self.js.create_key_value(bucket=self.bucket, history=HISTORY, ttl=keep)
             self.kv = await self.js.key_value(self.bucket)
-        history = (await self.kv.status()).history
+        status = await self.kv.status()
+        if not status.ttl:  # made by a version that kept every chunk for ever
+            cfg = status.stream_info.config
+            window = min(cfg.duplicate_window or keep, keep)  # the server wants it <= max age
+            try:
+                await self.js.update_stream(cfg, max_age=keep, duplicate_window=window)
+                log.info(
+                    "bucket %s: committed results now expire %.0f s after their last write "
+                    "(they were kept for ever)", self.bucket, keep,
+                )  # fmt: skip
+            except Exception as exc:
+                log.warning(
+                    "bucket %s keeps committed results for ever (giving it a max age of %.0f s "
+                    "failed: %s)", self.bucket, keep, exc,
+                )  # fmt: skip
+        history = status.history
         if history < HISTORY:
             log.warning(
                 "bucket %s keeps %d revisions per key (made by an older version); the audit "
@@ -150,16 +171,43 @@ class ResultLedger:
         for key in self._keys.pop(pipeline_id, ()):
             self._known.pop(key, None)
 
-    async def _write(self, key: str, batch: list[_Ask]) -> None:
+    async def touch(self, pipeline_id: str, tasks: int) -> int:
+        """Write the pipeline's chunks again, unchanged, so that none expires while it lives
+        (a chunk gone would let a late or re-run result of its tasks be committed again).
+        Returns how many were written; a chunk someone wrote meanwhile is fresh already."""
+        written = 0
+        for c in range((tasks + CHUNK - 1) // CHUNK):
+            key = f"{pipeline_id}.{c}"
+            async with self._key_lock(key):
+                try:
+                    entry = await self.kv.get(key)
+                except KeyNotFoundError:
+                    continue  # nothing committed in it yet
+                try:
+                    rev = await self.kv.update(key, entry.value, last=entry.revision)
+                except KeyWrongLastSequenceError:
+                    self._known.pop(key, None)
+                    continue
+                written += 1
+                self._remember(key, int(rev), decode(entry.value, TaskResults))
+        return written
+
+    @contextlib.asynccontextmanager
+    async def _key_lock(self, key: str) -> AsyncIterator[None]:
+        """One write of a key at a time here; the lock goes when nobody holds or awaits it."""
         lock, users = self._locks.setdefault(key, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
             async with lock:
-                await self._write_now(key, batch)
+                yield
         finally:
             users[0] -= 1
             if not users[0]:
                 del self._locks[key]
+
+    async def _write(self, key: str, batch: list[_Ask]) -> None:
+        async with self._key_lock(key):
+            await self._write_now(key, batch)
 
     async def _write_now(self, key: str, batch: list[_Ask]) -> None:
         outcome: dict[int, Outcome] = {}

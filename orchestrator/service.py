@@ -254,12 +254,13 @@ class Orchestrator:
     async def _on_nats_up(self) -> None:
         self.recovery.observer_back()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if self._stopping.is_set():
             task.cancel()  # spawned by a task being stopped: it never starts
+        return task
 
     async def stop(self) -> None:
         self._stopping.set()

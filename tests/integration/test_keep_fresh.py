@@ -1,0 +1,106 @@
+"""Pipelines' keys in KV (spec, record, committed results) expire `ownership.KEEP_S` after
+their last write: a live pipeline's are written again before, an ended one's go (over a real
+nats-server, with the buckets' max age cut to seconds)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import nats
+import pytest
+from nats.js.errors import KeyNotFoundError
+
+from orchestrator import ownership
+from orchestrator.results import HISTORY, ResultLedger, result_key
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec
+from schemas.failover import run_key, spec_key
+from tests.harness import RecordingAgent, agent_config
+
+pytestmark = pytest.mark.integration
+
+KEEP = 1.5
+
+
+async def present(kv: Any, key: str) -> bool:
+    try:
+        await kv.get(key)
+        return True
+    except KeyNotFoundError:
+        return False
+
+
+async def written(kv: Any, key: str, timeout: float) -> None:
+    """Until `key` has a value (the bucket's watcher says so; one there already counts)."""
+    watcher = await kv.watch(key)
+    try:
+        async with asyncio.timeout(timeout):
+            while not (entry := await watcher.updates(timeout=timeout)) or not entry.value:
+                pass
+    finally:
+        await watcher.stop()
+
+
+async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership, "KEEP_S", KEEP)
+    orch = Orchestrator(nats_url)
+    fo = orch.failover
+    fo.renew_s, fo.keep_fresh_check_s, fo.refresh_s = 0.2, 0.0, KEEP / 5
+    await orch.start()
+    agent = RecordingAgent(nats_url, agent_config("s", "edge"), agent_id="a1", calibrate=False)
+    await agent.start()
+    try:
+        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        spec = PipelineSpec.model_validate({"name": "long", "tasks": [
+            {"id": "quick", "run": {"kind": "synthetic", "seconds": 0}},
+            {"id": "long", "deps": ["quick"], "run": {"kind": "synthetic", "seconds": 3 * KEEP}},
+        ]})  # fmt: skip
+        await orch.submit_spec(spec, pipeline_id="p")
+        runs, results = fo.runs.kv, orch.recovery.ledger.kv  # type: ignore[union-attr]
+        keys = [(runs, spec_key("p")), (runs, run_key("p")), (results, result_key("p", 0))]
+        await written(results, result_key("p", 0), 10.0)  # the quick task's result
+        # every key stays while the pipeline runs, three times their max age
+        looked = 0
+        while not orch.pipelines["p"].terminal:
+            for kv, key in keys:
+                assert await present(kv, key), f"{key} expired while its pipeline ran"
+            looked += 1
+            await asyncio.sleep(0.1)
+        assert looked >= 10 and fo.kept_fresh >= 3
+        assert (await orch.wait_terminal("p", 10.0)).state == "succeeded"
+        # ended: nothing writes them again, and they go
+        ended = time.monotonic()
+        async with asyncio.timeout(4 * KEEP):
+            # expiry by max age leaves no marker to watch for: looked at until they are gone
+            while any([await present(kv, key) for kv, key in keys]):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        assert time.monotonic() - ended >= KEEP / 2  # the final record was written at the end
+    finally:
+        await agent.stop()
+        await orch.stop()
+
+
+async def test_committed_results_expire_in_a_new_bucket_and_in_an_old_one(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership, "KEEP_S", KEEP)
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        ledger = ResultLedger(js, "orch-1")
+        await ledger.start()
+        assert (await ledger.kv.status()).ttl == pytest.approx(KEEP)
+        # a bucket an older version made keeps every chunk for ever: it is given the max age
+        old = "MARS_RESULTS_OLD"
+        await js.create_key_value(bucket=old, history=HISTORY)
+        assert not (await (await js.key_value(old)).status()).ttl
+        upgraded = ResultLedger(js, "orch-1", bucket=old)
+        await upgraded.start()
+        status = await upgraded.kv.status()
+        assert status.ttl == pytest.approx(KEEP) and status.history == HISTORY
+    finally:
+        await nc.close()
