@@ -115,12 +115,23 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return _fail(exc)
 
 
+def _keep_hours(text: str) -> float:
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of hours: {text!r}") from None
+    if not 0.01 <= hours <= 24 * 365:  # 36 s (a live pipeline's keys are rewritten at a third)
+        raise argparse.ArgumentTypeError("--keep-hours must be between 0.01 and 8760")
+    return hours
+
+
 def cmd_orchestrator(args: argparse.Namespace) -> int:
     from orchestrator.service import run_orchestrator
 
     budget = args.plan_budget_ms / 1e3
+    keep = args.keep_hours * 3600.0
     return _run_until_signal(
-        lambda stop: run_orchestrator(args.nats, stop=stop, plan_budget_s=budget)
+        lambda stop: run_orchestrator(args.nats, stop=stop, plan_budget_s=budget, keep_s=keep)
     )
 
 
@@ -386,6 +397,16 @@ def build_parser() -> argparse.ArgumentParser:
         help=(
             "time the plan portfolio may spend beyond HEFT on a request placed alone "
             "(default 2; 0: HEFT only); none while other placements are under way"
+        ),
+    )
+    o.add_argument(
+        "--keep-hours",
+        type=_keep_hours,
+        default=24.0,
+        help=(
+            "how long pipelines' records, specs, leases and results stay in JetStream after "
+            "their last write, so after a pipeline ends (default 24; give every replica the "
+            "same: each sets the buckets' max age when it starts)"
         ),
     )
     o.set_defaults(fn=cmd_orchestrator)

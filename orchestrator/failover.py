@@ -22,7 +22,6 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 
-from orchestrator import ownership
 from orchestrator.eventloop import Pacer
 from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, record_fields
 from orchestrator.pipelines import PipelineRun
@@ -55,7 +54,7 @@ PROGRESS_EVERY_S = 0.25
 #: Attempts at writing a pipeline's record before giving up (about a minute of backoff).
 PERSIST_RETRIES = 40
 #: A live pipeline's spec, record and result chunks are written again once this share of
-#: `ownership.KEEP_S` has passed since they last were (they expire at KEEP_S) ...
+#: `Orchestrator.keep_s` has passed since they last were (they expire at keep_s) ...
 KEEP_FRESH_SHARE = 1 / 3
 #: ... looked for at most this often.
 KEEP_FRESH_CHECK_S = 60.0
@@ -111,9 +110,10 @@ class Failover:
     async def start(self) -> None:
         o = self.o
         self.leases = Leases(
-            o.js, o.owner, lease_s=self.lease_s, grace_s=self.grace_s, mono=o.mono, wall=o.wall
-        )
-        self.runs = RunStore(o.js)
+            o.js, o.owner, lease_s=self.lease_s, grace_s=self.grace_s, mono=o.mono,
+            wall=o.wall, keep_s=o.keep_s,
+        )  # fmt: skip
+        self.runs = RunStore(o.js, o.keep_s)
         await self.leases.start()
         await self.runs.start()
 
@@ -331,13 +331,13 @@ class Failover:
 
     async def keep_fresh(self) -> int:
         """Write again the spec, record and committed results of each live pipeline held here
-        whose keys were last written `refresh_s` ago: they expire `ownership.KEEP_S` after
+        whose keys were last written `refresh_s` ago: they expire `Orchestrator.keep_s` after
         their last write, and a pipeline that outlives that would lose what an adopter needs
         (its spec, its record) and what keeps its results exactly-once. Returns how many
         pipelines' keys were written."""
         refresh_s = self.refresh_s
         if refresh_s is None:
-            refresh_s = KEEP_FRESH_SHARE * ownership.KEEP_S
+            refresh_s = KEEP_FRESH_SHARE * self.o.keep_s
         o, n = self.o, 0
         for pid, at in list(self._written.items()):
             run = o.pipelines.get(pid)

@@ -36,8 +36,9 @@ from schemas.pipeline import PipelineSpec
 
 log = logging.getLogger("mars.ownership")
 #: Leases, records, specs and committed results are swept this long after their last write
-#: (their buckets' max age); the owner of a live pipeline writes its own again before
-#: (`Failover.keep_fresh`), so only those of pipelines that ended go.
+#: (their buckets' max age; `mars orchestrator --keep-hours`); the owner of a live pipeline
+#: writes its own again before (`Failover.keep_fresh`), so only those of pipelines that ended
+#: go.
 KEEP_S = 24 * 3600.0
 #: Counters other modules keep on a run that a new owner should carry on from.
 EXTRA_COUNTERS = ("results_committed", "results_dropped", "recoveries")
@@ -62,12 +63,36 @@ class Held:
 
 
 async def open_bucket(js: Any, bucket: str, *, history: int = 1, ttl: float | None = None) -> Any:
+    """The bucket, made if missing; with `ttl`, an existing one whose max age differs (made by
+    an older version, or under another `--keep-hours`) is given that one."""
     try:
-        return await js.key_value(bucket)
+        kv = await js.key_value(bucket)
     except BucketNotFoundError:
         with contextlib.suppress(Exception):  # a concurrent replica may create it first
             await js.create_key_value(bucket=bucket, history=history, ttl=ttl)
         return await js.key_value(bucket)
+    if ttl is not None:
+        await keep_for(js, kv, bucket, ttl)
+    return kv
+
+
+async def keep_for(js: Any, kv: Any, bucket: str, ttl: float) -> None:
+    """Set the bucket's max age to `ttl` s if it is not that already; a bucket that cannot be
+    changed (permissions) keeps its own, said in the log."""
+    status = await kv.status()
+    if status.ttl and abs(status.ttl - ttl) < 1e-3:
+        return
+    cfg = status.stream_info.config
+    window = min(cfg.duplicate_window or ttl, ttl)  # the server wants it <= the max age
+    try:
+        await js.update_stream(cfg, max_age=ttl, duplicate_window=window)
+    except Exception as exc:
+        log.warning(
+            "bucket %s keeps its max age (%s s): setting %.0f s failed: %s",
+            bucket, status.ttl or "none", ttl, exc,
+        )  # fmt: skip
+        return
+    log.info("bucket %s: max age %s -> %.0f s", bucket, status.ttl or "none", ttl)
 
 
 class Leases:
@@ -80,8 +105,10 @@ class Leases:
         grace_s: float,
         mono: Callable[[], float],
         wall: Callable[[], float],
+        keep_s: float = KEEP_S,
     ) -> None:
         self.js, self.owner = js, owner
+        self.keep_s = keep_s
         self.lease_s, self.grace_s = lease_s, grace_s
         self.mono, self.wall = mono, wall
         self.kv: Any = None
@@ -92,7 +119,7 @@ class Leases:
         self._watch_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self.kv = await open_bucket(self.js, OWNERS_BUCKET, ttl=KEEP_S)
+        self.kv = await open_bucket(self.js, OWNERS_BUCKET, ttl=self.keep_s)
         await self.watch()
 
     async def watch(self) -> None:
@@ -247,12 +274,13 @@ class Leases:
 class RunStore:
     """`MARS_RUNS`: each pipeline's spec (written once) and resumable record (written by CAS)."""
 
-    def __init__(self, js: Any) -> None:
+    def __init__(self, js: Any, keep_s: float = KEEP_S) -> None:
         self.js = js
+        self.keep_s = keep_s
         self.kv: Any = None
 
     async def start(self) -> None:
-        self.kv = await open_bucket(self.js, RUNS_BUCKET, ttl=KEEP_S)
+        self.kv = await open_bucket(self.js, RUNS_BUCKET, ttl=self.keep_s)
 
     async def save_spec(self, pid: str, spec: PipelineSpec) -> None:
         with contextlib.suppress(KeyWrongLastSequenceError):  # written before: specs never change

@@ -117,7 +117,7 @@ class Recovery:
     async def start(self) -> None:
         o = self.o
         assert o.nc is not None
-        self.ledger = ResultLedger(o.js, o.owner)
+        self.ledger = ResultLedger(o.js, o.owner, keep_s=o.keep_s)
         await self.ledger.start()
         await o.nc.subscribe(subjects.CONN_ADVISORIES, cb=self._on_advisory)
         o._spawn(self._loop())

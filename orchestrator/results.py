@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
 from orchestrator import eventloop, ownership
 from schemas import subjects
@@ -67,8 +67,17 @@ class _Ask:
 
 
 class ResultLedger:
-    def __init__(self, js: Any, owner: str, *, bucket: str = subjects.RESULTS_BUCKET) -> None:
+    def __init__(
+        self,
+        js: Any,
+        owner: str,
+        *,
+        bucket: str = subjects.RESULTS_BUCKET,
+        keep_s: float | None = None,
+    ) -> None:
         self.js = js
+        #: Chunks expire this long after their last write (default `ownership.KEEP_S`).
+        self.keep_s = ownership.KEEP_S if keep_s is None else keep_s
         self.owner = owner
         self.bucket = bucket
         self.kv: Any = None
@@ -86,28 +95,11 @@ class ResultLedger:
         self.writes = 0
 
     async def start(self) -> None:
-        keep = ownership.KEEP_S
-        try:
-            self.kv = await self.js.key_value(self.bucket)
-        except BucketNotFoundError:
-            with contextlib.suppress(Exception):  # a concurrent replica may create it first
-                await self.js.create_key_value(bucket=self.bucket, history=HISTORY, ttl=keep)
-            self.kv = await self.js.key_value(self.bucket)
+        # a bucket made by a version that kept every chunk for ever gets the max age
+        self.kv = await ownership.open_bucket(
+            self.js, self.bucket, history=HISTORY, ttl=self.keep_s
+        )
         status = await self.kv.status()
-        if not status.ttl:  # made by a version that kept every chunk for ever
-            cfg = status.stream_info.config
-            window = min(cfg.duplicate_window or keep, keep)  # the server wants it <= max age
-            try:
-                await self.js.update_stream(cfg, max_age=keep, duplicate_window=window)
-                log.info(
-                    "bucket %s: committed results now expire %.0f s after their last write "
-                    "(they were kept for ever)", self.bucket, keep,
-                )  # fmt: skip
-            except Exception as exc:
-                log.warning(
-                    "bucket %s keeps committed results for ever (giving it a max age of %.0f s "
-                    "failed: %s)", self.bucket, keep, exc,
-                )  # fmt: skip
         history = status.history
         if history < HISTORY:
             log.warning(

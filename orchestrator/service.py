@@ -19,7 +19,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import RetentionPolicy, StreamConfig
 from nats.micro.request import Request
 
-from orchestrator import eventloop
+from orchestrator import eventloop, ownership
 from orchestrator.adaptive import Adaptive
 from orchestrator.eventloop import Pacer
 from orchestrator.failover import OWNER_LEASE_S, Failover
@@ -122,8 +122,12 @@ class Orchestrator:
         plan_budget_s: float = PLAN_BUDGET_S,
         owner_lease_s: float = OWNER_LEASE_S,
         stall_s: float = STALL_S,
+        keep_s: float | None = None,
     ) -> None:
         self.nats_url = nats_url
+        #: Pipelines' leases, records, specs and results expire this long after their last
+        #: write (an ended pipeline's: after its end; default `ownership.KEEP_S`, a day).
+        self.keep_s = ownership.KEEP_S if keep_s is None else keep_s
         self.watchdog = Watchdog(self, stall_s)
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
@@ -923,11 +927,12 @@ async def run_orchestrator(
     name: str | None = None,
     plan_budget_s: float = PLAN_BUDGET_S,
     started: asyncio.Event | None = None,
+    keep_s: float | None = None,
 ) -> None:
     """The orchestrator of a process of its own (`mars orchestrator`): its garbage collector
     is paced (`eventloop.PacedGc`), collections waiting for a moment with no submission
     under way. `started` is set once it serves."""
-    orch = Orchestrator(nats_url, name=name, plan_budget_s=plan_budget_s)
+    orch = Orchestrator(nats_url, name=name, plan_budget_s=plan_budget_s, keep_s=keep_s)
     await orch.start()
     pacer = eventloop.PacedGc(orch.idle)
     pacer.start()

@@ -16,7 +16,8 @@ from orchestrator import ownership
 from orchestrator.results import HISTORY, ResultLedger, result_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
-from schemas.failover import run_key, spec_key
+from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, run_key, spec_key
+from schemas.subjects import RESULTS_BUCKET
 from tests.harness import RecordingAgent, agent_config
 
 pytestmark = pytest.mark.integration
@@ -43,14 +44,14 @@ async def written(kv: Any, key: str, timeout: float) -> None:
         await watcher.stop()
 
 
-async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(
-    nats_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(ownership, "KEEP_S", KEEP)
-    orch = Orchestrator(nats_url)
+async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(nats_url: str) -> None:
+    orch = Orchestrator(nats_url, keep_s=KEEP)
     fo = orch.failover
     fo.renew_s, fo.keep_fresh_check_s, fo.refresh_s = 0.2, 0.0, KEEP / 5
     await orch.start()
+    js = orch.js
+    for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # `--keep-hours` reaches all
+        assert (await (await js.key_value(bucket)).status()).ttl == pytest.approx(KEEP)
     agent = RecordingAgent(nats_url, agent_config("s", "edge"), agent_id="a1", calibrate=False)
     await agent.start()
     try:
@@ -87,7 +88,7 @@ async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(
 async def test_committed_results_expire_in_a_new_bucket_and_in_an_old_one(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ownership, "KEEP_S", KEEP)
+    monkeypatch.setattr(ownership, "KEEP_S", KEEP)  # the default when none is given
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
@@ -102,5 +103,11 @@ async def test_committed_results_expire_in_a_new_bucket_and_in_an_old_one(
         await upgraded.start()
         status = await upgraded.kv.status()
         assert status.ttl == pytest.approx(KEEP) and status.history == HISTORY
+        # another --keep-hours: the existing bucket follows it, and keeps what it holds
+        await upgraded.kv.put("p.0", b"kept")
+        again = ResultLedger(js, "orch-2", bucket=old, keep_s=2 * KEEP)
+        await again.start()
+        assert (await again.kv.status()).ttl == pytest.approx(2 * KEEP)
+        assert (await again.kv.get("p.0")).value == b"kept"
     finally:
         await nc.close()
