@@ -341,7 +341,10 @@ class Failover:
         o, n = self.o, 0
         for pid, at in list(self._written.items()):
             run = o.pipelines.get(pid)
-            if o.mono() - at < refresh_s or run is None or run.terminal or not self.may_act(pid):
+            if run is None or run.terminal:
+                del self._written[pid]  # its keys are to expire now (its end wrote them last)
+                continue
+            if o.mono() - at < refresh_s or not self.may_act(pid):
                 continue
             try:
                 await self.runs.touch_spec(pid, run.spec)
