@@ -169,7 +169,7 @@ class ResultLedger:
         Returns how many were written; a chunk someone wrote meanwhile is fresh already."""
         written = 0
         for c in range((tasks + CHUNK - 1) // CHUNK):
-            key = f"{pipeline_id}.{c}"
+            key = result_key(pipeline_id, c * CHUNK)
             async with self._key_lock(key):
                 try:
                     entry = await self.kv.get(key)
