@@ -83,7 +83,7 @@ class Failover:
         #: Per live pipeline held here: when its spec, record and result chunks were last all
         #: written (monotonic), for `keep_fresh`.
         self._written: dict[str, float] = {}
-        #: Written again after this long (`keep_fresh`; None: KEEP_FRESH_SHARE of KEEP_S).
+        #: Written again after this long (`keep_fresh`; None: KEEP_FRESH_SHARE of keep_s).
         self.refresh_s: float | None = None
         self.keep_fresh_check_s = KEEP_FRESH_CHECK_S
         self._kept_fresh_at = -math.inf

@@ -287,7 +287,7 @@ class RunStore:
             await self.kv.create(spec_key(pid), encode(spec))
 
     async def touch_spec(self, pid: str, spec: PipelineSpec) -> None:
-        """Write the spec again (it never changes), so it outlives KEEP_S while the pipeline
+        """Write the spec again (it never changes), so it outlives the max age while the pipeline
         does: a spec gone makes the pipeline impossible to adopt."""
         await self.kv.put(spec_key(pid), encode(spec))
 
