@@ -56,7 +56,7 @@ PERSIST_RETRIES = 40
 #: A live pipeline's spec, record and result chunks are written again once this share of
 #: `Orchestrator.keep_s` has passed since they last were (they expire at keep_s) ...
 KEEP_FRESH_SHARE = 1 / 3
-#: ... looked for at most this often.
+#: ... looked for this often (or more often under a short `--keep-hours`: `keep_fresh_every`).
 KEEP_FRESH_CHECK_S = 60.0
 
 
@@ -321,7 +321,7 @@ class Failover:
                         self.o._spawn(self.adopt(pid, lease, rev))
                 now = self.o.mono()
                 busy = self._keeping is not None and not self._keeping.done()
-                if now - self._kept_fresh_at >= self.keep_fresh_check_s and not busy:
+                if now - self._kept_fresh_at >= self.keep_fresh_every() and not busy:
                     self._kept_fresh_at = now
                     self._keeping = self.o._spawn(self.keep_fresh())
             except asyncio.CancelledError:
@@ -329,15 +329,25 @@ class Failover:
             except Exception as exc:
                 log.warning("ownership pass failed: %s", exc)
 
+    def refresh_after(self) -> float:
+        """How old a live pipeline's keys get before `keep_fresh` writes them again."""
+        if self.refresh_s is not None:
+            return self.refresh_s
+        return KEEP_FRESH_SHARE * self.o.keep_s
+
+    def keep_fresh_every(self) -> float:
+        """How often `keep_fresh` looks: every `keep_fresh_check_s`, or twice per
+        `refresh_after` when that is shorter (a short `--keep-hours`), so that keys are
+        written again well before they expire."""
+        return min(self.keep_fresh_check_s, self.refresh_after() / 2)
+
     async def keep_fresh(self) -> int:
         """Write again the spec, record and committed results of each live pipeline held here
         whose keys were last written `refresh_s` ago: they expire `Orchestrator.keep_s` after
         their last write, and a pipeline that outlives that would lose what an adopter needs
         (its spec, its record) and what keeps its results exactly-once. Returns how many
         pipelines' keys were written."""
-        refresh_s = self.refresh_s
-        if refresh_s is None:
-            refresh_s = KEEP_FRESH_SHARE * self.o.keep_s
+        refresh_s = self.refresh_after()
         o, n = self.o, 0
         for pid, at in list(self._written.items()):
             run = o.pipelines.get(pid)

@@ -47,7 +47,8 @@ async def written(kv: Any, key: str, timeout: float) -> None:
 async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(nats_url: str) -> None:
     orch = Orchestrator(nats_url, keep_s=KEEP)
     fo = orch.failover
-    fo.renew_s, fo.keep_fresh_check_s, fo.refresh_s = 0.2, 0.0, KEEP / 5
+    fo.renew_s, fo.refresh_s = 0.2, KEEP / 5  # looked at every 60 s, or twice per refresh
+    assert fo.keep_fresh_every() == pytest.approx(KEEP / 10)
     await orch.start()
     js = orch.js
     for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # `--keep-hours` reaches all
