@@ -83,8 +83,8 @@ class Failover:
         #: Per live pipeline held here: when its spec, record and result chunks were last all
         #: written (monotonic), for `keep_fresh`.
         self._written: dict[str, float] = {}
-        #: Written again after this long (`keep_fresh`; None: KEEP_FRESH_SHARE of keep_s).
-        self.refresh_s: float | None = None
+        #: A live pipeline's keys are written again once this old (`keep_fresh`).
+        self.refresh_s = KEEP_FRESH_SHARE * orch.keep_s
         self.keep_fresh_check_s = KEEP_FRESH_CHECK_S
         self._kept_fresh_at = -math.inf
         self._keeping: asyncio.Task[Any] | None = None
@@ -329,17 +329,11 @@ class Failover:
             except Exception as exc:
                 log.warning("ownership pass failed: %s", exc)
 
-    def refresh_after(self) -> float:
-        """How old a live pipeline's keys get before `keep_fresh` writes them again."""
-        if self.refresh_s is not None:
-            return self.refresh_s
-        return KEEP_FRESH_SHARE * self.o.keep_s
-
     def keep_fresh_every(self) -> float:
         """How often `keep_fresh` looks: every `keep_fresh_check_s`, or twice per
-        `refresh_after` when that is shorter (a short `--keep-hours`), so that keys are
+        `refresh_s` when that is shorter (a short `--keep-hours`), so that keys are
         written again well before they expire."""
-        return min(self.keep_fresh_check_s, self.refresh_after() / 2)
+        return min(self.keep_fresh_check_s, self.refresh_s / 2)
 
     async def keep_fresh(self) -> int:
         """Write again the spec, record and committed results of each live pipeline held here
@@ -347,14 +341,13 @@ class Failover:
         their last write, and a pipeline that outlives that would lose what an adopter needs
         (its spec, its record) and what keeps its results exactly-once. Returns how many
         pipelines' keys were written."""
-        refresh_s = self.refresh_after()
         o, n = self.o, 0
         for pid, at in list(self._written.items()):
             run = o.pipelines.get(pid)
             if run is None or run.terminal:
                 del self._written[pid]  # its keys are to expire now (its end wrote them last)
                 continue
-            if o.mono() - at < refresh_s or not self.may_act(pid):
+            if o.mono() - at < self.refresh_s or not self.may_act(pid):
                 continue
             try:
                 await self.runs.touch_spec(pid, run.spec)

@@ -73,11 +73,11 @@ class ResultLedger:
         owner: str,
         *,
         bucket: str = subjects.RESULTS_BUCKET,
-        keep_s: float | None = None,
+        keep_s: float = ownership.KEEP_S,
     ) -> None:
         self.js = js
-        #: Chunks expire this long after their last write (default `ownership.KEEP_S`).
-        self.keep_s = ownership.KEEP_S if keep_s is None else keep_s
+        #: Chunks expire this long after their last write.
+        self.keep_s = keep_s
         self.owner = owner
         self.bucket = bucket
         self.kv: Any = None
@@ -175,13 +175,11 @@ class ResultLedger:
                     entry = await self.kv.get(key)
                 except KeyNotFoundError:
                     continue  # nothing committed in it yet
-                try:
-                    rev = await self.kv.update(key, entry.value, last=entry.revision)
-                except KeyWrongLastSequenceError:
-                    self._known.pop(key, None)
-                    continue
-                written += 1
-                self._remember(key, int(rev), decode(entry.value, TaskResults))
+                # the value kept here (if any) has the old revision: the next commit reads it
+                self._known.pop(key, None)
+                with contextlib.suppress(KeyWrongLastSequenceError):  # written meanwhile
+                    await self.kv.update(key, entry.value, last=entry.revision)
+                    written += 1
         return written
 
     @contextlib.asynccontextmanager

@@ -122,12 +122,12 @@ class Orchestrator:
         plan_budget_s: float = PLAN_BUDGET_S,
         owner_lease_s: float = OWNER_LEASE_S,
         stall_s: float = STALL_S,
-        keep_s: float | None = None,
+        keep_s: float = ownership.KEEP_S,
     ) -> None:
         self.nats_url = nats_url
         #: Pipelines' leases, records, specs and results expire this long after their last
-        #: write (an ended pipeline's: after its end; default `ownership.KEEP_S`, a day).
-        self.keep_s = ownership.KEEP_S if keep_s is None else keep_s
+        #: write (an ended pipeline's: after its end).
+        self.keep_s = keep_s
         self.watchdog = Watchdog(self, stall_s)
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
@@ -927,7 +927,7 @@ async def run_orchestrator(
     name: str | None = None,
     plan_budget_s: float = PLAN_BUDGET_S,
     started: asyncio.Event | None = None,
-    keep_s: float | None = None,
+    keep_s: float = ownership.KEEP_S,
 ) -> None:
     """The orchestrator of a process of its own (`mars orchestrator`): its garbage collector
     is paced (`eventloop.PacedGc`), collections waiting for a moment with no submission

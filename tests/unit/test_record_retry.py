@@ -18,6 +18,7 @@ from schemas import PipelineSpec
 
 class _Orch:
     owner = "orch-test"
+    keep_s = 24 * 3600.0
 
     def __init__(self) -> None:
         self.spawned: list[Coroutine[Any, Any, Any]] = []
