@@ -6,6 +6,7 @@ duplicates and results from stale placements never change the outcome.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from orchestrator.scheduling import Placement
@@ -165,16 +166,18 @@ class PipelineRun:
             self.finish("succeeded", "", now)
         return self.state if self.state != before else None
 
-    def stalled(self, now: float, after_s: float) -> list[str]:
+    def stalled(self, now: float, after_s: float, only: Collection[str] | None = None) -> list[str]:
         """Tasks committed and free to start (every input's producer succeeded, and their
         planned start, which counts the queue on their device, has come) that have not been
-        reported started for more than `after_s` since."""
+        reported started for more than `after_s` since; of `only` these, when given."""
         if self.terminal or self.committed_at is None:
             return []
         t = self._clock(now)
         out = []
         for spec in self.spec.tasks:
-            if self.tasks[spec.id].state != "accepted":
+            if self.tasks[spec.id].state != "accepted" or (
+                only is not None and spec.id not in only
+            ):
                 continue
             deps = [self.tasks[d] for d in spec.deps]
             if any(d.state != "succeeded" for d in deps):

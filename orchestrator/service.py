@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import gc
 import logging
@@ -51,7 +52,7 @@ from schemas.api import (
 )
 from schemas.base import WireModel
 from schemas.bookings import BookingWindow
-from schemas.codec import DecodeError, Encoding, decode, encode
+from schemas.codec import DecodeError, Encoding, decode, encode, headers_for
 from schemas.events import PipelineEvent, TaskEvent
 from schemas.pipeline import PipelineSpec
 from schemas.placement import (
@@ -81,6 +82,9 @@ VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
 #: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
 COMMIT_BACKOFF_S = 0.2
+#: A new plan's commits go out as plain messages, unanswered; this long after, an agent with
+#: a task of it free to start and still not reported started is told again by request.
+COMMIT_CONFIRM_S = 1.0
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
 #: Finished pipelines kept in memory (`list` shows the live ones and these; `status` of any
@@ -169,6 +173,13 @@ class Orchestrator:
         self._events_caught_up.set()
         #: Submissions that waited for the task events first (a gauge of overload).
         self.held_submissions = 0
+        #: New plans' commits asked again by request (no sign of them after COMMIT_CONFIRM_S).
+        self.commits_resent = 0
+        #: Unanswered commits to look at: (when, pipeline, agent, task ids), in that order.
+        self._to_confirm: collections.deque[tuple[float, str, str, tuple[str, ...]]] = (
+            collections.deque()
+        )
+        self._confirm_wake = asyncio.Event()
         self._events_sub: Subscription | None = None
 
     def _now(self) -> float:
@@ -239,6 +250,7 @@ class Orchestrator:
         self._service = svc
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
+        self._spawn(self._confirm_loop())
         self._spawn(self.watchdog.run())
         self._spawn(self.failover.run())
         await self.adaptive.start()
@@ -549,9 +561,10 @@ class Orchestrator:
         run.committed_at = self._now()
         run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
-        # messages, retried until each agent answers) and the record are off the reply's path,
-        # and begin once the reply is written (tasks spawned now would run before it).
-        self._spawn(_after_reply(self._commit_all(run, set(run.tasks))))
+        # messages, looked after until each agent shows it has them) and the record are off
+        # the reply's path, and begin once the reply is written (tasks spawned now would run
+        # before it).
+        self._spawn(_after_reply(self._commit_all(run, set(run.tasks), unanswered=True)))
         await self._publish_pipeline(run)
         self._spawn(_after_reply(self.persist(run)))  # status falls back to memory meanwhile
         reply = self._submit_reply(run)
@@ -656,9 +669,17 @@ class Orchestrator:
 
         return asyncio.ensure_future(answers())
 
-    async def _commit_all(self, run: PipelineRun, task_ids: set[str]) -> None:
+    async def _commit_all(
+        self, run: PipelineRun, task_ids: set[str], *, unanswered: bool = False
+    ) -> None:
         """Tell each agent to start its accepted tasks of `run`; an agent that does not answer
-        is asked again (commits are idempotent) while the pipeline lives."""
+        is asked again (commits are idempotent) while the pipeline lives.
+
+        `unanswered` (a new plan's commits): each agent is told by a plain message, which it
+        does not answer, two messages fewer per agent of every plan. The tasks' events say it
+        arrived: COMMIT_CONFIRM_S later, an agent with a task of it free to start and not
+        reported started is asked by request as above. A task that is only free later, and
+        whose commit was lost, is the watchdog's (STALL_S)."""
         assert self.nc is not None
         per_agent: dict[str, list[str]] = {}
         for tid in sorted(task_ids):
@@ -672,6 +693,8 @@ class Orchestrator:
                 pipeline_id=run.pipeline_id, task_ids=tids,
                 tokens=[run.tasks[t].token for t in tids],
             )  # fmt: skip
+            if unanswered and await self._commit_unanswered(run, agent_id, cmd):
+                return
             attempt = 0
             while True:
                 attempt += 1
@@ -692,6 +715,58 @@ class Orchestrator:
                 await asyncio.sleep(min(COMMIT_BACKOFF_S * attempt, 2.0))  # back off, ask again
 
         await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
+
+    async def _commit_unanswered(self, run: PipelineRun, agent_id: str, cmd: CommitCommand) -> bool:
+        """Send `cmd` to the agent as a plain message, to be looked after COMMIT_CONFIRM_S
+        later (`_confirm_loop`); False when it could not be sent (ask by request)."""
+        assert self.nc is not None
+        try:
+            await self.nc.publish(
+                subjects.commit(agent_id), encode(cmd, AGENT_ENCODING),
+                headers=headers_for(AGENT_ENCODING),
+            )  # fmt: skip
+        except Exception as exc:
+            log.warning("commit to %s not sent (asking by request): %s", agent_id, exc)
+            return False
+        if not self._to_confirm:
+            self._confirm_wake.set()
+        self._to_confirm.append(
+            (self._now() + COMMIT_CONFIRM_S, run.pipeline_id, agent_id, tuple(cmd.task_ids))
+        )
+        return True
+
+    async def _confirm_loop(self) -> None:
+        """Look at each unanswered commit when it is due: an agent with a task of it free to
+        start and not reported started is asked by request (one entry per agent and plan,
+        kept by id: a pipeline ended meanwhile is not held in memory for it)."""
+        queue = self._to_confirm
+        while True:
+            if not queue:
+                self._confirm_wake.clear()
+                await self._confirm_wake.wait()
+                continue
+            due, pid, agent_id, tids = queue[0]
+            if due > self._now():
+                await asyncio.sleep(due - self._now())  # the first one's time: entries are
+                continue  # appended in the order they fall due
+            queue.popleft()
+            run = self.pipelines.get(pid)
+            if run is None or run.terminal:
+                continue
+            if self.events_behind():  # what it knows of the tasks is old: look again later
+                queue.append((self._now() + COMMIT_CONFIRM_S, pid, agent_id, tids))
+                continue
+            waiting = {
+                t for t in tids
+                if run.tasks[t].agent_id == agent_id and run.tasks[t].state == "accepted"
+            }  # fmt: skip
+            if run.stalled(self._now(), COMMIT_CONFIRM_S, only=waiting):
+                self.commits_resent += 1
+                log.info(
+                    "pipeline %s: no sign of its commit at %s after %.1f s; asking by request",
+                    pid, agent_id, COMMIT_CONFIRM_S,
+                )  # fmt: skip
+                self._spawn(self._commit_all(run, waiting))
 
     async def cancel_tasks(
         self,

@@ -1,0 +1,125 @@
+"""A new plan's commits go out as plain messages, unanswered; the tasks' events say they
+arrived, and an agent whose task sits free to start without a sign is asked again by request
+soon after (not at the watchdog's much later look). Over a real nats-server, with the commits
+read off the wire by a second client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import pytest
+
+from orchestrator import service
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec, subjects
+from schemas.codec import decode, encoding_of
+from schemas.placement import CommitCommand
+from schemas.rpc import settle
+from tests.harness import RecordingAgent, agent_config
+
+pytestmark = pytest.mark.integration
+
+DEVICE = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
+#: The look after an unanswered commit, shortened for the tests; the watchdog's stall time is
+#: far longer, so what is asked again here is the look's doing.
+CONFIRM_S = 0.3
+STALL_S = 60.0
+
+
+def chain(*tasks: tuple[str, float]) -> PipelineSpec:
+    """Synthetic tasks of these durations, each depending on the one before."""
+    names = [t for t, _ in tasks]
+    return PipelineSpec.model_validate({"name": "p", "tasks": [
+        {"id": t, "run": {"kind": "synthetic", "seconds": s}, "deps": names[max(0, i - 1) : i]}
+        for i, (t, s) in enumerate(tasks)
+    ]})  # fmt: skip
+
+
+class Commits:
+    """The commits the agents were sent, read off the wire: (command, whether it asked for an
+    answer), in arrival order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[CommitCommand, bool]] = []
+        self._arrived = asyncio.Event()
+
+    async def on_commit(self, msg: Any) -> None:
+        self.seen.append(
+            (decode(msg.data, CommitCommand, encoding_of(msg.headers)), bool(msg.reply))
+        )
+        self._arrived.set()
+
+    async def at_least(self, n: int, timeout: float = 5.0) -> list[tuple[list[str], bool]]:
+        """The first `n` (task ids, asked for an answer), once they have come."""
+        async with asyncio.timeout(timeout):
+            while len(self.seen) < n:
+                self._arrived.clear()
+                await self._arrived.wait()
+        return [(sorted(c.task_ids), asked) for c, asked in self.seen]
+
+
+@pytest.fixture
+async def cluster(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Orchestrator, RecordingAgent, Commits]]:
+    """An orchestrator, one agent, and the commits it is sent."""
+    monkeypatch.setattr(service, "COMMIT_CONFIRM_S", CONFIRM_S)
+    orch = Orchestrator(nats_url, stall_s=STALL_S)
+    await orch.start()
+    agent = RecordingAgent(
+        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
+        agent_id="a1", calibrate=False,
+    )  # fmt: skip
+    await agent.start()
+    spy = await nats.connect(nats_url)
+    commits = Commits()
+    await spy.subscribe(subjects.commit("*"), cb=commits.on_commit)
+    await settle(spy)
+    try:
+        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        yield orch, agent, commits
+    finally:
+        await spy.close()
+        await agent.stop()
+        await orch.stop()
+
+
+async def test_commits_that_arrived_are_not_asked_for_again(
+    cluster: tuple[Orchestrator, RecordingAgent, Commits],
+) -> None:
+    """At the look, x runs (its start was reported) and y waits for x: no sign is missing."""
+    orch, agent, commits = cluster
+    await orch.submit_spec(chain(("x", 3 * CONFIRM_S), ("y", 0.01)), "p")
+    run = await orch.wait_terminal("p", 20.0)
+    assert run.state == "succeeded", run.reason
+    assert await commits.at_least(1) == [(["x", "y"], False)]
+    assert orch.commits_resent == 0
+    assert [e[1] for e in agent.log] == ["x", "y"]
+
+
+async def test_a_lost_commit_is_asked_again_by_request_at_the_look(
+    cluster: tuple[Orchestrator, RecordingAgent, Commits],
+) -> None:
+    orch, agent, commits = cluster
+    real = agent.core.commit
+    dropped: list[list[str]] = []
+
+    def forgetful(cmd: CommitCommand) -> int:
+        """The first commit is lost on its way (the agent never acts on it)."""
+        if not dropped:
+            dropped.append(list(cmd.task_ids))
+            return 0
+        return real(cmd)
+
+    agent.core.commit = forgetful  # type: ignore[method-assign]
+    await orch.submit_spec(chain(("t", 0.01), ("u", 0.01)), "p")
+    run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
+    assert run.state == "succeeded", run.reason
+    assert dropped == [["t", "u"]]
+    assert orch.commits_resent == 1
+    assert await commits.at_least(2) == [(["t", "u"], False), (["t", "u"], True)]
+    assert [e[1] for e in agent.log] == ["t", "u"]  # each ran once
+    assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
