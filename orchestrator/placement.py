@@ -192,29 +192,17 @@ class Placer:
                     t_sent = clock()
                     steps["send"] += t_sent - t_book
                     t_book = t_sent
-                # The next plan may begin once these writes are on the wire, before their
-                # answers: it sees their windows (`hold`), and a key's writes are made one at
-                # a time, each on the revision the one before produced (per-key lock, CAS).
-                unhold = o.store.hold(by_key)
                 booking = asyncio.gather(*(
                     o.store.book(k, by_key[k], now, evictable, prepared)
                     for k, prepared in zip(keys, ready, strict=True)
                 ))  # fmt: skip
                 try:
-                    await let_sends_out()
+                    results: list[BookResult] = await booking
                 except BaseException:
-                    booking.cancel()
-                    unhold()
-                    self._abandon(run, todo, offered)
+                    if offered is not None:  # withdraw what was admitted for nothing
+                        self.o._spawn(self._withdraw(run, todo, offered))
                     raise
-            try:
-                results: list[BookResult] = await booking
-            except BaseException:
-                self._abandon(run, todo, offered)
-                raise
-            finally:
-                unhold()
-            steps["book"] += clock() - t_book
+                steps["book"] += clock() - t_book
             run.cas_retries += sum(r.cas_retries for r in results)
             bad = {r.key for r in results if not r.ok}
             for r in results:
@@ -338,16 +326,6 @@ class Placer:
                     for d in task.deps],
             consumers=consumers,
         )  # fmt: skip
-
-    def _abandon(
-        self,
-        run: PipelineRun,
-        todo: dict[str, Placement],
-        offered: asyncio.Future[list[OfferReply]] | None,
-    ) -> None:
-        """A placement stopped while booking: withdraw what was admitted for nothing."""
-        if offered is not None:
-            self.o._spawn(self._withdraw(run, todo, offered))
 
     async def _withdraw(
         self,

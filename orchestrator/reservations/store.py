@@ -150,9 +150,6 @@ class BookingStore:
         #: Each such key's value without them, made for the revision it holds.
         self._without: dict[str, Cached] = {}
         self._flusher: asyncio.Task[None] | None = None
-        #: Windows being written now, per key (`hold`): planning sees them before the write's
-        #: answer, so the next plan need not wait for it.
-        self._held: dict[str, list[list[BookingWindow]]] = {}
 
     async def start(self) -> None:
         try:
@@ -221,42 +218,14 @@ class BookingStore:
                 await self.changed.wait()
 
     def snapshot(self) -> dict[str, Cached]:
-        """The cached bookings (no network), less the releases not written yet, plus the
-        windows being written (`hold`); may be slightly stale, CAS catches that."""
+        """The cached bookings (no network), less the releases not written yet; may be
+        slightly stale, CAS catches that."""
         snap = dict(self.cache)
         for key in self._deferred:
             cur = snap.get(key)
             if cur is not None:
                 snap[key] = self._released(key, cur)
-        for key, held in self._held.items():
-            cur = snap.get(key)
-            windows = [
-                *(cur.book.windows if cur is not None else ()),
-                *(w for ws in held for w in ws),
-            ]
-            snap[key] = Cached(
-                cur.revision if cur is not None else 0,
-                DeviceBookings.model_construct(device=key, windows=windows),
-            )
         return snap
-
-    def hold(self, windows: dict[str, list[BookingWindow]]) -> Callable[[], None]:
-        """Windows about to be booked, per key, shown to planning (`snapshot`) until the
-        returned function is called (once their writes are answered, whatever the answer).
-        A plan made meanwhile works around them: a window that then loses its CAS only made
-        that plan a little worse, and CAS still decides every booking."""
-        lists = list(windows.items())
-        for key, ws in lists:
-            self._held.setdefault(key, []).append(ws)
-
-        def done() -> None:
-            for key, ws in lists:
-                held = self._held.get(key, [])
-                held[:] = [x for x in held if x is not ws]
-                if not held:
-                    self._held.pop(key, None)
-
-        return done
 
     def _released(self, key: str, cur: Cached) -> Cached:
         """`cur` less the key's deferred releases (made once per revision and release)."""
