@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 DEVICE = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
 #: The look after an unanswered commit, shortened for the tests; the watchdog's stall time is
 #: far longer, so what is asked again here is the look's doing.
-CONFIRM_S = 0.3
+CONFIRM_S = 0.5
 STALL_S = 60.0
 
 
