@@ -14,6 +14,7 @@ from edge_agent.core import Job
 from edge_agent.executors import Output
 from edge_agent.service import Agent
 from orchestrator.service import Orchestrator
+from schemas.placement import CommitCommand
 
 T = TypeVar("T")
 
@@ -26,6 +27,21 @@ class RecordingAgent(Agent):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.log = []
+
+    def forget_first_commit(self) -> list[list[str]]:
+        """The first commit this agent is sent is lost on its way: taken, never acted on.
+        Returns the list its task ids are noted in."""
+        real = self.core.commit
+        dropped: list[list[str]] = []
+
+        def forgetful(cmd: CommitCommand) -> int:
+            if not dropped:
+                dropped.append(list(cmd.task_ids))
+                return 0
+            return real(cmd)
+
+        self.core.commit = forgetful  # type: ignore[method-assign]
+        return dropped
 
     async def _run(self, job: Job) -> Output:
         t0 = time.monotonic()
@@ -88,3 +104,17 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()
+
+
+#: One emulated CPU device (declared, never measured).
+EMULATED_CPU = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
+
+
+async def one_device_agent(url: str, agent_id: str = "a1") -> RecordingAgent:
+    """A started agent with one emulated CPU, no CPU probe and no calibration."""
+    agent = RecordingAgent(
+        url, agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU]),
+        agent_id=agent_id, calibrate=False,
+    )  # fmt: skip
+    await agent.start()
+    return agent

@@ -18,11 +18,10 @@ from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of
 from schemas.placement import CommitCommand
 from schemas.rpc import settle
-from tests.harness import RecordingAgent, agent_config
+from tests.harness import RecordingAgent, one_device_agent
 
 pytestmark = pytest.mark.integration
 
-DEVICE = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
 #: The look after an unanswered commit, shortened for the tests; the watchdog's stall time is
 #: far longer, so what is asked again here is the look's doing.
 CONFIRM_S = 0.5
@@ -69,11 +68,7 @@ async def cluster(
     monkeypatch.setattr(service, "COMMIT_CONFIRM_S", CONFIRM_S)
     orch = Orchestrator(nats_url, stall_s=STALL_S)
     await orch.start()
-    agent = RecordingAgent(
-        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
-        agent_id="a1", calibrate=False,
-    )  # fmt: skip
-    await agent.start()
+    agent = await one_device_agent(nats_url)
     spy = await nats.connect(nats_url)
     commits = Commits()
     await spy.subscribe(subjects.commit("*"), cb=commits.on_commit)
@@ -104,17 +99,7 @@ async def test_a_lost_commit_is_asked_again_by_request_at_the_look(
     cluster: tuple[Orchestrator, RecordingAgent, Commits],
 ) -> None:
     orch, agent, commits = cluster
-    real = agent.core.commit
-    dropped: list[list[str]] = []
-
-    def forgetful(cmd: CommitCommand) -> int:
-        """The first commit is lost on its way (the agent never acts on it)."""
-        if not dropped:
-            dropped.append(list(cmd.task_ids))
-            return 0
-        return real(cmd)
-
-    agent.core.commit = forgetful  # type: ignore[method-assign]
+    dropped = agent.forget_first_commit()
     await orch.submit_spec(chain(("t", 0.01), ("u", 0.01)), "p")
     run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert run.state == "succeeded", run.reason

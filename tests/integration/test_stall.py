@@ -17,12 +17,10 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
 from schemas.codec import decode
 from schemas.events import TaskEvent
-from schemas.placement import CommitCommand, DataAck, DataTransfer
-from tests.harness import RecordingAgent, agent_config
+from schemas.placement import DataAck, DataTransfer
+from tests.harness import EMULATED_CPU, RecordingAgent, agent_config, one_device_agent
 
 pytestmark = pytest.mark.integration
-
-DEVICE = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
 
 
 def chain(*tasks: str) -> PipelineSpec:
@@ -53,11 +51,7 @@ async def one_agent(
 
         orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
     await orch.start()
-    agent = RecordingAgent(
-        nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE]),
-        agent_id="a1", calibrate=False,
-    )  # fmt: skip
-    await agent.start()
+    agent = await one_device_agent(nats_url)
     try:
         assert await orch.wait_for_agents(1, timeout=10.0) == 1
         yield orch, agent, lost
@@ -77,17 +71,7 @@ async def test_a_commit_taken_but_not_acted_on_is_sent_again(
     nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with one_agent(nats_url) as (orch, agent, _):
-        real = agent.core.commit
-        dropped: list[list[str]] = []
-
-        def forgetful(cmd: CommitCommand) -> int:
-            """Answers the first commit but does not act on it (as if it were lost)."""
-            if not dropped:
-                dropped.append(list(cmd.task_ids))
-                return 0
-            return real(cmd)
-
-        agent.core.commit = forgetful  # type: ignore[method-assign]
+        dropped = agent.forget_first_commit()
         with caplog.at_level(logging.WARNING, logger="mars"):
             run = await run_to_end(orch, chain("t"))
         assert dropped == [["t"]]
@@ -175,7 +159,7 @@ async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     orch = Orchestrator(nats_url, stall_s=0.4)
     await orch.start()
-    config = agent_config("s1", "edge", probe_cpu=False, devices=[DEVICE])
+    config = agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
     agents = {n: RecordingAgent(nats_url, config, agent_id=n, calibrate=False) for n in "ab"}
     lost: list[str] = []
 
