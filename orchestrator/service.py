@@ -751,8 +751,8 @@ class Orchestrator:
                 continue  # appended in the order they fall due
             queue.popleft()
             run = self.pipelines.get(pid)
-            if run is None or run.terminal:
-                continue
+            if run is None or run.terminal or not self.failover.may_act(pid):
+                continue  # over, or no longer ours to act on (the adopter commits again)
             if self.events_behind():  # what it knows of the tasks is old: look again later
                 queue.append((self._now() + COMMIT_CONFIRM_S, pid, agent_id, tids))
                 continue
