@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import gc
+import heapq
+import itertools
 import logging
 import time
 import uuid
@@ -82,8 +83,9 @@ VERSION = "0.1.0"
 OFFER_TIMEOUT_S = 2.0
 #: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
 COMMIT_BACKOFF_S = 0.2
-#: A new plan's commits go out as plain messages, unanswered; this long after, an agent with
-#: a task of it free to start and still not reported started is told again by request.
+#: A new plan's commits go out as plain messages, unanswered; this long after (and again while
+#: its tasks wait for inputs), an agent with a task of it free to start for this long and not
+#: reported started is told again by request.
 COMMIT_CONFIRM_S = 1.0
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
@@ -175,10 +177,10 @@ class Orchestrator:
         self.held_submissions = 0
         #: New plans' commits asked again by request (no sign of them after COMMIT_CONFIRM_S).
         self.commits_resent = 0
-        #: Unanswered commits to look at: (when, pipeline, agent, task ids), in that order.
-        self._to_confirm: collections.deque[tuple[float, str, str, tuple[str, ...]]] = (
-            collections.deque()
-        )
+        #: Unanswered commits to look at, a heap: (when, n, pipeline, agent, task ids, the
+        #: wait before the next look).
+        self._to_confirm: list[tuple[float, int, str, str, tuple[str, ...], float]] = []
+        self._confirm_n = itertools.count()
         self._confirm_wake = asyncio.Event()
         self._events_sub: Subscription | None = None
 
@@ -677,9 +679,8 @@ class Orchestrator:
 
         `unanswered` (a new plan's commits): each agent is told by a plain message, which it
         does not answer, two messages fewer per agent of every plan. The tasks' events say it
-        arrived: COMMIT_CONFIRM_S later, an agent with a task of it free to start and not
-        reported started is asked by request as above. A task that is only free later, and
-        whose commit was lost, is the watchdog's (STALL_S)."""
+        arrived: `_confirm_loop` asks by request, as above, an agent with a task of it free to
+        start for COMMIT_CONFIRM_S and not reported started."""
         assert self.nc is not None
         per_agent: dict[str, list[str]] = {}
         for tid in sorted(task_ids):
@@ -728,33 +729,38 @@ class Orchestrator:
         except Exception as exc:
             log.warning("commit to %s not sent (asking by request): %s", agent_id, exc)
             return False
-        if not self._to_confirm:
-            self._confirm_wake.set()
-        self._to_confirm.append(
-            (self._now() + COMMIT_CONFIRM_S, run.pipeline_id, agent_id, tuple(cmd.task_ids))
-        )
+        self._look_later(run.pipeline_id, agent_id, tuple(cmd.task_ids), COMMIT_CONFIRM_S)
         return True
+
+    def _look_later(self, pid: str, agent_id: str, tids: tuple[str, ...], wait_s: float) -> None:
+        due = self._now() + wait_s
+        queue = self._to_confirm
+        if not queue or due < queue[0][0]:
+            self._confirm_wake.set()  # the loop waits for an earlier look now
+        heapq.heappush(queue, (due, next(self._confirm_n), pid, agent_id, tids, wait_s))
 
     async def _confirm_loop(self) -> None:
         """Look at each unanswered commit when it is due: an agent with a task of it free to
-        start and not reported started is asked by request (one entry per agent and plan,
-        kept by id: a pipeline ended meanwhile is not held in memory for it)."""
+        start for COMMIT_CONFIRM_S and not reported started is asked by request. While some
+        of its tasks wait for inputs it is looked at again, each wait twice the one before
+        (up to half the watchdog's stall time). Entries are kept by id: a pipeline ended
+        meanwhile is not held in memory for them."""
         queue = self._to_confirm
+        longest = max(COMMIT_CONFIRM_S, self.watchdog.stall_s / 2)
         while True:
-            if not queue:
+            wait = queue[0][0] - self._now() if queue else None
+            if wait is None or wait > 0:
                 self._confirm_wake.clear()
-                await self._confirm_wake.wait()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):  # the first look's time, or an earlier one
+                        await self._confirm_wake.wait()
                 continue
-            due, pid, agent_id, tids = queue[0]
-            if due > self._now():
-                await asyncio.sleep(due - self._now())  # the first one's time: entries are
-                continue  # appended in the order they fall due
-            queue.popleft()
+            _, _, pid, agent_id, tids, wait_s = heapq.heappop(queue)
             run = self.pipelines.get(pid)
             if run is None or run.terminal or not self.failover.may_act(pid):
                 continue  # over, or no longer ours to act on (the adopter commits again)
             if self.events_behind():  # what it knows of the tasks is old: look again later
-                queue.append((self._now() + COMMIT_CONFIRM_S, pid, agent_id, tids))
+                self._look_later(pid, agent_id, tids, wait_s)
                 continue
             waiting = {
                 t for t in tids
@@ -763,10 +769,13 @@ class Orchestrator:
             if run.stalled(self._now(), COMMIT_CONFIRM_S, only=waiting):
                 self.commits_resent += 1
                 log.info(
-                    "pipeline %s: no sign of its commit at %s after %.1f s; asking by request",
-                    pid, agent_id, COMMIT_CONFIRM_S,
+                    "pipeline %s: task(s) on %s free to start for %.1f s and not reported "
+                    "started; sending their commit again by request", pid, agent_id,
+                    COMMIT_CONFIRM_S,
                 )  # fmt: skip
                 self._spawn(self._commit_all(run, waiting))
+            elif waiting:  # not free to start yet: no sign is missing so far
+                self._look_later(pid, agent_id, tuple(sorted(waiting)), min(2 * wait_s, longest))
 
     async def cancel_tasks(
         self,

@@ -28,12 +28,13 @@ CONFIRM_S = 0.5
 STALL_S = 60.0
 
 
-def chain(*tasks: tuple[str, float]) -> PipelineSpec:
-    """Synthetic tasks of these durations, each depending on the one before."""
-    names = [t for t, _ in tasks]
+def chain(*tasks: tuple[str, float, str]) -> PipelineSpec:
+    """Synthetic tasks of these durations on these agents, each depending on the one before."""
+    names = [t for t, _, _ in tasks]
     return PipelineSpec.model_validate({"name": "p", "tasks": [
-        {"id": t, "run": {"kind": "synthetic", "seconds": s}, "deps": names[max(0, i - 1) : i]}
-        for i, (t, s) in enumerate(tasks)
+        {"id": t, "run": {"kind": "synthetic", "seconds": s}, "deps": names[max(0, i - 1) : i],
+         "requires": {"pinned_agent": agent}}
+        for i, (t, s, agent) in enumerate(tasks)
     ]})  # fmt: skip
 
 
@@ -42,69 +43,88 @@ class Commits:
     answer), in arrival order."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[CommitCommand, bool]] = []
+        self.seen: list[tuple[str, CommitCommand, bool]] = []
         self._arrived = asyncio.Event()
 
     async def on_commit(self, msg: Any) -> None:
-        self.seen.append(
-            (decode(msg.data, CommitCommand, encoding_of(msg.headers)), bool(msg.reply))
-        )
+        agent = msg.subject.split(".")[3]  # mars.v1.agents.<id>.cmd.commit
+        cmd = decode(msg.data, CommitCommand, encoding_of(msg.headers))
+        self.seen.append((agent, cmd, bool(msg.reply)))
         self._arrived.set()
 
-    async def at_least(self, n: int, timeout: float = 5.0) -> list[tuple[list[str], bool]]:
-        """The first `n` (task ids, asked for an answer), once they have come."""
+    async def at_least(self, n: int, timeout: float = 5.0) -> list[tuple[str, list[str], bool]]:
+        """The first `n` (agent, task ids, asked for an answer), once they have come."""
         async with asyncio.timeout(timeout):
             while len(self.seen) < n:
                 self._arrived.clear()
                 await self._arrived.wait()
-        return [(sorted(c.task_ids), asked) for c, asked in self.seen]
+        return [(agent, sorted(c.task_ids), asked) for agent, c, asked in self.seen]
 
 
 @pytest.fixture
 async def cluster(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[Orchestrator, RecordingAgent, Commits]]:
-    """An orchestrator, one agent, and the commits it is sent."""
+) -> AsyncIterator[tuple[Orchestrator, list[RecordingAgent], Commits]]:
+    """An orchestrator, agents a1 and a2, and the commits they are sent."""
     monkeypatch.setattr(service, "COMMIT_CONFIRM_S", CONFIRM_S)
     orch = Orchestrator(nats_url, stall_s=STALL_S)
     await orch.start()
-    agent = await one_device_agent(nats_url)
+    agents = [await one_device_agent(nats_url, a) for a in ("a1", "a2")]
     spy = await nats.connect(nats_url)
     commits = Commits()
     await spy.subscribe(subjects.commit("*"), cb=commits.on_commit)
     await settle(spy)
     try:
-        assert await orch.wait_for_agents(1, timeout=10.0) == 1
-        yield orch, agent, commits
+        assert await orch.wait_for_agents(2, timeout=10.0) == 2
+        yield orch, agents, commits
     finally:
         await spy.close()
-        await agent.stop()
+        for agent in agents:
+            await agent.stop()
         await orch.stop()
 
 
 async def test_commits_that_arrived_are_not_asked_for_again(
-    cluster: tuple[Orchestrator, RecordingAgent, Commits],
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
 ) -> None:
     """At the look, x runs (its start was reported) and y waits for x: no sign is missing."""
-    orch, agent, commits = cluster
-    await orch.submit_spec(chain(("x", 3 * CONFIRM_S), ("y", 0.01)), "p")
+    orch, (agent, _), commits = cluster
+    await orch.submit_spec(chain(("x", 3 * CONFIRM_S, "a1"), ("y", 0.01, "a1")), "p")
     run = await orch.wait_terminal("p", 20.0)
     assert run.state == "succeeded", run.reason
-    assert await commits.at_least(1) == [(["x", "y"], False)]
+    assert await commits.at_least(1) == [("a1", ["x", "y"], False)]
     assert orch.commits_resent == 0
     assert [e[1] for e in agent.log] == ["x", "y"]
 
 
 async def test_a_lost_commit_is_asked_again_by_request_at_the_look(
-    cluster: tuple[Orchestrator, RecordingAgent, Commits],
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
 ) -> None:
-    orch, agent, commits = cluster
+    orch, (agent, _), commits = cluster
     dropped = agent.forget_first_commit()
-    await orch.submit_spec(chain(("t", 0.01), ("u", 0.01)), "p")
+    await orch.submit_spec(chain(("t", 0.01, "a1"), ("u", 0.01, "a1")), "p")
     run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert run.state == "succeeded", run.reason
     assert dropped == [["t", "u"]]
     assert orch.commits_resent == 1
-    assert await commits.at_least(2) == [(["t", "u"], False), (["t", "u"], True)]
+    assert await commits.at_least(2) == [("a1", ["t", "u"], False), ("a1", ["t", "u"], True)]
     assert [e[1] for e in agent.log] == ["t", "u"]  # each ran once
+    assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
+
+
+async def test_a_lost_commit_of_tasks_still_waiting_is_found_once_they_are_free(
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
+) -> None:
+    """y (on a2) waits for x (on a1) at the first look, and a2 lost its commit: looked at
+    again while y waits, it is asked by request soon after y is free to start."""
+    orch, (_, second), commits = cluster
+    dropped = second.forget_first_commit()
+    await orch.submit_spec(chain(("x", 3 * CONFIRM_S, "a1"), ("y", 0.01, "a2")), "p")
+    run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
+    assert run.state == "succeeded", run.reason
+    assert dropped == [["y"]]
+    assert orch.commits_resent == 1
+    got = await commits.at_least(3)
+    assert sorted(got[:2]) == [("a1", ["x"], False), ("a2", ["y"], False)]
+    assert got[2] == ("a2", ["y"], True)
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
