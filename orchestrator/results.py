@@ -99,8 +99,7 @@ class ResultLedger:
         self.kv = await ownership.open_bucket(
             self.js, self.bucket, history=HISTORY, ttl=self.keep_s
         )
-        status = await self.kv.status()
-        history = status.history
+        history = (await self.kv.status()).history
         if history < HISTORY:
             log.warning(
                 "bucket %s keeps %d revisions per key (made by an older version); the audit "

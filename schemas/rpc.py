@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from schemas.base import WireModel
 from schemas.codec import (
+    ERROR_HEADER,
     DecodeError,
     Encoding,
     RemoteError,
@@ -23,7 +24,7 @@ from schemas.codec import (
     error_reply,
     headers_for,
 )
-from schemas.errors import ErrorCode
+from schemas.errors import ErrorCode, ErrorEnvelope
 
 log = logging.getLogger("mars.rpc")
 
@@ -72,10 +73,17 @@ async def respond(
     model: type[Req],
     fn: Callable[[Req], Awaitable[WireModel]],
 ) -> None:
-    """Serve one core-NATS request message (not nats.micro) through `handle`."""
+    """Serve one core-NATS message (not nats.micro) through `handle`: the answer goes to its
+    reply subject; a message sent without one (a new plan's commit) that is refused is said
+    in the log instead, since nobody else will hear of it."""
     body, headers = await handle(msg.data, msg.headers, model, fn)
     if msg.reply:
         await nc.publish(msg.reply, body, headers=headers)
+    elif ERROR_HEADER in headers:
+        err = decode(body, ErrorEnvelope, encoding_of(headers))
+        log.warning(
+            "refused a %s on %s: %s: %s", model.__name__, msg.subject, err.code, err.message
+        )
 
 
 async def request(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -189,4 +190,21 @@ def test_oversized_payload_is_refused_with_a_code(env: Env) -> None:
     payload = msgpack.packb({"pipeline": {"name": "a" * 70_000}})
     e = _assert_error(env, subjects.SUBMIT, payload, False)
     assert e.code == "bad_request"
+    _still_serving(env)
+
+
+def test_a_refused_message_without_a_reply_subject_is_logged(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit goes out unanswered: a hostile one gets no error reply (nobody asked for one)
+    but a warning in the agent's log, and the agent goes on serving."""
+    with caplog.at_level(logging.WARNING, logger="mars.rpc"):
+        env.loop.run(env.nc.publish(subjects.commit(AGENT), b"\xc1"))
+        # one subscription's messages are handled in order: once this is answered, so was that
+        _assert_error(env, subjects.commit(AGENT), b"\xc1", False)
+    refused = [r.getMessage() for r in caplog.records if r.name == "mars.rpc"]
+    assert len(refused) == 1  # the request got its error reply, not a line
+    assert refused[0].startswith(
+        f"refused a CommitCommand on {subjects.commit(AGENT)}: bad_request: "
+    )
     _still_serving(env)
