@@ -6,6 +6,8 @@ whatever I/O the returned values ask for; tests drive it directly.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -27,6 +29,8 @@ from schemas.placement import (
 )
 
 Key = tuple[str, str]  # (pipeline_id, task_id)
+#: A job that may start, as queued for its device: (order, pipeline, task, seq, job, offer).
+Queued = tuple[int, str, str, int, "Job", TaskOffer]
 JobState = Literal["accepted", "running", "succeeded", "failed", "cancelled"]
 MAX_JOBS = 10_000
 REMEMBERED = 4_096
@@ -74,6 +78,12 @@ class AgentCore:
         self.allowlist = allowlist or Allowlist()
         self.jobs: dict[Key, Job] = {}
         self.running: dict[str, int] = {d: 0 for d in self.devices}
+        # Per device, the jobs that became ready (committed, every input here), in plan order.
+        # An entry goes stale when its job starts, ends, is dropped or is offered again, and is
+        # skipped when met: no event looks at every queued job (with thousands queued, a scan
+        # per input, commit and finished task made an agent's work grow as their square).
+        self._ready: dict[str, list[Queued]] = {d: [] for d in self.devices}
+        self._seq = itertools.count()
         self.draining = False
         self.healthy = True
         # finished keys with their token, so a duplicate offer is recognised after the fact
@@ -105,6 +115,7 @@ class AgentCore:
             if offer.token == existing.offer.token:
                 if existing.state == "accepted":
                     existing.offer = offer  # a retried offer, maybe with updated routing
+                    self._queue_if_ready(existing)  # its queued entry names the old offer
                 elif existing.offer.consumers != offer.consumers:
                     # running: only where its output goes may change (read when it ends)
                     existing.offer = existing.offer.model_copy(
@@ -183,6 +194,7 @@ class AgentCore:
                 continue  # a commit for another placement of this task than the one held
             job.committed = True
             job.since = time.monotonic()
+            self._queue_if_ready(job)
             n += 1
         return n
 
@@ -216,22 +228,42 @@ class AgentCore:
                 ok=False,
                 reason="object payload was not fetched",
             )
+        complete = msg.producer in job.inputs  # a duplicate: queued already if ready
         job.inputs[msg.producer] = payload  # a duplicate delivery overwrites with equal bytes
+        if not complete:
+            self._queue_if_ready(job)
         return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+
+    def _queue_if_ready(self, job: Job) -> None:
+        if not job.ready():
+            return
+        o = job.offer
+        heap = self._ready[o.device_id]
+        heapq.heappush(heap, (o.order, o.pipeline_id, o.task.id, next(self._seq), job, o))
+        if len(heap) > 2 * len(self.jobs) + 64:  # mostly stale: keep only what may still start
+            heap[:] = [q for q in heap if self._startable(q)]
+            heapq.heapify(heap)
+
+    def _startable(self, q: Queued) -> bool:
+        job, offer = q[4], q[5]
+        return job.offer is offer and self.jobs.get(job.key) is job and job.ready()
 
     def take_ready(self) -> list[Job]:
         """Jobs that may start now, in plan order per device, bounded by free slots."""
-        ready = sorted(
-            (j for j in self.jobs.values() if j.ready()),
-            key=lambda j: (j.offer.order, j.offer.pipeline_id, j.offer.task.id),
-        )
         started: list[Job] = []
-        for job in ready:
-            dev = job.offer.device_id
-            if self.running[dev] < self.devices[dev].slots:
+        for dev, heap in self._ready.items():
+            free = self.devices[dev].slots - self.running[dev]
+            while free > 0 and heap:
+                q = heapq.heappop(heap)
+                if not self._startable(q):
+                    continue  # started, ended, dropped or offered again since it was queued
+                job = q[4]
                 self.running[dev] += 1
                 job.state = "running"
                 started.append(job)
+                free -= 1
+        if len(started) > 1:
+            started.sort(key=lambda j: (j.offer.order, j.offer.pipeline_id, j.offer.task.id))
         return started
 
     def finish(self, key: Key, ok: bool) -> Job | None:
