@@ -1,0 +1,163 @@
+"""How long the stall watchdog's look holds the orchestrator's event loop, as live pipelines grow.
+
+    python -m benchmarks.watchdog_look [--pipelines 100,1000,5000] [--tasks 20]
+
+Every `STALL_S / 2` (5 s) the watchdog looks at every live pipeline this replica holds (every
+task of each: free to start and not started? started and long overdue?). Submissions and task
+events that arrive meanwhile wait for the loop. Each row holds that many live pipelines of
+`--tasks` tasks (a few done, a few running, the rest accepted; every other one with a task
+stalled) in an orchestrator that was never started (no NATS: the look is pure CPU), and times
+the look made in one pass (`Watchdog.check`, the reference: how it ran before) and in slices
+(`Watchdog.look`, how `mars orchestrator` runs it now): the whole look, and the longest the
+loop was held without a turn, seen by a task that counts the loop's turns meanwhile. Best of
+3 runs each (the watchdog's warnings for the stalled tasks are not logged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from benchmarks.common import progress, table
+from orchestrator import eventloop
+from orchestrator.pipelines import PipelineRun
+from orchestrator.scheduling import Placement
+from orchestrator.service import Orchestrator
+from sim.fleet import synthetic_pipeline
+
+NOW = 100.0  # past the stall time of every task free to start since 0
+
+
+def live_run(k: int, tasks: int = 20) -> PipelineRun:
+    """A running pipeline: a few tasks done, a few running, the rest accepted and not due
+    yet; with `k` odd, its ninth task free to start since 0 and never started (stalled)."""
+    spec = synthetic_pipeline(random.Random(k), f"p{k}", tasks=tasks, seconds=(1.0, 5.0))
+    run = PipelineRun(f"p{k}", spec, 0.0, submitted_wall=1e9, owner="o")
+    run.committed_at, run.state = 0.0, "running"
+    target = spec.tasks[8].id if k % 2 else None
+    done = {t.id for t in spec.tasks[:5]} | (set(spec.tasks[8].deps) if target else set())
+    for i, t in enumerate(spec.tasks):
+        start = 0.0 if t.id == target or t.id in done else NOW + i
+        run.placements[t.id] = Placement(t.id, "a:cpu0", 0, start, start + 1.0)
+        tr = run.tasks[t.id]
+        tr.agent_id, tr.device_id, tr.token = "a", "cpu0", 1
+        if t.id in done:
+            tr.state, tr.finished_s = "succeeded", 0.0
+        elif i < 8:
+            tr.state, tr.started_s = "started", NOW - 1.0
+        else:
+            tr.state = "accepted"
+    return run
+
+
+def idle_orchestrator(
+    runs: int, behind: Callable[[], bool] = lambda: False, tasks: int = 20
+) -> tuple[Orchestrator, list[str]]:
+    """An orchestrator that was never started holding `runs` live pipelines; the ids of the
+    pipelines it sends commits again for are listed (the coroutines are not run)."""
+    o = Orchestrator("nats://127.0.0.1:1")
+    o.failover.may_act = lambda pid: True  # type: ignore[method-assign]
+    o._now = lambda: NOW  # type: ignore[method-assign]
+    o.events_behind = behind  # type: ignore[method-assign]
+    committed: list[str] = []
+
+    def commit_all(
+        run: PipelineRun, task_ids: set[str], *, unanswered: bool = False
+    ) -> Coroutine[Any, Any, None]:
+        committed.append(run.pipeline_id)
+        return asyncio.sleep(0)
+
+    def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        coro.close()  # commits (listed above), replays, re-runs: never run here
+        return None  # type: ignore[return-value]
+
+    o._commit_all = commit_all  # type: ignore[method-assign]
+    o._spawn = spawn  # type: ignore[method-assign]
+    for k in range(runs):
+        run = live_run(k, tasks)
+        o.pipelines[run.pipeline_id] = run
+    return o, committed
+
+
+async def held(look: Callable[[], Coroutine[Any, Any, None]]) -> tuple[float, float]:
+    """The look's time, and the longest gap between two turns of the loop meanwhile."""
+    gaps: list[float] = []
+    looking = True
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while looking:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    gaps.clear()
+    t0 = time.perf_counter()
+    await look()
+    whole = time.perf_counter() - t0
+    looking = False
+    await tick
+    return whole, max(gaps, default=whole)
+
+
+async def measure(runs: int, tasks: int) -> list[float]:
+    best = [float("inf")] * 4
+    for _ in range(3):
+        one, _ = idle_orchestrator(runs, tasks=tasks)
+        sliced, _ = idle_orchestrator(runs, tasks=tasks)
+
+        async def one_pass(o: Orchestrator = one) -> None:
+            o.watchdog.check()
+
+        gc.collect()
+        gc.disable()
+        try:
+            a = await held(one_pass)
+            b = await held(sliced.watchdog.look)
+        finally:
+            gc.enable()
+        best = [min(x, y) for x, y in zip(best, (*a, *b), strict=True)]
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--pipelines", default="100,1000,5000")
+    ap.add_argument("--tasks", type=int, default=20)
+    args = ap.parse_args(argv)
+    try:
+        counts = [int(n) for n in args.pipelines.split(",")]
+    except ValueError:
+        ap.error("--pipelines: comma-separated integers")
+    if args.tasks < 9 or min(counts) < 1:
+        ap.error("--pipelines must be >= 1 and --tasks >= 9")
+    # each stalled task is reported once, as a warning: not what is timed here
+    quiet = logging.getLogger("mars.watchdog")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    rows = []
+    try:
+        for n in counts:
+            progress(f"{n} live pipelines")
+            one, one_held, whole, most = eventloop.run(measure(n, args.tasks))
+            rows.append([n, one * 1e3, one_held * 1e3, whole * 1e3, most * 1e3, one_held / most])
+    finally:
+        quiet.setLevel(level)
+    print(table(rows, [
+        "live pipelines", "one pass ms", "loop held ms", "in slices ms", "loop held ms",
+        "held: one pass / slices",
+    ]))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

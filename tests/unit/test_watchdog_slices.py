@@ -1,0 +1,79 @@
+"""The watchdog's look over many live pipelines gives the event loop turns as it goes, and
+judges every pipeline as one pass would. No NATS: an orchestrator that was never started,
+its live pipelines made by hand."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from benchmarks.watchdog_look import NOW, idle_orchestrator
+from orchestrator import watchdog
+
+
+async def test_a_look_over_many_pipelines_gives_the_loop_turns() -> None:
+    o, _ = idle_orchestrator(300)  # 6,000 tasks
+    turns = 0
+    looking = True
+
+    async def ticker() -> None:
+        nonlocal turns
+        while looking:
+            await asyncio.sleep(0)
+            turns += 1
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = turns
+    await o.watchdog.look()
+    looking = False
+    await tick
+    assert turns - before >= 300 * 20 // watchdog.SLICE_TASKS - 1
+
+
+async def test_a_look_in_slices_judges_as_one_pass_does() -> None:
+    sliced, sent_sliced = idle_orchestrator(300)
+    whole, sent_whole = idle_orchestrator(300)
+    await sliced.watchdog.look()
+    whole.watchdog.check()
+    assert sent_sliced == sent_whole == [f"p{k}" for k in range(300) if k % 2]
+    assert sliced.watchdog._reported == whole.watchdog._reported
+    assert {r[3] for r in whole.watchdog._reported} == {"stalled"}
+
+
+async def test_a_pipeline_that_ends_during_a_look_is_not_judged() -> None:
+    o, sent = idle_orchestrator(300)
+    last = o.pipelines["p299"]
+
+    async def end_it() -> None:
+        last.finish("cancelled", "by its submitter", NOW)
+
+    ender = asyncio.create_task(end_it())  # runs at the look's first pause
+    await o.watchdog.look()
+    await ender
+    assert "p297" in sent and "p299" not in sent
+
+
+async def test_falling_behind_during_a_look_leaves_the_rest_for_the_next() -> None:
+    calls = 0
+
+    def behind() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 1  # caught up at the start, behind at the first pause
+
+    o, sent = idle_orchestrator(300, behind)
+    await o.watchdog.look()
+    per_slice = watchdog.SLICE_TASKS // 20
+    assert 0 < len(sent) <= per_slice and o.watchdog.skipped == 1
+
+
+def test_the_look_benchmark_reports_both_ways(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.watchdog_look import main
+
+    assert main(["--pipelines", "5,120", "--tasks", "20"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["5", "120"]
+    with pytest.raises(SystemExit):
+        main(["--tasks", "3"])  # too few for its pipelines' shape
