@@ -19,7 +19,7 @@ import gc
 import time
 from collections.abc import Callable
 
-from benchmarks.common import progress, table
+from benchmarks.common import counts, progress, table
 from edge_agent.core import AgentCore, Job, Key
 from schemas import CommitCommand, DataTransfer, DeviceSpec, InputRef, TaskOffer, TaskSpec
 
@@ -120,15 +120,12 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--depths", default="10,100,1000,5000")
+    ap.add_argument("--depths", type=counts, default=[10, 100, 1000, 5000])
     ap.add_argument("--tasks", type=int, default=1000)
     args = ap.parse_args(argv)
-    try:
-        depths = [int(d) for d in args.depths.split(",")]
-    except ValueError:
-        ap.error("--depths: comma-separated integers")
-    if args.tasks < 1 or min(depths) < 1:
-        ap.error("counts must be >= 1")
+    if args.tasks < 1:
+        ap.error("--tasks must be >= 1")
+    depths: list[int] = args.depths
     rows = []
     for depth in depths:
         progress(f"queue depth {depth}")

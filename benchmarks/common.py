@@ -1,7 +1,8 @@
-"""Small helpers shared by the benchmark commands: timing and table printing."""
+"""Small helpers shared by the benchmark commands: timing, tables and option lists."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import statistics
 import sys
@@ -87,3 +88,14 @@ def _fmt(c: object) -> str:
 def progress(msg: str) -> None:
     """Progress on stderr, so stdout stays a clean report."""
     print(msg, file=sys.stderr, flush=True)
+
+
+def counts(text: str) -> list[int]:
+    """An option's comma-separated list of counts, each >= 1 (`type=` for argparse)."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if min(out) < 1:
+        raise argparse.ArgumentTypeError(f"counts must be >= 1: {text!r}")
+    return out

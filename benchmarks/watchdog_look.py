@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from benchmarks.common import progress, table
+from benchmarks.common import counts, progress, table
 from orchestrator import eventloop
 from orchestrator.pipelines import PipelineRun
 from orchestrator.scheduling import Placement
@@ -131,22 +131,18 @@ async def measure(runs: int, tasks: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--pipelines", default="100,1000,5000")
+    ap.add_argument("--pipelines", type=counts, default=[100, 1000, 5000])
     ap.add_argument("--tasks", type=int, default=20)
     args = ap.parse_args(argv)
-    try:
-        counts = [int(n) for n in args.pipelines.split(",")]
-    except ValueError:
-        ap.error("--pipelines: comma-separated integers")
-    if args.tasks < 9 or min(counts) < 1:
-        ap.error("--pipelines must be >= 1 and --tasks >= 9")
+    if args.tasks < 9:
+        ap.error("--tasks must be >= 9 (the ninth task is the one that stalls)")
     # each stalled task is reported once, as a warning: not what is timed here
     quiet = logging.getLogger("mars.watchdog")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     rows = []
     try:
-        for n in counts:
+        for n in args.pipelines:
             progress(f"{n} live pipelines")
             one, one_held, whole, most = eventloop.run(measure(n, args.tasks))
             rows.append([n, one * 1e3, one_held * 1e3, whole * 1e3, most * 1e3, one_held / most])

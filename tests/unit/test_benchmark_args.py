@@ -1,4 +1,5 @@
-"""The placement benchmark's `--paced` list: one paced phase per rate offered."""
+"""Benchmark options: the placement benchmark's `--paced` list (one paced phase per rate) and
+the lists of counts other benchmarks take."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 
 import pytest
 
+from benchmarks.common import counts
 from benchmarks.placement_latency import paced_name, paced_rates
 
 
@@ -28,3 +30,10 @@ def test_paced_rates_refuse_what_is_not_a_rate(text: str) -> None:
 def test_a_paced_phase_is_named_by_its_pipelines_per_second() -> None:
     assert paced_name(1000.0, 20) == "paced 50/s"
     assert paced_name(250.0, 20) == "paced 12.5/s"
+
+
+def test_counts_are_a_comma_separated_list_of_positive_integers() -> None:
+    assert counts("10,100, 1000") == [10, 100, 1000]
+    for bad in ("", "ten", "5,0", "-1", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            counts(bad)
