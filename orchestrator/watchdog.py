@@ -91,6 +91,11 @@ class Watchdog:
                 visited = 0
                 if o.events_behind():  # fell behind meanwhile: the rest waits for the next
                     self.skipped += 1
+                    # what this part counted stands (a task found starved now is not found
+                    # starved again at the next look); the rest keeps its counts
+                    self._stalled_looks = {
+                        k: n for k, n in self._stalled_looks.items() if k[0] not in live
+                    } | looks
                     return
             if run.terminal or not o.failover.may_act(run.pipeline_id):
                 continue

@@ -77,3 +77,27 @@ def test_the_look_benchmark_reports_both_ways(capsys: pytest.CaptureFixture[str]
     assert [r[0] for r in rows] == ["5", "120"]
     with pytest.raises(SystemExit):
         main(["--tasks", "3"])  # too few for its pipelines' shape
+
+
+async def test_what_a_look_cut_short_counted_stands_at_the_next_look() -> None:
+    """A task stalled look after look is handed to recovery once, at its third look: the
+    looks counted by a look that fell behind half-way are not counted again."""
+    behind_now = False
+    calls = 0
+
+    def behind() -> bool:
+        nonlocal calls
+        calls += 1
+        return behind_now and calls > 1
+
+    o, _ = idle_orchestrator(300, behind)
+    behind_now = True
+    await o.watchdog.look()  # cut short after its first slice
+    counted = dict(o.watchdog._stalled_looks)
+    first = {pid for pid, *_ in counted}
+    assert counted and set(counted.values()) == {1} and "p299" not in first
+    behind_now = False
+    await o.watchdog.look()
+    after = o.watchdog._stalled_looks
+    assert all(after[k] == 2 for k in counted)
+    assert {n for (pid, *_), n in after.items() if pid not in first} == {1}
