@@ -115,6 +115,10 @@ class Release:
             due,
         )
 
+    @property
+    def args(self) -> rules.ReleaseArgs:
+        return (self.pipeline_id, self.now, self.task_ids, self.exact)
+
     def apply(self, book: DeviceBookings) -> DeviceBookings:
         return rules.release(book, self.pipeline_id, self.now, self.task_ids, self.exact)
 
@@ -235,9 +239,7 @@ class BookingStore:
         memo = self._without.get(key)
         if memo is not None and memo.revision == cur.revision:
             return memo
-        book = cur.book
-        for r in todo:
-            book = r.apply(book)
+        book = rules.release_many(cur.book, [r.args for r in todo])
         out = self._without[key] = Cached(cur.revision, book)
         return out
 
@@ -451,9 +453,6 @@ class BookingStore:
 
     async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
         def fn(b: DeviceBookings) -> rules.AddResult:
-            out = b
-            for pid in sorted(pipeline_ids):
-                out = rules.renew(out, pid, expires, now)
-            return rules.AddResult(True, out)
+            return rules.AddResult(True, rules.renew_many(b, pipeline_ids, expires, now))
 
         return (await self.transact(key, fn))[1]

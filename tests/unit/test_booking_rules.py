@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +97,60 @@ def test_an_exact_release_gives_back_only_the_window_booked() -> None:
     # the task booked again since (another window): the stale release leaves it alone
     again = DeviceBookings(device="d", windows=[w("a", 3, 4), w("b", 1, 2)])
     assert book.release(again, "p", 0.0, exact={("a", 0.0, 1.0)}).windows == again.windows
+
+
+_pipes = st.sampled_from(["p", "q", "r"])
+_tasks = st.sampled_from(["a", "b", "c"])
+_windows = st.lists(
+    st.builds(
+        lambda task, pipe, start, expires: w(task, start, start + 1.0, pipe=pipe, expires=expires),
+        _tasks,
+        _pipes,
+        st.sampled_from([0.0, 1.0, 2.0]),
+        st.sampled_from([5.0, 10.0, 1e9]),
+    ),
+    max_size=12,
+)
+_release = st.tuples(
+    _pipes,
+    st.sampled_from([0.0, 6.0, 11.0]),  # its `now`: what had expired by then goes too
+    st.one_of(st.none(), st.lists(_tasks, max_size=2)),
+    st.one_of(
+        st.none(),
+        st.lists(st.tuples(_tasks, st.sampled_from([0.0, 1.0]), st.sampled_from([1.0, 2.0]))),
+    ),
+)
+
+
+@settings(max_examples=300)
+@given(_windows, st.lists(_release, max_size=6))
+def test_releases_in_one_pass_leave_what_one_at_a_time_leave(
+    windows: list[BookingWindow], releases: list[book.ReleaseArgs]
+) -> None:
+    b = DeviceBookings(device="d", windows=windows)
+    step = b
+    for pid, now, task_ids, exact in releases:
+        step = book.release(step, pid, now, task_ids, exact)
+    assert book.release_many(b, releases) == step
+
+
+@settings(max_examples=300)
+@given(_windows, st.lists(_pipes, max_size=3), st.sampled_from([0.0, 6.0, 11.0]))
+def test_renewals_in_one_pass_leave_what_one_at_a_time_leave(
+    windows: list[BookingWindow], pids: list[str], now: float
+) -> None:
+    b = DeviceBookings(device="d", windows=windows)
+    step = b
+    for pid in sorted(set(pids)):
+        step = book.renew(step, pid, 50.0, now)
+    assert book.renew_many(b, set(pids), 50.0, now) == step
+
+
+def test_the_booking_ops_benchmark_checks_both_ways_agree(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks.booking_ops import main
+
+    assert main(["--windows", "3,30", "--repeat", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0] for r in rows] == ["3", "30"]
