@@ -1,4 +1,4 @@
-"""How long the stall watchdog's look holds the orchestrator's event loop, as live pipelines grow.
+"""How long the orchestrator's periodic passes over its live pipelines hold its event loop.
 
     python -m benchmarks.watchdog_look [--pipelines 100,1000,5000] [--tasks 20]
 
@@ -9,8 +9,12 @@ events that arrive meanwhile wait for the loop. Each row holds that many live pi
 stalled) in an orchestrator that was never started (no NATS: the look is pure CPU), and times
 the look made in one pass (`Watchdog.check`, the reference: how it ran before) and in slices
 (`Watchdog.look`, how `mars orchestrator` runs it now): the whole look, and the longest the
-loop was held without a turn, seen by a task that counts the loop's turns meanwhile. Best of
-3 runs each (the watchdog's warnings for the stalled tasks are not logged).
+loop was held without a turn, seen by a task that counts the loop's turns meanwhile. The
+same for the renewal of the pipelines' reservations (every `LEASE_S / 3`, 5 s), whose first
+part finds every live pipeline's device keys: in one pass (the reference, written here as it
+was) and as `Orchestrator.renew_all` does it now, in slices (its writes go to a recorder
+here, the same keys both ways). Best of 3 runs each (the watchdog's warnings for the stalled
+tasks are not logged).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 from benchmarks.common import counts, progress, table
 from orchestrator import eventloop
 from orchestrator.pipelines import PipelineRun
+from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import Placement
 from orchestrator.service import Orchestrator
 from sim.fleet import synthetic_pipeline
@@ -109,23 +114,59 @@ async def held(look: Callable[[], Coroutine[Any, Any, None]]) -> tuple[float, fl
     return whole, max(gaps, default=whole)
 
 
+class Renewals:
+    """A booking store that only records what it is asked to renew."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, set[str]]] = []
+
+    async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
+        self.calls.append((key, set(pipeline_ids)))
+        return 1
+
+
+async def renew_in_one_pass(o: Orchestrator) -> None:
+    """The renewal as it was: every live pipeline's keys found in one pass, then written."""
+    now = o.wall()
+    by_key: dict[str, set[str]] = {}
+    for run in list(o.pipelines.values()):
+        if run.terminal:
+            continue
+        for d in run.devices():
+            by_key.setdefault(device_key_of(d), set()).add(run.pipeline_id)
+    for key, pids in by_key.items():
+        await o.store.renew(key, pids, now + o.lease_s, now)
+
+
 async def measure(runs: int, tasks: int) -> list[float]:
-    best = [float("inf")] * 4
+    """Best (look: one pass, its longest hold; in slices, its longest hold; then the same for
+    the renewal)."""
+    best = [float("inf")] * 8
     for _ in range(3):
         one, _ = idle_orchestrator(runs, tasks=tasks)
         sliced, _ = idle_orchestrator(runs, tasks=tasks)
+        one.store, sliced.store = Renewals(), Renewals()  # type: ignore[assignment]
 
         async def one_pass(o: Orchestrator = one) -> None:
             o.watchdog.check()
 
+        async def renew_before(o: Orchestrator = one) -> None:
+            await renew_in_one_pass(o)
+
         gc.collect()
         gc.disable()
         try:
-            a = await held(one_pass)
-            b = await held(sliced.watchdog.look)
+            got = (
+                *await held(one_pass),
+                *await held(sliced.watchdog.look),
+                *await held(renew_before),
+                *await held(sliced.renew_all),
+            )
         finally:
             gc.enable()
-        best = [min(x, y) for x, y in zip(best, (*a, *b), strict=True)]
+        if one.store.calls != sliced.store.calls:  # type: ignore[attr-defined]
+            raise SystemExit("the two renewals renewed different pipelines")
+        best = [min(x, y) for x, y in zip(best, got, strict=True)]
     return best
 
 
@@ -140,18 +181,25 @@ def main(argv: list[str] | None = None) -> int:
     quiet = logging.getLogger("mars.watchdog")
     level = quiet.level
     quiet.setLevel(logging.ERROR)
-    rows = []
+    rows: list[list[object]] = []
+    renewal: list[list[object]] = []
     try:
         for n in args.pipelines:
             progress(f"{n} live pipelines")
-            one, one_held, whole, most = eventloop.run(measure(n, args.tasks))
+            one, one_held, whole, most, r_one, r_held, r_whole, r_most = eventloop.run(
+                measure(n, args.tasks)
+            )
             rows.append([n, one * 1e3, one_held * 1e3, whole * 1e3, most * 1e3, one_held / most])
+            renewal.append([n, r_one * 1e3, r_held * 1e3, r_whole * 1e3, r_most * 1e3,
+                            r_held / r_most])  # fmt: skip
     finally:
         quiet.setLevel(level)
-    print(table(rows, [
+    header = [
         "live pipelines", "one pass ms", "loop held ms", "in slices ms", "loop held ms",
         "held: one pass / slices",
-    ]))  # fmt: skip
+    ]  # fmt: skip
+    print("the watchdog's look\n" + table(rows, header))
+    print("\nthe reservations' renewal\n" + table(renewal, header))
     return 0
 
 

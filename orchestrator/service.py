@@ -89,6 +89,8 @@ COMMIT_BACKOFF_S = 0.2
 COMMIT_CONFIRM_S = 1.0
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
+#: A renewal gives the event loop a turn after reading about this many placements.
+RENEW_SLICE_TASKS = 2000
 #: Finished pipelines kept in memory (`list` shows the live ones and these; `status` of any
 #: other is rebuilt from its record in KV). Every object kept is visited by each full garbage
 #: collection, which stops the orchestrator: with 2,000 kept one took 80-300 ms; measured in
@@ -833,18 +835,29 @@ class Orchestrator:
         its windows expire."""
         while True:
             await asyncio.sleep(self.lease_s / 3)  # renewal cadence, not synchronisation
-            now = self.wall()
-            by_key: dict[str, set[str]] = {}
-            for run in list(self.pipelines.values()):
-                if run.terminal:
-                    continue
-                for d in run.devices():
-                    by_key.setdefault(device_key_of(d), set()).add(run.pipeline_id)
-            for key, pids in by_key.items():
-                try:
-                    await self.store.renew(key, pids, now + self.lease_s, now)
-                except Exception as exc:
-                    log.warning("renewing %s failed: %s", key, exc)
+            await self.renew_all()
+
+    async def renew_all(self) -> None:
+        """One renewal of every live pipeline's windows, one write per key. Finding the keys
+        gives the loop a turn after every RENEW_SLICE_TASKS placements read (5,000 live
+        pipelines of 20 tasks held it ~10 ms in one pass)."""
+        now = self.wall()
+        by_key: dict[str, set[str]] = {}
+        read = 0
+        for run in list(self.pipelines.values()):
+            if read >= RENEW_SLICE_TASKS:
+                await asyncio.sleep(0)
+                read = 0
+            if run.terminal:
+                continue
+            read += len(run.placements)
+            for d in run.devices():
+                by_key.setdefault(device_key_of(d), set()).add(run.pipeline_id)
+        for key, pids in by_key.items():
+            try:
+                await self.store.renew(key, pids, now + self.lease_s, now)
+            except Exception as exc:
+                log.warning("renewing %s failed: %s", key, exc)
 
     async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
         assert self.nc is not None
