@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.common import counts, progress, table
 from orchestrator import eventloop
@@ -90,8 +90,17 @@ def idle_orchestrator(
     return o, committed
 
 
-async def held(look: Callable[[], Coroutine[Any, Any, None]]) -> tuple[float, float]:
-    """The look's time, and the longest gap between two turns of the loop meanwhile."""
+class Held(NamedTuple):
+    whole_s: float
+    #: The longest gap between two turns of the loop meanwhile.
+    longest_s: float
+    #: Turns the loop took meanwhile (counting the one that saw it end).
+    turns: int
+
+
+async def held(look: Callable[[], Coroutine[Any, Any, None]]) -> Held:
+    """How long `look` took and how it shared the loop, seen by a task that takes a turn
+    whenever it can."""
     gaps: list[float] = []
     looking = True
 
@@ -111,7 +120,7 @@ async def held(look: Callable[[], Coroutine[Any, Any, None]]) -> tuple[float, fl
     whole = time.perf_counter() - t0
     looking = False
     await tick
-    return whole, max(gaps, default=whole)
+    return Held(whole, max(gaps, default=whole), len(gaps))
 
 
 class Renewals:
@@ -156,12 +165,16 @@ async def measure(runs: int, tasks: int) -> list[float]:
         gc.collect()
         gc.disable()
         try:
-            got = (
-                *await held(one_pass),
-                *await held(sliced.watchdog.look),
-                *await held(renew_before),
-                *await held(sliced.renew_all),
-            )
+            got = [
+                x
+                for h in (
+                    await held(one_pass),
+                    await held(sliced.watchdog.look),
+                    await held(renew_before),
+                    await held(sliced.renew_all),
+                )
+                for x in (h.whole_s, h.longest_s)
+            ]
         finally:
             gc.enable()
         if one.store.calls != sliced.store.calls:  # type: ignore[attr-defined]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from benchmarks.watchdog_look import Renewals, idle_orchestrator
+from benchmarks.watchdog_look import Renewals, held, idle_orchestrator
 from orchestrator import service
 
 
@@ -15,24 +15,15 @@ async def test_a_renewal_finds_every_live_pipeline_giving_the_loop_turns() -> No
     store = Renewals()
     o.store = store  # type: ignore[assignment]
     o.pipelines["p0"].finish("succeeded", "", 0.0)
-    turns = 0
-    renewing = True
-
-    async def ticker() -> None:
-        nonlocal turns
-        while renewing:
-            await asyncio.sleep(0)
-            turns += 1
 
     async def end_the_last() -> None:  # at the renewal's first pause
         o.pipelines["p299"].finish("cancelled", "by its submitter", 0.0)
 
-    tick = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    before = turns
-    ender = asyncio.create_task(end_the_last())
-    await o.renew_all()
-    renewing = False
-    await asyncio.gather(tick, ender)
-    assert turns - before >= 300 * 20 // service.RENEW_SLICE_TASKS - 1
+    async def renew_with_an_end() -> None:
+        ender = asyncio.create_task(end_the_last())
+        await o.renew_all()
+        await ender
+
+    renewal = await held(renew_with_an_end)
+    assert renewal.turns >= 300 * 20 // service.RENEW_SLICE_TASKS
     assert store.calls == [("dev.a.cpu0", {f"p{k}" for k in range(1, 299)})]
