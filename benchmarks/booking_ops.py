@@ -8,8 +8,9 @@ windows of tasks that ended) are applied to it for every plan that reads it afte
 and at its next write. Each row: a key of `--windows` windows, one per pipeline and task
 (the worst case: as many live pipelines as windows), renewed for every pipeline, and every
 window released by its own exact release; each done in one pass over the windows (how
-the orchestrator does it now: `book.renew_many`, `book.release_many`) and one pipeline or
-release at a time (the reference: how it was done), which must give the same key. Best of
+the orchestrator does it now: `book.renew`, `book.release`) and one pipeline or release at a
+time (the reference, `renew_one` / `release_one`: how it was done), which must give the same
+key. Best of
 `--repeat` runs, milliseconds, no NATS.
 """
 
@@ -42,15 +43,40 @@ def full_key(n: int) -> DeviceBookings:
     )
 
 
+def renew_one(b: DeviceBookings, pipeline_id: str, expires: float, now: float) -> DeviceBookings:
+    """One pipeline's renewal over the whole key, as it was done for each pipeline."""
+    windows = [
+        w.model_copy(update={"expires": max(w.expires, expires)})
+        if w.pipeline_id == pipeline_id else w
+        for w in book.live(b.windows, now)
+    ]  # fmt: skip
+    return DeviceBookings(device=b.device, windows=windows)
+
+
+def release_one(b: DeviceBookings, r: book.ReleaseArgs) -> DeviceBookings:
+    """One release over the whole key, as it was done for each release."""
+    pid, now, task_ids, exact = r
+    drop = None if task_ids is None else set(task_ids)
+
+    def mine(w: BookingWindow) -> bool:
+        if w.pipeline_id != pid or (drop is not None and w.task_id not in drop):
+            return False
+        return exact is None or (w.task_id, w.start, w.end) in exact
+
+    return DeviceBookings(
+        device=b.device, windows=[w for w in book.live(b.windows, now) if not mine(w)]
+    )
+
+
 def one_by_one_renew(b: DeviceBookings, pids: list[str]) -> DeviceBookings:
     for pid in pids:
-        b = book.renew(b, pid, NOW + 30.0, NOW)
+        b = renew_one(b, pid, NOW + 30.0, NOW)
     return b
 
 
 def one_by_one_release(b: DeviceBookings, rels: list[book.ReleaseArgs]) -> DeviceBookings:
-    for pid, now, task_ids, exact in rels:
-        b = book.release(b, pid, now, task_ids, exact)
+    for r in rels:
+        b = release_one(b, r)
     return b
 
 
@@ -73,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         def best(fn: Callable[[], DeviceBookings]) -> tuple[DeviceBookings, float]:
             return timed(fn, repeat=args.repeat)
 
-        renewed, t_renew = best(lambda: book.renew_many(b, pids, NOW + 30.0, NOW))  # noqa: B023
+        renewed, t_renew = best(lambda: book.renew(b, pids, NOW + 30.0, NOW))  # noqa: B023
         renewed_ref, t_renew_ref = best(lambda: one_by_one_renew(b, pids))  # noqa: B023
-        released, t_rel = best(lambda: book.release_many(b, rels))  # noqa: B023
+        released, t_rel = best(lambda: book.release(b, rels))  # noqa: B023
         released_ref, t_rel_ref = best(lambda: one_by_one_release(b, rels))  # noqa: B023
         if renewed != renewed_ref or released != released_ref or released.windows:
             raise SystemExit(f"{n} windows: one pass and one at a time differ")

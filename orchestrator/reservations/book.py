@@ -106,44 +106,16 @@ def add(
     )
 
 
-def release(
-    book: DeviceBookings,
-    pipeline_id: str,
-    now: float,
-    task_ids: Iterable[str] | None = None,
-    exact: Collection[tuple[str, float, float]] | None = None,
-) -> DeviceBookings:
-    """Without the pipeline's windows (only those of `task_ids`, or only those booked as
-    `exact` (task, start, end): a task booked again since keeps its new window)."""
-    drop = None if task_ids is None else set(task_ids)
-
-    def mine(w: BookingWindow) -> bool:
-        if w.pipeline_id != pipeline_id or (drop is not None and w.task_id not in drop):
-            return False
-        return exact is None or (w.task_id, w.start, w.end) in exact
-
-    windows = [w for w in live(book.windows, now) if not mine(w)]
-    return DeviceBookings(device=book.device, windows=windows)
-
-
-def renew(book: DeviceBookings, pipeline_id: str, expires: float, now: float) -> DeviceBookings:
-    windows = [
-        w.model_copy(update={"expires": max(w.expires, expires)})
-        if w.pipeline_id == pipeline_id else w
-        for w in live(book.windows, now)
-    ]  # fmt: skip
-    return DeviceBookings(device=book.device, windows=windows)
-
-
-#: One release: (pipeline, now, task_ids or None, exact (task, start, end) or None), as
-#: `release` takes them.
+#: One release: (pipeline, now, task_ids or None, exact (task, start, end) or None): the
+#: pipeline's windows (only those of `task_ids`, or only those booked as `exact`: a task
+#: booked again since keeps its new window), and whatever expired by `now`.
 ReleaseArgs = tuple[str, float, Collection[str] | None, Collection[tuple[str, float, float]] | None]
 
 
-def release_many(book: DeviceBookings, releases: Sequence[ReleaseArgs]) -> DeviceBookings:
-    """`release` of each in turn, in one pass over the windows: a key that collected
-    hundreds of releases (a busy device, its tasks ending between two of its writes) was
-    walked once per release."""
+def release(book: DeviceBookings, releases: Sequence[ReleaseArgs]) -> DeviceBookings:
+    """Without what each of `releases` gives back, in one pass over the windows: a key that
+    collects hundreds of releases (a busy device, its tasks ending between two of its writes)
+    is not walked once per release."""
     if not releases:
         return book
     whole: set[str] = set()
@@ -167,11 +139,11 @@ def release_many(book: DeviceBookings, releases: Sequence[ReleaseArgs]) -> Devic
     return DeviceBookings(device=book.device, windows=windows)
 
 
-def renew_many(
+def renew(
     book: DeviceBookings, pipeline_ids: Collection[str], expires: float, now: float
 ) -> DeviceBookings:
-    """`renew` for each pipeline in one pass (one pass per pipeline made a key shared by
-    many live pipelines cost their number times its windows)."""
+    """The windows of `pipeline_ids` expiring no sooner than `expires`, in one pass (a key
+    shared by many live pipelines is not walked once per pipeline); expired ones dropped."""
     if not pipeline_ids:
         return book
     pids = set(pipeline_ids)

@@ -120,7 +120,7 @@ class Release:
         return (self.pipeline_id, self.now, self.task_ids, self.exact)
 
     def apply(self, book: DeviceBookings) -> DeviceBookings:
-        return rules.release(book, self.pipeline_id, self.now, self.task_ids, self.exact)
+        return rules.release(book, [self.args])
 
 
 @dataclass
@@ -239,7 +239,7 @@ class BookingStore:
         memo = self._without.get(key)
         if memo is not None and memo.revision == cur.revision:
             return memo
-        book = rules.release_many(cur.book, [r.args for r in todo])
+        book = rules.release(cur.book, [r.args for r in todo])
         out = self._without[key] = Cached(cur.revision, book)
         return out
 
@@ -453,6 +453,6 @@ class BookingStore:
 
     async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
         def fn(b: DeviceBookings) -> rules.AddResult:
-            return rules.AddResult(True, rules.renew_many(b, pipeline_ids, expires, now))
+            return rules.AddResult(True, rules.renew(b, pipeline_ids, expires, now))
 
         return (await self.transact(key, fn))[1]

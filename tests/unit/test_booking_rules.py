@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.booking_ops import release_one, renew_one
 from orchestrator.reservations import book
 from schemas.bookings import BookingWindow, DeviceBookings
 
@@ -62,11 +63,13 @@ def test_rebooking_a_task_replaces_its_window_and_release_renew_work() -> None:
     b = book.add(DeviceBookings(device="d"), [w("a", 0, 1)], 0).book
     b = book.add(b, [w("a", 5, 6)], 0).book
     assert [(x.start, x.end) for x in b.windows] == [(5, 6)]
-    b = book.renew(b, "p", 50.0, 0)
+    b = book.renew(b, ["p"], 50.0, 0)
     assert b.windows[0].expires == 1e9  # never shortens
-    b2 = book.renew(book.add(b, [w("z", 7, 8, pipe="q", expires=3)], 0).book, "q", 40.0, 1)
+    b2 = book.renew(book.add(b, [w("z", 7, 8, pipe="q", expires=3)], 0).book, ["q"], 40.0, 1)
     assert {x.task_id: x.expires for x in b2.windows}["z"] == 40.0
-    assert book.release(b2, "p", 0).windows == [x for x in b2.windows if x.pipeline_id == "q"]
+    assert book.release(b2, [("p", 0, None, None)]).windows == [
+        x for x in b2.windows if x.pipeline_id == "q"
+    ]
 
 
 @settings(max_examples=200, deadline=None)
@@ -92,11 +95,11 @@ def test_a_scheduler_device_id_names_the_same_key(agent: str, device: str) -> No
 
 def test_an_exact_release_gives_back_only_the_window_booked() -> None:
     b = DeviceBookings(device="d", windows=[w("a", 0, 1), w("b", 1, 2), w("a", 5, 6, pipe="q")])
-    out = book.release(b, "p", 0.0, exact={("a", 0.0, 1.0)})
+    out = book.release(b, [("p", 0.0, None, {("a", 0.0, 1.0)})])
     assert [(x.pipeline_id, x.task_id) for x in out.windows] == [("p", "b"), ("q", "a")]
     # the task booked again since (another window): the stale release leaves it alone
     again = DeviceBookings(device="d", windows=[w("a", 3, 4), w("b", 1, 2)])
-    assert book.release(again, "p", 0.0, exact={("a", 0.0, 1.0)}).windows == again.windows
+    assert book.release(again, [("p", 0.0, None, {("a", 0.0, 1.0)})]).windows == again.windows
 
 
 _pipes = st.sampled_from(["p", "q", "r"])
@@ -124,26 +127,26 @@ _release = st.tuples(
 
 @settings(max_examples=300)
 @given(_windows, st.lists(_release, max_size=6))
-def test_releases_in_one_pass_leave_what_one_at_a_time_leave(
+def test_releases_in_one_pass_leave_what_one_at_a_time_leaves(
     windows: list[BookingWindow], releases: list[book.ReleaseArgs]
 ) -> None:
     b = DeviceBookings(device="d", windows=windows)
     step = b
-    for pid, now, task_ids, exact in releases:
-        step = book.release(step, pid, now, task_ids, exact)
-    assert book.release_many(b, releases) == step
+    for r in releases:
+        step = release_one(step, r)
+    assert book.release(b, releases) == step
 
 
 @settings(max_examples=300)
 @given(_windows, st.lists(_pipes, max_size=3), st.sampled_from([0.0, 6.0, 11.0]))
-def test_renewals_in_one_pass_leave_what_one_at_a_time_leave(
+def test_renewals_in_one_pass_leave_what_one_at_a_time_leaves(
     windows: list[BookingWindow], pids: list[str], now: float
 ) -> None:
     b = DeviceBookings(device="d", windows=windows)
     step = b
     for pid in sorted(set(pids)):
-        step = book.renew(step, pid, 50.0, now)
-    assert book.renew_many(b, set(pids), 50.0, now) == step
+        step = renew_one(step, pid, 50.0, now)
+    assert book.renew(b, set(pids), 50.0, now) == step
 
 
 def test_the_booking_ops_benchmark_checks_both_ways_agree(

@@ -38,7 +38,7 @@ def windows() -> list[BookingWindow]:
 
 def applied(book: DeviceBookings, made: list[tuple[str, str | None]]) -> DeviceBookings:
     for pid, task in made:
-        book = rules.release(book, pid, 0.0, [task] if task else None)
+        book = rules.release(book, [(pid, 0.0, [task] if task else None, None)])
     return book
 
 
