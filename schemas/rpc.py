@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 
 from schemas.base import WireModel
 from schemas.codec import (
-    ERROR_HEADER,
     DecodeError,
     Encoding,
     RemoteError,
@@ -24,7 +23,7 @@ from schemas.codec import (
     error_reply,
     headers_for,
 )
-from schemas.errors import ErrorCode, ErrorEnvelope
+from schemas.errors import ErrorCode
 
 log = logging.getLogger("mars.rpc")
 
@@ -46,6 +45,30 @@ class ServiceError(Exception):
         self.details = details or {}
 
 
+async def _answer(
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    model: type[Req],
+    fn: Callable[[Req], Awaitable[WireModel]],
+) -> WireModel | ServiceError:
+    """The handler's reply to request bytes, or why the request is refused, whatever happens."""
+    try:
+        return await fn(decode(data, model, encoding_of(headers)))
+    except DecodeError as exc:
+        return ServiceError(exc.code, exc.message, exc.details)
+    except ServiceError as exc:
+        return exc
+    except Exception as exc:  # the service must stay up
+        log.exception("handler for %s failed", model.__name__)
+        return ServiceError("internal", f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _reply(out: WireModel | ServiceError, enc: Encoding) -> tuple[bytes, dict[str, str]]:
+    if isinstance(out, ServiceError):
+        return error_reply(out.code, out.message, out.details, enc)
+    return encode(out, enc), headers_for(enc)
+
+
 async def handle(
     data: bytes,
     headers: Mapping[str, str] | None,
@@ -53,18 +76,7 @@ async def handle(
     fn: Callable[[Req], Awaitable[WireModel]],
 ) -> tuple[bytes, dict[str, str]]:
     """Turn request bytes into reply bytes (+ headers), whatever happens."""
-    enc: Encoding = encoding_of(headers)
-    try:
-        req = decode(data, model, enc)
-        rep = await fn(req)
-        return encode(rep, enc), headers_for(enc)
-    except DecodeError as exc:
-        return error_reply(exc.code, exc.message, exc.details, enc)
-    except ServiceError as exc:
-        return error_reply(exc.code, exc.message, exc.details, enc)
-    except Exception as exc:  # the service must stay up
-        log.exception("handler for %s failed", model.__name__)
-        return error_reply("internal", f"{type(exc).__name__}: {exc}"[:500], None, enc)
+    return _reply(await _answer(data, headers, model, fn), encoding_of(headers))
 
 
 async def respond(
@@ -76,13 +88,13 @@ async def respond(
     """Serve one core-NATS message (not nats.micro) through `handle`: the answer goes to its
     reply subject; a message sent without one (a new plan's commit) that is refused is said
     in the log instead, since nobody else will hear of it."""
-    body, headers = await handle(msg.data, msg.headers, model, fn)
+    out = await _answer(msg.data, msg.headers, model, fn)
     if msg.reply:
+        body, headers = _reply(out, encoding_of(msg.headers))
         await nc.publish(msg.reply, body, headers=headers)
-    elif ERROR_HEADER in headers:
-        err = decode(body, ErrorEnvelope, encoding_of(headers))
+    elif isinstance(out, ServiceError):
         log.warning(
-            "refused a %s on %s: %s: %s", model.__name__, msg.subject, err.code, err.message
+            "refused a %s on %s: %s: %s", model.__name__, msg.subject, out.code, out.message[:2048]
         )
 
 
