@@ -2,7 +2,8 @@
 
     python -m benchmarks.placement_latency [--agents 100] [--tasks 20] [--submissions 1000]
         [--submitters 8] [--duration 20] [--warmup 20] [--seed 1] [--plan-budget-ms 2]
-        [--paced 1000[,RATE...]] [--agent-procs 1] [--replicas 1] [--server-procs N]
+        [--paced 1000[,RATE...]] [--agent-procs 1] [--agent-connections shared|each]
+        [--replicas 1] [--server-procs N]
 
 An embedded nats-server, ONE `mars orchestrator` process (`--replicas` for more, in one
 queue group: the throughput goal is per process, so it is measured with one) and
@@ -10,6 +11,10 @@ queue group: the throughput goal is per process, so it is measured with one) and
 emulated (declared, never measured). One process for all agents (the default) makes every
 offer wait its turn behind the other agents' work in one event loop; real agents are processes
 of their own, so on a machine with cores to spare several processes are nearer to a fleet.
+The agents of one process share one NATS connection by default (`--agent-connections
+shared`: `edge_agent.sharedconn`; the same messages, one socket's reads and writes for a
+burst that reaches several agents instead of one per agent, for the emulated fleet and for
+the nats-server on the same host); `each` gives every agent its own, as real agents have.
 
 1. Latency: `--submissions` submissions of `--tasks`-task pipelines (random DAG shapes,
    seeded; synthetic sleep tasks of 1-5 ms), each timed on the client with time.perf_counter
@@ -59,6 +64,7 @@ from benchmarks.booking_stress import (
     wait_ready,
 )
 from benchmarks.common import pct, progress, table
+from edge_agent.sharedconn import SHARED_CLIENT_PREFIX
 from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.eventloop import GC_PAUSE_LOGGED_S
@@ -185,7 +191,8 @@ def by_kind(per_conn: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for name, (sent, got) in per_conn.items():
         kind = {"mars-orchestrator": "orchestrator", "mars-client": "benchmark client"}.get(
-            name, "agents" if name.startswith(AGENT_CLIENT_PREFIX) else "other"
+            name,
+            "agents" if name.startswith((AGENT_CLIENT_PREFIX, SHARED_CLIENT_PREFIX)) else "other",
         )
         s0, g0 = out.get(kind, (0, 0))
         out[kind] = (s0 + sent, g0 + got)
@@ -217,7 +224,8 @@ async def drive(
     for k, count in enumerate(shares(args.agents, args.agent_procs)):
         services.spawn(
             agents_names(args.agent_procs)[k],
-            ["sim", "agents", "--nats", url, "--count", str(count), "--prefix", f"pl{k}"],
+            ["sim", "agents", "--nats", url, "--count", str(count), "--prefix", f"pl{k}"]
+            + (["--shared-connection"] if args.agent_connections == "shared" else []),
             env=timing,
         )
     client = await Client.connect(url, timeout=30.0)
@@ -386,7 +394,12 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
     print("goal: P99 <= 10 ms (agent-based seed: 89 ms P99; traditional scheduler: 420 ms)")
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
     print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
-    print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es).")
+    conns = (
+        "one NATS connection per process"
+        if args.agent_connections == "shared"
+        else ("a NATS connection each")
+    )
+    print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es), {conns}.")
     if args.paced:
         rates = ", ".join(f"{x:g}" for x in args.paced)
         print(f"paced: submissions arrive at random (exponential gaps) at {rates} task")
@@ -474,6 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--agent-procs", type=int, default=1, help="processes the agents are spread over"
+    )
+    ap.add_argument(
+        "--agent-connections",
+        choices=["shared", "each"],
+        default="shared",
+        help="the agents of a process on one NATS connection (default) or one each",
     )
     ap.add_argument(
         "--replicas",

@@ -271,10 +271,10 @@ class LinkProber:
             return
         self.on_advert(adv, time.monotonic())
 
-    async def attach(self, nc: Any) -> None:
-        """Learn peers from every agent's advert."""
+    async def attach(self, nc: Any) -> Any:
+        """Learn peers from every agent's advert (the subscription is returned)."""
         self._bulk = os.urandom(self.bulk_bytes)
-        await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
+        return await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
 
     # probing --------------------------------------------------------------------------------
     async def _timed(self, nc: Any, subject: str, payload: bytes, expect: bytes) -> float | None:

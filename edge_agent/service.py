@@ -17,6 +17,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from edge_agent.allowlist import Allowlist
 from edge_agent.calibrate import Recalibrator
@@ -30,6 +31,7 @@ from edge_agent.journal import Journal
 from edge_agent.linkprobe import LinkProber, answer_probe
 from edge_agent.outbox import Outbox, reconnect_options
 from edge_agent.py_runner import run_python
+from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
 from schemas.api import TERMINAL_STATES, StatusReply, StatusRequest
@@ -68,8 +70,12 @@ class Agent:
         *,
         agent_id: str | None = None,
         calibrate: bool = True,
+        shared: SharedConnection | None = None,
     ) -> None:
+        """`shared`: a connection this agent borrows with others of its process (an emulated
+        fleet) instead of one of its own."""
         self.nats_url = nats_url
+        self.shared = shared
         self.config = config
         self.agent_id = agent_id or config.agent_id or socket.gethostname().split(".")[0]
         self.incarnation = uuid.uuid4().hex[:16]
@@ -88,6 +94,8 @@ class Agent:
             allowlist=Allowlist(tuple(config.exec_allow), tuple(config.python_allow)),
         )
         self.nc: NATS | None = None
+        #: This agent's subscriptions: on a shared connection, stopping ends only these.
+        self._subs: list[Subscription] = []
         self._seq = 0
         self._event_seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -138,29 +146,38 @@ class Agent:
         )
 
     async def start(self) -> None:
-        self.nc = await nats.connect(
-            self.nats_url,
-            name=f"mars-agent-{self.agent_id}",
-            max_reconnect_attempts=-1,
-            disconnected_cb=self._on_disconnected,
-            reconnected_cb=self._on_reconnected,
-            error_cb=self._on_nats_error,
-            **reconnect_options(self.config.reconnect_base_s, self.config.reconnect_max_s),
-        )
+        if self.shared is not None:
+            self.nc = await self.shared.join(
+                self.agent_id, self._on_disconnected, self._on_reconnected
+            )
+        else:
+            self.nc = await nats.connect(
+                self.nats_url,
+                name=f"mars-agent-{self.agent_id}",
+                max_reconnect_attempts=-1,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                error_cb=self._on_nats_error,
+                **reconnect_options(self.config.reconnect_base_s, self.config.reconnect_max_s),
+            )
         nc = self.nc
         self.data.attach(nc)
-        await nc.subscribe(subjects.offer(self.agent_id), cb=self._on_offer)
-        await nc.subscribe(subjects.offers(self.agent_id), cb=self._on_offers)
-        await nc.subscribe(subjects.commit(self.agent_id), cb=self._on_commit)
-        await nc.subscribe(subjects.cancel(self.agent_id), cb=self._on_cancel)
-        await nc.subscribe(subjects.drain(self.agent_id), cb=self._on_drain)
-        await nc.subscribe(subjects.data(self.agent_id), cb=self._on_data)
-        await nc.subscribe(subjects.data_ack(self.agent_id), cb=self._on_data_ack)
-        await nc.subscribe(subjects.fetch(self.agent_id), cb=self._on_fetch)
-        await nc.subscribe(subjects.DISCOVER, cb=self._on_discover)
-        await nc.subscribe(subjects.probe(self.agent_id), cb=self._on_probe)
+        aid = self.agent_id
+        for subject, cb in (
+            (subjects.offer(aid), self._on_offer),
+            (subjects.offers(aid), self._on_offers),
+            (subjects.commit(aid), self._on_commit),
+            (subjects.cancel(aid), self._on_cancel),
+            (subjects.drain(aid), self._on_drain),
+            (subjects.data(aid), self._on_data),
+            (subjects.data_ack(aid), self._on_data_ack),
+            (subjects.fetch(aid), self._on_fetch),
+            (subjects.DISCOVER, self._on_discover),
+            (subjects.probe(aid), self._on_probe),
+        ):
+            self._subs.append(await nc.subscribe(subject, cb=cb))
         if self.links.enabled:
-            await self.links.attach(nc)
+            self._subs.append(await self.links.attach(nc))
         await settle(nc)  # offers and probes sent once start returns find their subscriptions
         await self._publish_advert()
         self._spawn(self._heartbeat_loop())
@@ -197,12 +214,21 @@ class Agent:
             for t in left:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-        if self.nc is not None and not self.nc.is_closed:
+        if self.shared is not None:
+            self.shared.leave(self.agent_id)
+            for sub in self._subs:  # the connection is the fleet's: only ours end
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            if self._subs and self.nc is not None and self.nc.is_connected:
+                with contextlib.suppress(Exception):
+                    await settle(self.nc)  # stopped: the server routes nothing here any more
+        elif self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
             if not self.nc.is_closed:  # drain refuses while reconnecting
                 with contextlib.suppress(Exception):
                     await self.nc.close()
+        self._subs.clear()
         self.nc = None
         self.outbox.journal.close()
         if self._own_state:

@@ -307,6 +307,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
                 gflops=args.gflops,
                 site_count=args.site_count,
                 heartbeat_s=args.heartbeat,
+                shared_connection=args.shared_connection,
                 stop=stop,
                 started=started,
             )
@@ -455,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     sa.add_argument("--gflops", type=float, default=50.0, help="declared GFLOP/s per device")
     sa.add_argument("--site-count", type=int, default=4, help="sites the agents spread over")
     sa.add_argument("--heartbeat", type=float, default=0.5, help="heartbeat interval (s)")
+    sa.add_argument(
+        "--shared-connection",
+        action="store_true",
+        help="all agents on one NATS connection (their messages unchanged; judged by "
+        "heartbeats only, no per-agent disconnect advisory)",
+    )
     sa.set_defaults(fn=cmd_sim_agents)
     sr = sim_sub.add_parser("run", help="discrete-event simulation scenario (docs/sim.md)")
     add_sim_run_arguments(sr)

@@ -1,7 +1,9 @@
 """A fleet of real MARS agents in one asyncio process, for benchmarks and integration tests.
 
-Every agent here is a real `edge_agent.service.Agent` with its own NATS connection, incarnation,
-heartbeats, admission and executors; what is *not* real is the hardware. Each agent skips the
+Every agent here is a real `edge_agent.service.Agent` with its own incarnation, subscriptions,
+heartbeats, admission and executors, and by default its own NATS connection (with `shared`,
+the fleet's agents share one: `edge_agent.sharedconn`, their messages unchanged); what is *not*
+real is the hardware. Each agent skips the
 CPU probe (`probe_cpu: false`) and declares exactly one device marked `emulated: true` (kind
 cpu, with the slots and GFLOP/s it is given), so the orchestrator and every report can tell
 these devices exist only by declaration: nothing about them was measured. Calibration is off.
@@ -23,6 +25,7 @@ import random
 
 from edge_agent.config import AgentConfig
 from edge_agent.service import Agent
+from edge_agent.sharedconn import SharedConnection
 from schemas.agent import DeviceSpec, LinkSpec
 from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
 
@@ -93,9 +96,23 @@ def fleet_configs(
     return out
 
 
-async def start_fleet(url: str, configs: dict[str, AgentConfig]) -> list[Agent]:
-    """Start one Agent per config (bounded concurrency); all started or none left running."""
-    agents = [Agent(url, cfg, agent_id=aid, calibrate=False) for aid, cfg in configs.items()]
+async def start_fleet(
+    url: str, configs: dict[str, AgentConfig], *, shared: str | None = None
+) -> list[Agent]:
+    """Start one Agent per config (bounded concurrency); all started or none left running.
+    `shared`: the name of one NATS connection they all use (else one each)."""
+    conn = None
+    if shared is not None and configs:
+        first = next(iter(configs.values()))
+        conn = SharedConnection(
+            url,
+            shared,
+            reconnect_base_s=first.reconnect_base_s,
+            reconnect_max_s=first.reconnect_max_s,
+        )
+    agents = [
+        Agent(url, cfg, agent_id=aid, calibrate=False, shared=conn) for aid, cfg in configs.items()
+    ]
     gate = asyncio.Semaphore(START_CONCURRENCY)
 
     async def start(agent: Agent) -> None:
@@ -111,11 +128,14 @@ async def start_fleet(url: str, configs: dict[str, AgentConfig]) -> list[Agent]:
 
 
 async def stop_fleet(agents: list[Agent]) -> None:
-    """Stop every agent (those that never started are stopped harmlessly)."""
+    """Stop every agent (those that never started are stopped harmlessly), then close the
+    connection they shared, if they did."""
     results = await asyncio.gather(*(a.stop() for a in agents), return_exceptions=True)
     for agent, r in zip(agents, results, strict=True):
         if isinstance(r, BaseException):
             log.warning("stopping agent %s failed: %r", agent.agent_id, r)
+    for conn in {id(a.shared): a.shared for a in agents if a.shared is not None}.values():
+        await conn.close()
 
 
 async def run_fleet(
@@ -127,11 +147,12 @@ async def run_fleet(
     gflops: float = 50.0,
     site_count: int = 4,
     heartbeat_s: float = 0.5,
+    shared_connection: bool = False,
     stop: asyncio.Event,
     started: asyncio.Event | None = None,
 ) -> None:
     """Run `count` emulated agents against `url` until `stop` is set; `started` is set once
-    every agent has connected and advertised."""
+    every agent has connected and advertised. `shared_connection`: all on one connection."""
     configs = fleet_configs(
         count,
         prefix=prefix,
@@ -140,13 +161,14 @@ async def run_fleet(
         site_count=site_count,
         heartbeat_s=heartbeat_s,
     )
-    agents = await start_fleet(url, configs)
+    agents = await start_fleet(url, configs, shared=prefix if shared_connection else None)
     log.info(
-        "sim fleet up: %d agents with emulated devices (%d slots, %.1f GFLOP/s) on %d sites",
+        "sim fleet up: %d agents with emulated devices (%d slots, %.1f GFLOP/s) on %d sites, %s",
         len(agents),
         slots,
         gflops,
         min(site_count, count),
+        "sharing one NATS connection" if shared_connection else "one NATS connection each",
     )
     try:
         if started is not None:

@@ -39,14 +39,23 @@ def test_synthetic_pipeline_is_seeded_and_acyclic() -> None:
         assert all(ids.index(d) < i for d in t.deps)
 
 
-async def test_fleet_joins_and_runs_a_pipeline(nats_server: EmbeddedNats) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-connections", "shared-connection"])
+async def test_fleet_joins_and_runs_a_pipeline(nats_server: EmbeddedNats, shared: bool) -> None:
     url = nats_server.url
     orch = Orchestrator(url)
     await orch.start()
     stop = asyncio.Event()
     started = asyncio.Event()
     fleet = asyncio.create_task(
-        run_fleet(url, COUNT, prefix="fleet", heartbeat_s=0.2, stop=stop, started=started)
+        run_fleet(
+            url,
+            COUNT,
+            prefix="fleet",
+            heartbeat_s=0.2,
+            shared_connection=shared,
+            stop=stop,
+            started=started,
+        )
     )
     client = await Client.connect(url)
     try:

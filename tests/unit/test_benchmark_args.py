@@ -1,5 +1,5 @@
 """Benchmark options: the placement benchmark's `--paced` list (one paced phase per rate) and
-the lists of counts other benchmarks take."""
+the lists of counts other benchmarks take; the placement benchmark's traffic per process kind."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from benchmarks.common import counts
-from benchmarks.placement_latency import paced_name, paced_rates
+from benchmarks.placement_latency import by_kind, paced_name, paced_rates
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,19 @@ def test_counts_are_a_comma_separated_list_of_positive_integers() -> None:
     for bad in ("", "ten", "5,0", "-1", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError):
             counts(bad)
+
+
+def test_traffic_of_agents_counts_own_and_shared_connections_alike() -> None:
+    per_conn = {
+        "mars-agent-pl0-0001": (3, 4),
+        "mars-agents-pl1": (10, 20),  # a process's agents on one shared connection
+        "mars-orchestrator": (5, 6),
+        "mars-client": (1, 1),
+        "tap": (0, 7),
+    }
+    assert by_kind(per_conn) == {
+        "agents": (13, 24),
+        "orchestrator": (5, 6),
+        "benchmark client": (1, 1),
+        "other": (0, 7),
+    }
