@@ -394,11 +394,8 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
     print("goal: P99 <= 10 ms (agent-based seed: 89 ms P99; traditional scheduler: 420 ms)")
     print("back-to-back: the next submission follows the reply, while earlier pipelines still")
     print(f"run on the same {os.cpu_count()} cores; isolated: it follows the end of the previous")
-    conns = (
-        "one NATS connection per process"
-        if args.agent_connections == "shared"
-        else ("a NATS connection each")
-    )
+    shared = args.agent_connections == "shared"
+    conns = "one NATS connection per process" if shared else "a NATS connection each"
     print(f"pipeline. Agents: {args.agents} in {args.agent_procs} process(es), {conns}.")
     if args.paced:
         rates = ", ".join(f"{x:g}" for x in args.paced)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
@@ -52,6 +53,14 @@ def reconnect_handler(
         return server, backoff_delay(server.reconnects, base, cap, rand)
 
     return pick
+
+
+def log_nats_error(exc: Exception) -> None:
+    """An agent connection's error callback: failed reconnect attempts are expected while
+    offline (debug); anything else is worth a look."""
+    lost = (OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
+    level = logging.DEBUG if isinstance(exc, lost) else logging.WARNING
+    logging.getLogger("mars.agent").log(level, "nats: %r", exc)
 
 
 def reconnect_options(base: float, cap: float) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from edge_agent.exec_runner import run_exec
 from edge_agent.executors import ExecutionError, OnnxExecutor, Output, run_synthetic
 from edge_agent.journal import Journal
 from edge_agent.linkprobe import LinkProber, answer_probe
-from edge_agent.outbox import Outbox, reconnect_options
+from edge_agent.outbox import Outbox, log_nats_error, reconnect_options
 from edge_agent.py_runner import run_python
 from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
@@ -483,9 +483,7 @@ class Agent:
 
     # -- connectivity ---------------------------------------------------------------------------
     async def _on_nats_error(self, exc: Exception) -> None:
-        # failed reconnect attempts are expected while offline; anything else is worth a look
-        lost = (OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
-        log.log(logging.DEBUG if isinstance(exc, lost) else logging.WARNING, "nats: %r", exc)
+        log_nats_error(exc)
 
     async def _on_disconnected(self) -> None:
         if self.online.is_set() and not self._stopped.is_set():

@@ -18,10 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import nats
-import nats.errors
 from nats.aio.client import Client as NATS
 
-from edge_agent.outbox import reconnect_options
+from edge_agent.outbox import log_nats_error, reconnect_options
 
 log = logging.getLogger("mars.agent")
 
@@ -93,5 +92,4 @@ class SharedConnection:
                 log.warning("%s: connection callback failed", member, exc_info=True)
 
     async def _error(self, exc: Exception) -> None:
-        lost = (OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
-        log.log(logging.DEBUG if isinstance(exc, lost) else logging.WARNING, "nats: %r", exc)
+        log_nats_error(exc)
