@@ -280,10 +280,12 @@ class AgentCore:
     def cancel(self, cmd: CancelCommand) -> list[Job]:
         """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""
         out: list[Job] = []
-        only = None if cmd.task_ids is None else set(cmd.task_ids)
-        for key in [
-            k for k in self.jobs if k[0] == cmd.pipeline_id and (only is None or k[1] in only)
-        ]:
+        pid = cmd.pipeline_id
+        if cmd.task_ids is None:  # the whole pipeline: its jobs are found among all
+            keys = [k for k in self.jobs if k[0] == pid]
+        else:  # named tasks (a re-plan's withdrawal): looked up, not searched for
+            keys = [k for k in dict.fromkeys((pid, t) for t in cmd.task_ids) if k in self.jobs]
+        for key in keys:
             job = self.jobs[key]
             if cmd.max_token is not None and job.offer.token > cmd.max_token:
                 continue  # placed again since: this withdrawal is not about that placement
