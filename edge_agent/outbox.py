@@ -16,9 +16,10 @@ import inspect
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
@@ -55,12 +56,32 @@ def reconnect_handler(
     return pick
 
 
-def log_nats_error(exc: Exception) -> None:
-    """An agent connection's error callback: failed reconnect attempts are expected while
-    offline (debug); anything else is worth a look."""
+async def _log_nats_error(exc: Exception) -> None:
+    # failed reconnect attempts are expected while offline; anything else is worth a look
     lost = (OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
     level = logging.DEBUG if isinstance(exc, lost) else logging.WARNING
     logging.getLogger("mars.agent").log(level, "nats: %r", exc)
+
+
+async def connect_agent(
+    url: str,
+    name: str,
+    disconnected: Callable[[], Awaitable[None]],
+    reconnected: Callable[[], Awaitable[None]],
+    reconnect_base_s: float,
+    reconnect_max_s: float,
+) -> NATS:
+    """An agent's connection (or an emulated fleet's shared one): reconnecting for ever with
+    jittered back-off, telling `disconnected` / `reconnected` as it goes."""
+    return await nats.connect(
+        url,
+        name=name,
+        max_reconnect_attempts=-1,
+        disconnected_cb=disconnected,
+        reconnected_cb=reconnected,
+        error_cb=_log_nats_error,
+        **reconnect_options(reconnect_base_s, reconnect_max_s),
+    )
 
 
 def reconnect_options(base: float, cap: float) -> dict[str, Any]:

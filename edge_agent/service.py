@@ -29,7 +29,7 @@ from edge_agent.exec_runner import run_exec
 from edge_agent.executors import ExecutionError, OnnxExecutor, Output, run_synthetic
 from edge_agent.journal import Journal
 from edge_agent.linkprobe import LinkProber, answer_probe
-from edge_agent.outbox import Outbox, log_nats_error, reconnect_options
+from edge_agent.outbox import Outbox, connect_agent
 from edge_agent.py_runner import run_python
 from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
@@ -151,14 +151,13 @@ class Agent:
                 self.agent_id, self._on_disconnected, self._on_reconnected
             )
         else:
-            self.nc = await nats.connect(
+            self.nc = await connect_agent(
                 self.nats_url,
-                name=f"mars-agent-{self.agent_id}",
-                max_reconnect_attempts=-1,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-                error_cb=self._on_nats_error,
-                **reconnect_options(self.config.reconnect_base_s, self.config.reconnect_max_s),
+                f"mars-agent-{self.agent_id}",
+                self._on_disconnected,
+                self._on_reconnected,
+                self.config.reconnect_base_s,
+                self.config.reconnect_max_s,
             )
         nc = self.nc
         self.data.attach(nc)
@@ -482,9 +481,6 @@ class Agent:
         await respond(self.nc, msg, DataAck, self.data.on_ack)
 
     # -- connectivity ---------------------------------------------------------------------------
-    async def _on_nats_error(self, exc: Exception) -> None:
-        log_nats_error(exc)
-
     async def _on_disconnected(self) -> None:
         if self.online.is_set() and not self._stopped.is_set():
             log.warning(

@@ -17,10 +17,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-import nats
 from nats.aio.client import Client as NATS
 
-from edge_agent.outbox import log_nats_error, reconnect_options
+from edge_agent.outbox import connect_agent
 
 log = logging.getLogger("mars.agent")
 
@@ -53,14 +52,8 @@ class SharedConnection:
         `reconnected` are called whenever it is lost and back, as an own connection's are."""
         async with self._lock:
             if self.nc is None or self.nc.is_closed:
-                self.nc = await nats.connect(
-                    self.url,
-                    name=self.name,
-                    max_reconnect_attempts=-1,
-                    disconnected_cb=self._disconnected,
-                    reconnected_cb=self._reconnected,
-                    error_cb=self._error,
-                    **reconnect_options(*self._reconnect),
+                self.nc = await connect_agent(
+                    self.url, self.name, self._disconnected, self._reconnected, *self._reconnect
                 )
             self._members[member] = (disconnected, reconnected)
             return self.nc
@@ -90,6 +83,3 @@ class SharedConnection:
                 await callbacks[which]()
             except Exception:
                 log.warning("%s: connection callback failed", member, exc_info=True)
-
-    async def _error(self, exc: Exception) -> None:
-        log_nats_error(exc)

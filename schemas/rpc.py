@@ -85,7 +85,7 @@ async def respond(
     model: type[Req],
     fn: Callable[[Req], Awaitable[WireModel]],
 ) -> None:
-    """Serve one core-NATS message (not nats.micro) through `handle`: the answer goes to its
+    """Serve one core-NATS message (not nats.micro) as `handle` does: the answer goes to its
     reply subject; a message sent without one (a new plan's commit) that is refused is said
     in the log instead, since nobody else will hear of it."""
     out = await _answer(msg.data, msg.headers, model, fn)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from edge_agent.core import AgentCore
 from schemas import CancelCommand, CommitCommand
-from tests.unit.test_agent_ready_queue import PIPELINES, TASKS, core, offer
+from tests.unit.agent_jobs import PIPELINES, TASKS, core, offer
 
 Key = tuple[str, str]
 

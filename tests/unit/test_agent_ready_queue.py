@@ -10,42 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_agent.core import AgentCore, Job
-from schemas import (
-    CancelCommand,
-    CommitCommand,
-    DataTransfer,
-    DeviceSpec,
-    InputRef,
-    TaskOffer,
-    TaskSpec,
-)
+from schemas import CancelCommand, CommitCommand, DataTransfer
+from tests.unit.agent_jobs import PIPELINES, TASKS, core, offer
 
 SHA = "0" * 64
-TASKS = ("t0", "t1", "t2", "t3", "t4", "t5")
-PIPELINES = ("p0", "p1")
-
-
-def core() -> AgentCore:
-    devices = [
-        DeviceSpec(device_id="cpu0", kind="cpu", slots=1, memory_mb=1000.0),
-        DeviceSpec(device_id="gpu0", kind="gpu", slots=2, memory_mb=1000.0),
-    ]
-    return AgentCore("a1", "inc1", devices, ["synthetic"])
-
-
-def offer(
-    pid: str, tid: str, token: int, order: int, device: str, deps: tuple[str, ...]
-) -> TaskOffer:
-    return TaskOffer(
-        pipeline_id=pid,
-        agent_id="a1",
-        incarnation="inc1",
-        device_id=device,
-        token=token,
-        order=order,
-        task=TaskSpec.model_validate({"id": tid, "run": {"kind": "synthetic"}}),
-        inputs=[InputRef(task_id=d, agent_id="a2") for d in deps],
-    )
 
 
 def data(pid: str, producer: str, consumer: str) -> DataTransfer:
