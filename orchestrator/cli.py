@@ -125,13 +125,30 @@ def _keep_hours(text: str) -> float:
     return hours
 
 
+def _kib(text: str) -> int:
+    try:
+        kib = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of KiB: {text!r}") from None
+    if not 16 <= kib <= 64 * 1024:
+        raise argparse.ArgumentTypeError("--booking-key-max-kib must be between 16 and 65536")
+    return kib
+
+
 def cmd_orchestrator(args: argparse.Namespace) -> int:
     from orchestrator.service import run_orchestrator
 
     budget = args.plan_budget_ms / 1e3
     keep = args.keep_hours * 3600.0
+    key_max = args.booking_key_max_kib * 1024
     return _run_until_signal(
-        lambda stop: run_orchestrator(args.nats, stop=stop, plan_budget_s=budget, keep_s=keep)
+        lambda stop: run_orchestrator(
+            args.nats,
+            stop=stop,
+            plan_budget_s=budget,
+            keep_s=keep,
+            booking_key_max_bytes=key_max,
+        )
     )
 
 
@@ -408,6 +425,16 @@ def build_parser() -> argparse.ArgumentParser:
             "how long pipelines' records, specs, leases and results stay in JetStream after "
             "their last write, so after a pipeline ends (default 24; give every replica the "
             "same: each sets the buckets' max age when it starts)"
+        ),
+    )
+    o.add_argument(
+        "--booking-key-max-kib",
+        type=_kib,
+        default=256,
+        help=(
+            "how big a device's booking key may grow (default 256, ~1,500 booked windows; "
+            "never more than the server's max_payload allows): a device at it takes no new "
+            "bookings, plans go elsewhere or are refused with that reason"
         ),
     )
     o.set_defaults(fn=cmd_orchestrator)

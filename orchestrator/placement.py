@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 from orchestrator.pipelines import PipelineRun
 from orchestrator.planning import MIN_TASK_S, plan_pipeline
 from orchestrator.reservations.book import Blocking, effective_priority
-from orchestrator.reservations.store import BookResult, device_key
+from orchestrator.reservations.store import BookResult, device_key, device_of_key
 from orchestrator.scheduling import Placement, Unschedulable
+from orchestrator.scheduling.engine import NO_COMPUTE_TIME
 from schemas.api import PlannedTask
 from schemas.bookings import BookingWindow
 from schemas.placement import ConsumerRef, InputRef, OfferReply, TaskOffer
@@ -67,6 +68,8 @@ class Round:
     tokens: dict[str, int] = field(default_factory=dict)
     excluded: set[tuple[str, str]] = field(default_factory=set)
     sent: dict[str, TaskOffer] = field(default_factory=dict)
+    #: Devices left out because their booking key is full, each with why.
+    full: dict[str, str] = field(default_factory=dict)
 
 
 class Placer:
@@ -127,15 +130,26 @@ class Placer:
             async with self._booking:
                 budget = steps["budget"] = self.budget_s()
                 t_plan = clock()
+                excluded = st.excluded
+                if o.store.full:  # devices whose queue of booked windows is as deep as allowed
+                    full = o.store.full_devices()
+                    st.full.update(full)
+                    excluded = excluded | {(t.id, d) for d in full for t in spec.tasks}
                 try:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
-                        blocks=Blocking(run.pipeline_id, eff, now), excluded=st.excluded,
+                        blocks=Blocking(run.pipeline_id, eff, now), excluded=excluded,
                         fixed=st.fixed,
                         rel_now=max(0.0, now - st.t0), budget_s=budget,
                         predictor=o.predictor,
                     )  # fmt: skip
                 except Unschedulable as exc:
+                    if st.full:  # say which of the refusals were full devices
+                        exc = Unschedulable({
+                            t: {d: st.full.get(d, why) if why == NO_COMPUTE_TIME else why
+                                for d, why in per.items()}
+                            for t, per in exc.reasons.items()
+                        })  # fmt: skip
                     details = {
                         f"{t}@{d}": why for t, per in exc.reasons.items() for d, why in per.items()
                     }
@@ -212,6 +226,12 @@ class Placer:
                         run.windows[w.task_id] = (r.key, w.start, w.end)
                     if r.evicted:
                         await o.notify_evicted(r.key, r.evicted, run.pipeline_id)
+                elif r.full:  # booking more there would pass the key's limit: plan elsewhere
+                    dev = device_of_key(r.key)
+                    st.full[dev] = r.full
+                    st.excluded.update((t.id, dev) for t in spec.tasks)
+                    run.note(f"round {rnd}: {r.key} refused it ({r.full}); re-planning elsewhere")
+                    reasons[f"full@{r.key}"] = r.full
                 else:
                     run.conflicts += 1
                     who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))

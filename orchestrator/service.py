@@ -32,7 +32,7 @@ from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
-from orchestrator.reservations.store import BookingStore, device_key_of
+from orchestrator.reservations.store import KEY_MAX_BYTES, BookingStore, device_key_of
 from orchestrator.scheduling import Placement, Unschedulable, compiled
 from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
@@ -131,8 +131,11 @@ class Orchestrator:
         owner_lease_s: float = OWNER_LEASE_S,
         stall_s: float = STALL_S,
         keep_s: float = ownership.KEEP_S,
+        booking_key_max_bytes: int = KEY_MAX_BYTES,
     ) -> None:
         self.nats_url = nats_url
+        #: How deep a device's queue of booked windows may grow, as its key's encoded size.
+        self.booking_key_max_bytes = booking_key_max_bytes
         #: Pipelines' leases, records, specs and results expire this long after their last
         #: write (an ended pipeline's: after its end).
         self.keep_s = keep_s
@@ -210,7 +213,7 @@ class Orchestrator:
         )
         nc = self.nc
         js = self.js = nc.jetstream()
-        self.store = BookingStore(js)
+        self.store = BookingStore(js, key_max_bytes=self.booking_key_max_bytes)
         await self.store.start()
         self.history = History(js, self.predictor.corrections)
         try:
@@ -312,9 +315,9 @@ class Orchestrator:
             await self.store.stop(deadline)
             st = self.store.stats
             log.info(
-                "bookings: %d writes, %d CAS retries, %d conflicts; releases: %d, of them "
-                "%d carried by another write, %d written alone",
-                st.writes, st.cas_retries, st.conflicts, st.releases_deferred,
+                "bookings: %d writes, %d CAS retries, %d conflicts, %d refused for a full key; "
+                "releases: %d, of them %d carried by another write, %d written alone",
+                st.writes, st.cas_retries, st.conflicts, st.full, st.releases_deferred,
                 st.releases_carried, st.releases_flushed,
             )  # fmt: skip
         if self.held_submissions or self.watchdog.skipped:
@@ -1025,11 +1028,15 @@ async def run_orchestrator(
     plan_budget_s: float = PLAN_BUDGET_S,
     started: asyncio.Event | None = None,
     keep_s: float = ownership.KEEP_S,
+    booking_key_max_bytes: int = KEY_MAX_BYTES,
 ) -> None:
     """The orchestrator of a process of its own (`mars orchestrator`): its garbage collector
     is paced (`eventloop.PacedGc`), collections waiting for a moment with no submission
     under way. `started` is set once it serves."""
-    orch = Orchestrator(nats_url, name=name, plan_budget_s=plan_budget_s, keep_s=keep_s)
+    orch = Orchestrator(
+        nats_url, name=name, plan_budget_s=plan_budget_s, keep_s=keep_s,
+        booking_key_max_bytes=booking_key_max_bytes,
+    )  # fmt: skip
     await orch.start()
     pacer = eventloop.PacedGc(orch.idle)
     pacer.start()

@@ -30,6 +30,15 @@ BUCKET = "MARS_BOOKINGS"
 CAS_RETRIES = 8
 #: A deferred release no other write of its key carried is written alone after this long.
 RELEASE_FLUSH_S = 0.5
+#: The most a device's key may hold, encoded: a booking that would take it further is
+#: refused (`KeyFull`) and planning leaves a device whose key is there alone. Every booking
+#: writes the whole key and every replica decodes it from its watch, so a deep queue costs
+#: each booking in proportion (at 2,000 windows: 1.6 ms to encode, 6 ms to decode), and a
+#: value over the server's `max_payload` (1 MiB by default) cannot be written at all. A
+#: window with the ids `mars` makes is ~174 bytes: 256 KiB holds ~1,500.
+KEY_MAX_BYTES = 256 * 1024
+#: Room left under the server's `max_payload` for the write's subject and headers.
+PAYLOAD_HEADROOM = 8 * 1024
 
 
 def _due(todo: list[Release]) -> float:
@@ -48,6 +57,28 @@ def device_key(agent_id: str, device_id: str) -> str:
 def device_key_of(cluster_device_id: str) -> str:
     """The key of a scheduler device id (`<agent>:<device>`), without splitting it."""
     return "dev." + cluster_device_id.replace(":", ".", 1)
+
+
+def device_of_key(key: str) -> str:
+    """The scheduler device id (`<agent>:<device>`) of a key `device_key` made (ids never hold
+    a dot)."""
+    return key.removeprefix("dev.").replace(".", ":", 1)
+
+
+class KeyFull(Exception):
+    """A booking would take a device's key past the store's limit: the device's queue of
+    booked windows is as deep as this orchestrator lets it grow."""
+
+    def __init__(self, key: str, size: int, limit: int, windows: int) -> None:
+        self.key, self.size, self.limit, self.windows = key, size, limit, windows
+        super().__init__(f"{key}: {full_reason(size, limit, windows)}")
+
+
+def full_reason(size: int, limit: int, windows: int) -> str:
+    return (
+        f"booking queue full: {windows} windows in {size / 1024:.0f} KiB, the key's limit "
+        f"is {limit / 1024:.0f} KiB"
+    )
 
 
 @dataclass
@@ -72,6 +103,8 @@ class BookResult:
     conflicts: list[BookingWindow] = field(default_factory=list)
     evicted: list[BookingWindow] = field(default_factory=list)
     cas_retries: int = 0
+    #: Not booked because the key would pass the store's limit (`KeyFull`): why, else "".
+    full: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,15 +167,30 @@ class Stats:
     releases_deferred: int = 0
     releases_carried: int = 0
     releases_flushed: int = 0
+    #: Bookings refused because their key would pass the limit (`KeyFull`).
+    full: int = 0
 
 
 class BookingStore:
-    def __init__(self, js: Any, *, bucket: str = BUCKET, history: int = 8) -> None:
+    def __init__(
+        self,
+        js: Any,
+        *,
+        bucket: str = BUCKET,
+        history: int = 8,
+        key_max_bytes: int = KEY_MAX_BYTES,
+    ) -> None:
         self.js = js
         self.bucket = bucket
         self.history = history
+        #: A booking never takes a key past this many bytes (lowered at `start` to what the
+        #: server's `max_payload` allows).
+        self.key_max_bytes = key_max_bytes
         self.kv: Any = None
         self.cache: dict[str, Cached] = {}
+        #: Encoded size of each key's cached value, and the keys at or over the limit.
+        self.sizes: dict[str, int] = {}
+        self.full: dict[str, int] = {}
         self.stats = Stats()
         self._watch_task: asyncio.Task[None] | None = None
         # one writer per key inside this process: CAS races are then only between replicas
@@ -156,6 +204,9 @@ class BookingStore:
         self._flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        max_payload = int(getattr(getattr(self.js, "_nc", None), "max_payload", 0) or 0)
+        if max_payload:
+            self.key_max_bytes = max(1, min(self.key_max_bytes, max_payload - PAYLOAD_HEADROOM))
         try:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
@@ -198,6 +249,7 @@ class BookingStore:
         key = entry.key
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             self.cache.pop(key, None)
+            self._sized(key, 0)
             return
         cur = self.cache.get(key)
         if cur is not None and cur.revision >= entry.revision:
@@ -210,7 +262,33 @@ class BookingStore:
             )
             return
         self.cache[key] = Cached(entry.revision, bk)
+        self._sized(key, len(entry.value))
         self.changed.set()
+
+    def _sized(self, key: str, size: int) -> None:
+        if size:
+            self.sizes[key] = size
+        else:
+            self.sizes.pop(key, None)
+        if size >= self.key_max_bytes:
+            if key not in self.full:
+                log.warning(
+                    "booking key %s is full (%d KiB, the limit is %d KiB): its device takes "
+                    "no new bookings until windows are released or expire",
+                    key, size // 1024, self.key_max_bytes // 1024,
+                )  # fmt: skip
+            self.full[key] = size
+        elif self.full.pop(key, None) is not None:
+            log.info("booking key %s takes bookings again (%d KiB)", key, size // 1024)
+
+    def full_devices(self) -> dict[str, str]:
+        """Devices (scheduler ids) whose key is at the limit, each with why: planning leaves
+        them alone until their windows are released or expire."""
+        return {
+            device_of_key(k): full_reason(size, self.key_max_bytes, len(c.book.windows))
+            for k, size in self.full.items()
+            if (c := self.cache.get(k)) is not None
+        }
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
         """Wait until `predicate` holds, looked at after each change of the cached bucket."""
@@ -322,6 +400,7 @@ class BookingStore:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
             self.cache.pop(key, None)
+            self._sized(key, 0)
             return None
         if entry.value:
             self._apply(entry)
@@ -335,6 +414,7 @@ class BookingStore:
         )
         self.stats.writes += 1
         self.cache[key] = Cached(int(rev), new)
+        self._sized(key, len(data))
         self.changed.set()
         return int(rev)
 
@@ -396,6 +476,11 @@ class BookingStore:
             if step.data is None:  # nothing to write (the deferred releases had nothing left)
                 self._carried(key, step.released, flushing)
                 return res, cur.revision if cur is not None else 0, retries
+            size = len(step.data)
+            if size > self.key_max_bytes and size > self.sizes.get(key, 0):
+                # only a write that grows the key is refused: a renewal or a release of a
+                # key already past a (lowered) limit still goes through
+                raise KeyFull(key, size, self.key_max_bytes, len(res.book.windows))
             try:
                 rev = await self._write(key, cur, res.book, step.data)
                 self.stats.expired_dropped += res.expired
@@ -428,9 +513,13 @@ class BookingStore:
     ) -> BookResult:
         """Book `windows` on `key` by CAS; `prepared`: from `prepare(key, booking(...))` with
         the same arguments."""
-        res, rev, retries = await self.transact(
-            key, self.booking(windows, now, may_evict), prepared
-        )
+        try:
+            res, rev, retries = await self.transact(
+                key, self.booking(windows, now, may_evict), prepared
+            )
+        except KeyFull as exc:
+            self.stats.full += 1
+            return BookResult(False, key, full=full_reason(exc.size, exc.limit, exc.windows))
         if not res.ok:
             self.stats.conflicts += 1
             return BookResult(False, key, conflicts=res.conflicts, cas_retries=retries)

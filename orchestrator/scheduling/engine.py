@@ -52,6 +52,11 @@ def check_fixed(graph: TaskGraph, cluster: Cluster, fixed: Mapping[str, Placemen
         raise ValueError("; ".join(problems))
 
 
+#: Why a device is refused for a task it is eligible for but may not run on (a cost of inf:
+#: a rejection, or a device the caller ruled out).
+NO_COMPUTE_TIME = "no finite compute time"
+
+
 def unschedulable_reasons(
     graph: TaskGraph, cluster: Cluster, w: NDArray[np.float64], todo: Sequence[int]
 ) -> dict[str, dict[str, str]]:
@@ -67,7 +72,7 @@ def unschedulable_reasons(
         per_device: dict[str, str] = {}
         for dev in cluster.devices:
             why = ineligibility(task, dev)
-            per_device[dev.id] = why if why is not None else "no finite compute time"
+            per_device[dev.id] = why if why is not None else NO_COMPUTE_TIME
         reasons[task.id] = per_device
     return reasons
 

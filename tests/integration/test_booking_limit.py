@@ -1,0 +1,201 @@
+"""A device's booking key has a size limit: planning leaves a full device alone, a booking
+that would pass the limit is refused and re-planned elsewhere, and a pipeline with nowhere
+else to go is refused with that reason. Over a real nats-server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+
+from orchestrator.client import Client
+from orchestrator.reservations.store import (
+    BUCKET,
+    PAYLOAD_HEADROOM,
+    BookingStore,
+    device_key,
+)
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec
+from schemas.bookings import BookingWindow, DeviceBookings
+from schemas.codec import RemoteError, encode
+from tests.harness import RecordingAgent, agent_config, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+LIMIT = 16 * 1024
+FAST = device_key("fast", "cpu0")
+
+
+def device(gflops: float) -> dict[str, Any]:
+    return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
+
+
+def chain(n: int, **requires: Any) -> PipelineSpec:
+    """`n` tasks one after another, 10x faster on the fast agent's device than the slow's."""
+    run = {"kind": "synthetic", "seconds": 0.02, "ref_gflops": 100.0}
+    return PipelineSpec.model_validate({
+        "name": "chain",
+        "tasks": [
+            {"id": f"t{i}", "run": run, "deps": [f"t{i - 1}"] if i else [],
+             "requires": requires}
+            for i in range(n)
+        ],
+    })  # fmt: skip
+
+
+def filler(n: int) -> DeviceBookings:
+    """`n` windows of a departed orchestrator an hour from now (they block nothing today)."""
+    now = time.time()
+    return DeviceBookings(device=FAST, windows=[
+        BookingWindow(pipeline_id=f"old{i}", task_id="t", slot=0, start=now + 3600 + i,
+                      end=now + 3600.5 + i, expires=now + 7200, owner="gone")
+        for i in range(n)
+    ])  # fmt: skip
+
+
+def windows_for(size: int) -> int:
+    """The most filler windows whose key stays at or under `size` bytes."""
+    n = 1
+    while len(encode(filler(n + 1))) <= size:
+        n += 1
+    return n
+
+
+@pytest.fixture
+async def cluster(nats_url: str) -> AsyncIterator[tuple[Orchestrator, Client, NATS]]:
+    orch = Orchestrator(nats_url, booking_key_max_bytes=LIMIT)
+    await orch.start()
+    agents = [
+        RecordingAgent(nats_url, agent_config("s1", "edge", probe_cpu=False, devices=[
+            device(gflops)]), agent_id=aid, calibrate=False)
+        for aid, gflops in (("fast", 1000.0), ("slow", 100.0))
+    ]  # fmt: skip
+    for a in agents:
+        await a.start()
+    assert await orch.wait_for_agents(2, timeout=10.0) == 2
+    client = await Client.connect(nats_url)
+    nc = await nats.connect(nats_url)
+    try:
+        yield orch, client, nc
+    finally:
+        await nc.close()
+        await client.close()
+        await stop_cluster(orch, agents)
+
+
+async def put_fast_key(orch: Orchestrator, nc: NATS, book: DeviceBookings) -> int:
+    """Write the fast device's key behind the orchestrator's back; its revision, once the
+    orchestrator's watch has it."""
+    kv = await nc.jetstream().key_value(BUCKET)
+    rev = int(await kv.put(FAST, encode(book)))
+    await orch.store.wait_until(
+        lambda: FAST in orch.store.cache and orch.store.cache[FAST].revision == rev, 10.0
+    )
+    return rev
+
+
+async def test_free_devices_are_preferred_as_usual(
+    cluster: tuple[Orchestrator, Client, NATS],
+) -> None:
+    """The premise of the tests below: with its key small, the fast device gets the chain."""
+    orch, client, nc = cluster
+    await put_fast_key(orch, nc, filler(10))
+    reply = await client.submit(chain(3))
+    assert {p.agent_id for p in reply.plan} == {"fast"}
+
+
+async def test_a_full_device_is_left_alone_and_its_key_not_written(
+    cluster: tuple[Orchestrator, Client, NATS],
+) -> None:
+    orch, client, nc = cluster
+    rev = await put_fast_key(orch, nc, filler(windows_for(LIMIT + 2048)))
+    assert orch.store.full_devices().keys() == {"fast:cpu0"}
+    reply = await client.submit(chain(3))
+    assert {p.agent_id for p in reply.plan} == {"slow"}
+    assert orch.store.cache[FAST].revision == rev
+    assert orch.store.stats.full == 0  # left out by planning, no booking was tried
+
+
+async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhere(
+    cluster: tuple[Orchestrator, Client, NATS],
+) -> None:
+    orch, client, nc = cluster
+    # just under the limit: planning still counts the device in; the chain's five windows
+    # (~130 bytes each) would take the key past it
+    rev = await put_fast_key(orch, nc, filler(windows_for(LIMIT - 200)))
+    assert not orch.store.full_devices()
+    reply = await client.submit(chain(5))
+    assert {p.agent_id for p in reply.plan} == {"slow"}
+    assert orch.store.stats.full == 1
+    assert orch.store.cache[FAST].revision == rev  # nothing written to it
+    status = await client.status(reply.pipeline_id)
+    refused = [line for line in status.placement_log if "booking queue full" in line]
+    assert refused and FAST in refused[0], status.placement_log
+
+
+async def test_nowhere_else_to_go_is_refused_with_the_reason(
+    cluster: tuple[Orchestrator, Client, NATS],
+) -> None:
+    orch, client, nc = cluster
+    await put_fast_key(orch, nc, filler(windows_for(LIMIT + 2048)))
+    with pytest.raises(RemoteError) as err:
+        await client.submit(chain(2, pinned_agent="fast"))
+    assert err.value.code == "unschedulable"
+    assert "fast:cpu0: booking queue full" in str(err.value)
+    details = err.value.envelope.details
+    assert set(details) >= {"t0@fast:cpu0", "t1@fast:cpu0"}
+    assert all(details[f"t{i}@fast:cpu0"].startswith("booking queue full") for i in (0, 1))
+    # the pipeline was refused, not lost: the service still places elsewhere-able work
+    ok = await client.submit(chain(2))
+    assert {p.agent_id for p in ok.plan} == {"slow"}
+
+
+async def test_the_limit_stays_under_the_servers_max_payload(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        store = BookingStore(nc.jetstream(), key_max_bytes=64 * 1024 * 1024)
+        await store.start()
+        assert store.key_max_bytes == nc.max_payload - PAYLOAD_HEADROOM
+        await store.stop()
+        small = BookingStore(nc.jetstream(), key_max_bytes=LIMIT)
+        await small.start()
+        assert small.key_max_bytes == LIMIT
+        await small.stop()
+    finally:
+        await nc.close()
+
+
+async def test_a_key_past_a_lowered_limit_is_still_renewed_and_released(nats_url: str) -> None:
+    """Only growth is refused: a replica started with a lower limit than the key's size must
+    still renew its own windows there (or lose them) and give them back."""
+    nc = await nats.connect(nats_url)
+    try:
+        store = BookingStore(nc.jetstream(), key_max_bytes=LIMIT)
+        await store.start()
+        now = time.time()
+        mine = filler(windows_for(LIMIT + 4096))
+        mine = mine.model_copy(update={"windows": [
+            w.model_copy(update={"owner": "me", "pipeline_id": "p1", "task_id": f"t{i}"})
+            for i, w in enumerate(mine.windows)
+        ]})  # fmt: skip
+        kv = await nc.jetstream().key_value(BUCKET)
+        rev = int(await kv.put(FAST, encode(mine)))
+        await store.wait_until(lambda: FAST in store.cache, 10.0)
+        assert FAST in store.full
+        more = BookingWindow(pipeline_id="p2", task_id="t", slot=0, start=now, end=now + 1,
+                             expires=now + 60, owner="me")  # fmt: skip
+        refused = await store.book(FAST, [more], now)
+        assert not refused.ok and refused.full.startswith("booking queue full")
+        assert store.cache[FAST].revision == rev
+        assert await store.renew(FAST, {"p1"}, now + 9000, now) > rev
+        assert all(w.expires == now + 9000 for w in store.cache[FAST].book.windows)
+        await store.release(FAST, "p1", now, ["t0", "t1"])
+        assert len(store.cache[FAST].book.windows) == len(mine.windows) - 2
+        await store.stop()
+    finally:
+        await nc.close()
