@@ -83,8 +83,12 @@ class Failover:
         #: Per live pipeline held here: when its spec, record and result chunks were last all
         #: written (monotonic), for `keep_fresh`.
         self._written: dict[str, float] = {}
-        #: A live pipeline's keys are written again once this old (`keep_fresh`).
+        #: A live pipeline's keys are written again once this old (`keep_fresh`) ...
         self.refresh_s = KEEP_FRESH_SHARE * orch.keep_s
+        #: ... or sooner when their buckets keep keys for less than this replica's keep_s
+        #: (another replica started with a shorter `--keep-hours` sets their max age): the
+        #: shortest max age `keep_fresh` last read, None before.
+        self.buckets_keep_s: float | None = None
         self.keep_fresh_check_s = KEEP_FRESH_CHECK_S
         self._kept_fresh_at = -math.inf
         self._keeping: asyncio.Task[Any] | None = None
@@ -331,23 +335,57 @@ class Failover:
 
     def keep_fresh_every(self) -> float:
         """How often `keep_fresh` looks: every `keep_fresh_check_s`, or twice per
-        `refresh_s` when that is shorter (a short `--keep-hours`), so that keys are
+        refresh interval when that is shorter (a short `--keep-hours`), so that keys are
         written again well before they expire."""
-        return min(self.keep_fresh_check_s, self.refresh_s / 2)
+        return min(self.keep_fresh_check_s, self.refresh_every() / 2)
+
+    def refresh_every(self) -> float:
+        """A live pipeline's keys are written again once this old: `refresh_s`, or a third
+        of the buckets' max age when another replica made it shorter than this one's."""
+        kept = self.buckets_keep_s
+        if kept is None or kept >= self.o.keep_s:
+            return self.refresh_s
+        return min(self.refresh_s, KEEP_FRESH_SHARE * kept)
+
+    async def _read_keep(self) -> None:
+        """The shortest max age of the buckets `keep_fresh` writes again (a failed read keeps
+        the last one known). Each replica sets it to its own `--keep-hours` when it starts, so
+        the last one started decides; a shorter one than this replica's would let the keys of
+        pipelines it holds expire while they run, unless they are written sooner."""
+        kvs = [self.runs.kv]
+        if self.o.recovery.ledger is not None:
+            kvs.append(self.o.recovery.ledger.kv)
+        try:
+            ages = [(await kv.status()).ttl for kv in kvs if kv is not None]
+        except Exception as exc:
+            log.debug("reading the buckets' max age failed: %s", exc)
+            return
+        kept = min((a for a in ages if a), default=None)
+        if kept is not None and kept < self.o.keep_s and kept != self.buckets_keep_s:
+            log.warning(
+                "the pipelines' buckets keep keys %.0f s, not this replica's %.0f s (another "
+                "replica runs with a shorter --keep-hours?): live pipelines' keys are written "
+                "again every %.0f s; give every replica the same --keep-hours",
+                kept, self.o.keep_s, KEEP_FRESH_SHARE * kept,
+            )  # fmt: skip
+        self.buckets_keep_s = kept
 
     async def keep_fresh(self) -> int:
         """Write again the spec, record and committed results of each live pipeline held here
-        whose keys were last written `refresh_s` ago: they expire `Orchestrator.keep_s` after
+        whose keys were last written `refresh_every()` ago: they expire the buckets' max age
+        (`Orchestrator.keep_s`, unless a replica started since with a shorter one) after
         their last write, and a pipeline that outlives that would lose what an adopter needs
         (its spec, its record) and what keeps its results exactly-once. Returns how many
         pipelines' keys were written."""
         o, n = self.o, 0
+        await self._read_keep()
+        refresh_s = self.refresh_every()
         for pid, at in list(self._written.items()):
             run = o.pipelines.get(pid)
             if run is None or run.terminal:
                 del self._written[pid]  # its keys are to expire now (its end wrote them last)
                 continue
-            if o.mono() - at < self.refresh_s or not self.may_act(pid):
+            if o.mono() - at < refresh_s or not self.may_act(pid):
                 continue
             try:
                 await self.runs.touch_spec(pid, run.spec)

@@ -5,6 +5,7 @@ nats-server, with the buckets' max age cut to seconds)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import nats
@@ -52,6 +53,34 @@ async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(nats_u
     js = orch.js
     for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # `--keep-hours` reaches all
         assert (await (await js.key_value(bucket)).status()).ttl == pytest.approx(KEEP)
+    await keys_outlive_the_run_and_then_go(orch, nats_url)
+
+
+async def test_a_shorter_max_age_from_another_replica_is_followed(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each replica sets the buckets' max age to its own `--keep-hours` when it starts: one
+    with an hour, then another with seconds. The first must write its live pipelines' keys
+    again within the shorter age, or they expire while the pipelines run."""
+    orch = Orchestrator(nats_url, keep_s=3600.0)
+    fo = orch.failover
+    fo.renew_s, fo.keep_fresh_check_s = 0.2, KEEP / 10
+    assert fo.refresh_every() == pytest.approx(1200.0)
+    await orch.start()
+    for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # what the other's start does
+        await ownership.open_bucket(orch.js, bucket, ttl=KEEP)
+    caplog.set_level(logging.WARNING, logger="mars.failover")
+    await keys_outlive_the_run_and_then_go(orch, nats_url)
+    assert fo.buckets_keep_s == pytest.approx(KEEP)
+    assert fo.refresh_every() == pytest.approx(KEEP / 3)
+    said = [r.getMessage() for r in caplog.records if "--keep-hours" in r.getMessage()]
+    assert len(said) == 1 and "keep keys 2 s, not this replica's 3600 s" in said[0]
+
+
+async def keys_outlive_the_run_and_then_go(orch: Orchestrator, nats_url: str) -> None:
+    """A pipeline that runs three times the buckets' max age (`KEEP`) keeps its spec, record
+    and result keys throughout, and they expire after its end; stops `orch`."""
+    fo = orch.failover
     agent = RecordingAgent(nats_url, agent_config("s", "edge"), agent_id="a1", calibrate=False)
     await agent.start()
     try:
