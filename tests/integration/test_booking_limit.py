@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats
 import pytest
@@ -66,8 +66,16 @@ def windows_for(size: int) -> int:
     return n
 
 
+class Cluster(NamedTuple):
+    orch: Orchestrator
+    client: Client
+    nc: NATS
+    agents: dict[str, RecordingAgent]
+
+
 @pytest.fixture
-async def cluster(nats_url: str) -> AsyncIterator[tuple[Orchestrator, Client, NATS]]:
+async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
+    """An orchestrator with a 16 KiB limit, and agents "fast" and "slow"."""
     orch = Orchestrator(nats_url, booking_key_max_bytes=LIMIT)
     await orch.start()
     agents = [
@@ -81,7 +89,7 @@ async def cluster(nats_url: str) -> AsyncIterator[tuple[Orchestrator, Client, NA
     client = await Client.connect(nats_url)
     nc = await nats.connect(nats_url)
     try:
-        yield orch, client, nc
+        yield Cluster(orch, client, nc, {a.agent_id: a for a in agents})
     finally:
         await nc.close()
         await client.close()
@@ -100,19 +108,19 @@ async def put_fast_key(orch: Orchestrator, nc: NATS, book: DeviceBookings) -> in
 
 
 async def test_free_devices_are_preferred_as_usual(
-    cluster: tuple[Orchestrator, Client, NATS],
+    cluster: Cluster,
 ) -> None:
     """The premise of the tests below: with its key small, the fast device gets the chain."""
-    orch, client, nc = cluster
+    orch, client, nc, _agents = cluster
     await put_fast_key(orch, nc, filler(10))
     reply = await client.submit(chain(3))
     assert {p.agent_id for p in reply.plan} == {"fast"}
 
 
 async def test_a_full_device_is_left_alone_and_its_key_not_written(
-    cluster: tuple[Orchestrator, Client, NATS],
+    cluster: Cluster,
 ) -> None:
-    orch, client, nc = cluster
+    orch, client, nc, _agents = cluster
     rev = await put_fast_key(orch, nc, filler(windows_for(LIMIT + 2048)))
     assert orch.store.full_devices().keys() == {"fast:cpu0"}
     reply = await client.submit(chain(3))
@@ -122,9 +130,9 @@ async def test_a_full_device_is_left_alone_and_its_key_not_written(
 
 
 async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhere(
-    cluster: tuple[Orchestrator, Client, NATS],
+    cluster: Cluster,
 ) -> None:
-    orch, client, nc = cluster
+    orch, client, nc, agents = cluster
     # just under the limit: planning still counts the device in; the chain's five windows
     # (~130 bytes each) would take the key past it
     rev = await put_fast_key(orch, nc, filler(windows_for(LIMIT - 200)))
@@ -136,12 +144,19 @@ async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhe
     status = await client.status(reply.pipeline_id)
     refused = [line for line in status.placement_log if "booking queue full" in line]
     assert refused and FAST in refused[0], status.placement_log
+    # the first round's provisional offers to the fast agent were withdrawn: it ran nothing
+    assert (await orch.wait_terminal(reply.pipeline_id, 20.0)).state == "succeeded"
+    assert [e[1] for e in agents["slow"].log if e[0] == reply.pipeline_id] == [
+        f"t{i}" for i in range(5)
+    ]
+    assert not [e for e in agents["fast"].log if e[0] == reply.pipeline_id]
+    assert not [k for k in agents["fast"].core.jobs if k[0] == reply.pipeline_id]
 
 
 async def test_nowhere_else_to_go_is_refused_with_the_reason(
-    cluster: tuple[Orchestrator, Client, NATS],
+    cluster: Cluster,
 ) -> None:
-    orch, client, nc = cluster
+    orch, client, nc, _agents = cluster
     await put_fast_key(orch, nc, filler(windows_for(LIMIT + 2048)))
     with pytest.raises(RemoteError) as err:
         await client.submit(chain(2, pinned_agent="fast"))
