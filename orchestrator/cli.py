@@ -13,10 +13,13 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import eventloop
 from sim.run import add_arguments as add_sim_run_arguments
+
+if TYPE_CHECKING:
+    from schemas.api import AgentSummary
 
 DEFAULT_URL = os.environ.get("MARS_NATS_URL", "nats://127.0.0.1:4222")
 
@@ -241,13 +244,25 @@ def cmd_list(args: argparse.Namespace) -> int:
         return _fail(exc)
 
 
+def agent_line(a: AgentSummary) -> str:
+    """One agent of `mars agents`: its devices, and the windows booked on each (`FULL`: the
+    device's booking key is at its size limit and takes no new bookings)."""
+    booked = ",".join(
+        f"{q.device_id}:{q.windows}" + (f"(FULL, {q.key_bytes // 1024} KiB)" if q.full else "")
+        for q in a.queues
+        if q.windows or q.full
+    )
+    return (
+        f"{a.agent_id:<16} {'alive' if a.alive else 'silent':<7} site={a.site} "
+        f"tier={a.tier} running={a.running} devices={','.join(a.devices)}"
+        + (f" booked={booked}" if booked else "")
+    )
+
+
 def cmd_agents(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
         for a in (await client.agents()).agents:
-            print(
-                f"{a.agent_id:<16} {'alive' if a.alive else 'silent':<7} site={a.site} "
-                f"tier={a.tier} running={a.running} devices={','.join(a.devices)}"
-            )
+            print(agent_line(a))
         return 0
 
     try:

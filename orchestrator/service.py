@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any
 
 import nats
@@ -32,7 +32,7 @@ from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
-from orchestrator.reservations.store import KEY_MAX_BYTES, BookingStore, device_key_of
+from orchestrator.reservations.store import KEY_MAX_BYTES, BookingStore, device_key, device_key_of
 from orchestrator.scheduling import Placement, Unschedulable, compiled
 from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
@@ -44,6 +44,7 @@ from schemas.api import (
     AgentSummary,
     CancelReply,
     CancelRequest,
+    DeviceQueue,
     ListReply,
     ListRequest,
     StatusReply,
@@ -973,9 +974,25 @@ class Orchestrator:
                     ],
                     running=entry.running,
                     last_seen_s=max(0.0, now - entry.last_seen),
+                    queues=list(self._queues(aid, (d.device_id for d in adv.devices))),
                 )
             )
         return AgentsReply(agents=out)
+
+    def _queues(self, agent_id: str, device_ids: Iterable[str]) -> Sequence[DeviceQueue]:
+        """The booking keys of an agent's devices, as this replica's cache holds them."""
+        store = self.store
+        if store is None:
+            return ()
+        keys = ((dev, device_key(agent_id, dev)) for dev in device_ids)
+        return [
+            DeviceQueue(
+                device_id=dev, windows=len(cached.book.windows),
+                key_bytes=store.sizes.get(key, 0), full=key in store.full,
+            )
+            for dev, key in keys
+            if (cached := store.cache.get(key)) is not None
+        ]  # fmt: skip
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
         """In-process wait until `predicate` holds (re-checked on every pipeline change)."""

@@ -120,6 +120,17 @@ class AgentsRequest(WireModel):
     alive_only: bool = False
 
 
+class DeviceQueue(WireModel):
+    """What the answering replica's cache holds of one device's booking key."""
+
+    device_id: Ident
+    #: Windows in the key (expired ones too, until the key's next write drops them).
+    windows: Annotated[int, Field(ge=0, le=1 << 20)] = 0
+    key_bytes: Annotated[int, Field(ge=0, le=1 << 32)] = 0
+    #: At the replica's size limit: the device takes no new bookings (docs/operations.md).
+    full: bool = False
+
+
 class AgentSummary(WireModel):
     agent_id: Ident
     incarnation: Ident
@@ -129,6 +140,8 @@ class AgentSummary(WireModel):
     devices: Annotated[list[ShortText], Field(max_length=64)]
     running: Annotated[int, Field(ge=0, le=1 << 20)] = 0
     last_seen_s: NonNegFloat = 0.0
+    #: Devices with a booking key, in `devices`' order.
+    queues: Annotated[list[DeviceQueue], Field(max_length=64)] = Field(default_factory=list)
 
 
 class AgentsReply(WireModel):

@@ -121,12 +121,19 @@ async def test_a_full_device_is_left_alone_and_its_key_not_written(
     cluster: Cluster,
 ) -> None:
     orch, client, nc, _agents = cluster
-    rev = await put_fast_key(orch, nc, filler(windows_for(LIMIT + 2048)))
+    n = windows_for(LIMIT + 2048)
+    rev = await put_fast_key(orch, nc, filler(n))
     assert orch.store.full_devices().keys() == {"fast:cpu0"}
     reply = await client.submit(chain(3))
     assert {p.agent_id for p in reply.plan} == {"slow"}
     assert orch.store.cache[FAST].revision == rev
     assert orch.store.stats.full == 0  # left out by planning, no booking was tried
+    # what `mars agents` shows an operator
+    by_id = {a.agent_id: a for a in (await client.agents()).agents}
+    (fast,) = by_id["fast"].queues
+    assert (fast.device_id, fast.windows, fast.full) == ("cpu0", n, True)
+    assert LIMIT < fast.key_bytes == len(encode(filler(n))) <= LIMIT + 2048
+    assert not any(q.full for q in by_id["slow"].queues)
 
 
 async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhere(
