@@ -277,6 +277,8 @@ class Orchestrator:
 
     async def _on_nats_up(self) -> None:
         self.recovery.observer_back()
+        if self.store is not None:
+            self._spawn(self.store.rewatch())
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)

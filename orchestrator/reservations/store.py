@@ -202,6 +202,7 @@ class BookingStore:
         #: Each such key's value without them, made for the revision it holds.
         self._without: dict[str, Cached] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._rewatching = asyncio.Lock()
 
     async def start(self) -> None:
         max_payload = int(getattr(getattr(self.js, "_nc", None), "max_payload", 0) or 0)
@@ -213,14 +214,42 @@ class BookingStore:
             with contextlib.suppress(Exception):  # a concurrent replica may create it first
                 await self.js.create_key_value(bucket=self.bucket, history=self.history)
             self.kv = await self.js.key_value(self.bucket)
-        self._watcher = await self.kv.watchall()
-        # initial values end with a None marker
-        while True:
-            entry = await self._watcher.updates(timeout=5)
-            if entry is None:
-                break
-            self._apply(entry)
+        await self._follow_anew()
+
+    async def _follow_anew(self) -> None:
+        """A new watch of the bucket: its current values applied (delete markers included),
+        then followed; the one before, if any, stopped once the new one has caught up."""
+        watcher = await self.kv.watchall()
+        try:
+            while (entry := await watcher.updates(timeout=5)) is not None:  # None: caught up
+                self._apply(entry)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+            raise
+        old, old_task = self._watcher, self._watch_task
+        self._watcher = watcher
         self._watch_task = asyncio.create_task(self._watch())
+        if old_task is not None:
+            old_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await old_task
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.stop()
+
+    async def rewatch(self) -> None:
+        """Watch again after a reconnect. The watch's ordered consumer finds out by itself
+        that a restarted server lost it, but only after ~20 s of missed heartbeats (measured
+        against the embedded nats-server), and meanwhile other replicas' bookings would go
+        unseen (CAS still refuses what overlaps them; planning would run into it)."""
+        if self.kv is None:
+            return
+        async with self._rewatching:
+            try:
+                await self._follow_anew()
+            except Exception as exc:  # the old watch still recovers by itself
+                log.warning("watching the bookings again after a reconnect failed: %s", exc)
 
     async def stop(self, deadline: float | None = None) -> None:
         """Write the deferred releases (until `deadline`, event-loop time, at the latest: the
