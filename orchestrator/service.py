@@ -106,6 +106,8 @@ TRIM_STEP = 16
 #: commit and reply. Four at once shortened the wait of random arrivals when the host was
 #: fast and lengthened their placements when it was slow (docs/reservations.md).
 SUBMITS_AT_ONCE = 2
+#: How often the booking keys of departed devices are looked for (`drop_departed`).
+DEPARTED_SWEEP_S = 600.0
 #: At stop, the last writes (learned corrections, gathered results, deferred releases) get
 #: at most this long in all, and none without NATS: each is made good otherwise (corrections
 #: are learned again, a replica adopting the pipelines commits results from their events,
@@ -258,6 +260,7 @@ class Orchestrator:
         self._service = svc
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
+        self._spawn(self._departed_loop())
         self._spawn(self._confirm_loop())
         self._spawn(self.watchdog.run())
         self._spawn(self.failover.run())
@@ -835,6 +838,31 @@ class Orchestrator:
         """Pipeline state in KV, so any replica can answer `status` for it, and the record a
         replica adopting it resumes from (fenced by the ownership lease)."""
         await self.failover.persist(run)
+
+    async def _departed_loop(self) -> None:
+        while True:
+            await asyncio.sleep(DEPARTED_SWEEP_S)  # a sweep's cadence, not synchronisation
+            try:
+                await self.drop_departed()
+            except Exception as exc:
+                log.warning("dropping departed devices' booking keys failed: %s", exc)
+
+    async def drop_departed(self) -> int:
+        """Delete the booking keys of devices no live agent has whose windows have all
+        expired: with agents that come and go under new ids, the bucket (and every replica's
+        copy, loaded whole at its start) would otherwise keep one key per device ever seen."""
+        now = self._now()
+        live = {
+            f"{e.advert.agent_id}:{d.device_id}" for e in self.view.alive(now)
+            for d in e.advert.devices
+        }  # fmt: skip
+        stale = self.store.stale_keys(self.wall(), live)
+        if not stale:
+            return 0
+        dropped = await self.store.drop(stale)
+        if dropped:
+            log.info("dropped %d booking keys of departed devices", dropped)
+        return dropped
 
     async def _renew_loop(self) -> None:
         """Extend our live pipelines' reservations; a dead orchestrator stops doing this and

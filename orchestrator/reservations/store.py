@@ -17,7 +17,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
 
 from orchestrator import eventloop
 from orchestrator.kvwatch import follow
@@ -37,6 +42,8 @@ RELEASE_FLUSH_S = 0.5
 #: value over the server's `max_payload` (1 MiB by default) cannot be written at all. A
 #: window with the ids `mars` makes is ~174 bytes: 256 KiB holds ~1,500.
 KEY_MAX_BYTES = 256 * 1024
+#: JetStream's error code for a write whose expected last revision is not the key's.
+WRONG_LAST_SEQUENCE = 10071
 #: Room left under the server's `max_payload` for the write's subject and headers.
 PAYLOAD_HEADROOM = 8 * 1024
 
@@ -169,6 +176,8 @@ class Stats:
     releases_flushed: int = 0
     #: Bookings refused because their key would pass the limit (`KeyFull`).
     full: int = 0
+    #: Keys of departed devices deleted (`drop`).
+    keys_dropped: int = 0
 
 
 class BookingStore:
@@ -554,6 +563,43 @@ class BookingStore:
             return BookResult(False, key, conflicts=res.conflicts, cas_retries=retries)
         self.stats.evictions += len(res.evicted)
         return BookResult(True, key, rev, evicted=res.evicted, cas_retries=retries)
+
+    def stale_keys(self, now: float, live: Collection[str]) -> list[str]:
+        """Keys whose every window has expired, with no release of this replica's waiting,
+        of devices not in `live` (scheduler ids): what a departed device leaves behind."""
+        return sorted(
+            key
+            for key, cur in self.cache.items()
+            if key not in self._deferred
+            and device_of_key(key) not in live
+            and all(w.expires <= now for w in cur.book.windows)
+        )
+
+    async def drop(self, keys: Collection[str]) -> int:
+        """Delete these keys, each only at the revision cached here (a write since, by any
+        replica, keeps it); how many went. A device's next booking creates its key again,
+        on a revision above every earlier one (revisions count the whole bucket)."""
+        dropped = 0
+        for key in keys:
+            cur = self.cache.get(key)
+            if cur is None:
+                continue
+            async with self._locks.setdefault(key, asyncio.Lock()):
+                if self.cache.get(key) is not cur:
+                    continue  # written meanwhile
+                try:
+                    await self.kv.delete(key, last=cur.revision)
+                except (KeyWrongLastSequenceError, BadRequestError) as exc:
+                    # nats-py's delete reports a CAS miss as a bad request, code 10071
+                    if getattr(exc, "err_code", WRONG_LAST_SEQUENCE) != WRONG_LAST_SEQUENCE:
+                        raise
+                    continue
+                if self.cache.get(key) is cur:
+                    self.cache.pop(key, None)
+                    self._sized(key, 0)
+            dropped += 1
+        self.stats.keys_dropped += dropped
+        return dropped
 
     async def release(
         self,
