@@ -132,7 +132,7 @@ class Placer:
                 t_plan = clock()
                 excluded = st.excluded
                 if o.store.full:  # devices whose queue of booked windows is as deep as allowed
-                    full = o.store.full_devices()
+                    full = o.store.full_devices(now)
                     st.full.update(full)
                     excluded = excluded | {(t.id, d) for d in full for t in spec.tasks}
                 try:

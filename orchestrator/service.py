@@ -10,7 +10,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
 from typing import Any
 
 import nats
@@ -986,6 +986,7 @@ class Orchestrator:
     async def agents(self, req: AgentsRequest) -> AgentsReply:
         now = self._now()
         alive = {e.advert.agent_id for e in self.view.alive(now)}
+        full = self.store.full_devices(self.wall()) if self.store is not None else {}
         out = []
         for aid, entry in sorted(self.view.agents.items()):
             if req.alive_only and aid not in alive:
@@ -1004,13 +1005,16 @@ class Orchestrator:
                     ],
                     running=entry.running,
                     last_seen_s=max(0.0, now - entry.last_seen),
-                    queues=list(self._queues(aid, (d.device_id for d in adv.devices))),
+                    queues=list(self._queues(aid, (d.device_id for d in adv.devices), full)),
                 )
             )
         return AgentsReply(agents=out)
 
-    def _queues(self, agent_id: str, device_ids: Iterable[str]) -> Sequence[DeviceQueue]:
-        """The booking keys of an agent's devices, as this replica's cache holds them."""
+    def _queues(
+        self, agent_id: str, device_ids: Iterable[str], full: Collection[str]
+    ) -> Sequence[DeviceQueue]:
+        """The booking keys of an agent's devices, as this replica's cache holds them; `full`:
+        the devices planning leaves alone for a full key."""
         store = self.store
         if store is None:
             return ()
@@ -1018,7 +1022,7 @@ class Orchestrator:
         return [
             DeviceQueue(
                 device_id=dev, windows=len(cached.book.windows),
-                key_bytes=store.sizes.get(key, 0), full=key in store.full,
+                key_bytes=store.sizes.get(key, 0), full=f"{agent_id}:{dev}" in full,
             )
             for dev, key in keys
             if (cached := store.cache.get(key)) is not None

@@ -127,7 +127,8 @@ class DeviceQueue(WireModel):
     #: Windows in the key (expired ones too, until the key's next write drops them).
     windows: Annotated[int, Field(ge=0, le=1 << 20)] = 0
     key_bytes: Annotated[int, Field(ge=0, le=1 << 32)] = 0
-    #: At the replica's size limit: the device takes no new bookings (docs/operations.md).
+    #: At the replica's size limit with its unexpired windows alone: the device takes no new
+    #: bookings (docs/operations.md).
     full: bool = False
 
 

@@ -10,6 +10,7 @@ is returned as a conflict for the placement loop to re-plan around.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import random
@@ -200,6 +201,9 @@ class BookingStore:
         #: Encoded size of each key's cached value, and the keys at or over the limit.
         self.sizes: dict[str, int] = {}
         self.full: dict[str, int] = {}
+        #: Per full key: its value less deferred releases, and its windows' expiry instants
+        #: sorted (`_live_windows`).
+        self._expiries: dict[str, tuple[Cached, list[float]]] = {}
         self.stats = Stats()
         self._watch_task: asyncio.Task[None] | None = None
         # one writer per key inside this process: CAS races are then only between replicas
@@ -317,16 +321,34 @@ class BookingStore:
                 )  # fmt: skip
             self.full[key] = size
         elif self.full.pop(key, None) is not None:
+            self._expiries.pop(key, None)
             log.info("booking key %s takes bookings again (%d KiB)", key, size // 1024)
 
-    def full_devices(self) -> dict[str, str]:
-        """Devices (scheduler ids) whose key is at the limit, each with why: planning leaves
-        them alone until their windows are released or expire."""
-        return {
-            device_of_key(k): full_reason(size, self.key_max_bytes, len(c.book.windows))
-            for k, size in self.full.items()
-            if (c := self.cache.get(k)) is not None
-        }
+    def full_devices(self, now: float) -> dict[str, str]:
+        """Devices (scheduler ids) whose key is at the limit with its live windows alone,
+        each with why: planning leaves them alone until windows are released or expire. A
+        key over the limit only with expired windows (or releases this replica has yet to
+        write) is not full: the next booking's write drops them."""
+        out = {}
+        for key, size in self.full.items():
+            cur = self.cache.get(key)
+            if cur is None or not cur.book.windows:
+                continue
+            n = len(cur.book.windows)
+            live = self._live_windows(key, cur, now)
+            if live * size >= self.key_max_bytes * n:  # size in proportion to the windows
+                out[device_of_key(key)] = full_reason(size * live // n, self.key_max_bytes, live)
+        return out
+
+    def _live_windows(self, key: str, cur: Cached, now: float) -> int:
+        """Windows of `cur`, less this replica's releases not yet written, that expire after
+        `now`; their expiry instants are sorted once per revision and release."""
+        base = self._released(key, cur)  # a new object for each revision and release
+        memo = self._expiries.get(key)
+        if memo is None or memo[0] is not base:
+            memo = self._expiries[key] = (base, sorted(w.expires for w in base.book.windows))
+        expiries = memo[1]
+        return len(expiries) - bisect.bisect_right(expiries, now)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
         """Wait until `predicate` holds, looked at after each change of the cached bucket."""

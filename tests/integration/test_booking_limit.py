@@ -48,12 +48,13 @@ def chain(n: int, **requires: Any) -> PipelineSpec:
     })  # fmt: skip
 
 
-def filler(n: int) -> DeviceBookings:
-    """`n` windows of a departed orchestrator an hour from now (they block nothing today)."""
+def filler(n: int, expires_in: float = 7200.0) -> DeviceBookings:
+    """`n` windows of a departed orchestrator an hour from now (they block nothing today),
+    expiring `expires_in` seconds from now."""
     now = time.time()
     return DeviceBookings(device=FAST, windows=[
         BookingWindow(pipeline_id=f"old{i}", task_id="t", slot=0, start=now + 3600 + i,
-                      end=now + 3600.5 + i, expires=now + 7200, owner="gone")
+                      end=now + 3600.5 + i, expires=now + expires_in, owner="gone")
         for i in range(n)
     ])  # fmt: skip
 
@@ -123,7 +124,7 @@ async def test_a_full_device_is_left_alone_and_its_key_not_written(
     orch, client, nc, _agents = cluster
     n = windows_for(LIMIT + 2048)
     rev = await put_fast_key(orch, nc, filler(n))
-    assert orch.store.full_devices().keys() == {"fast:cpu0"}
+    assert orch.store.full_devices(time.time()).keys() == {"fast:cpu0"}
     reply = await client.submit(chain(3))
     assert {p.agent_id for p in reply.plan} == {"slow"}
     assert orch.store.cache[FAST].revision == rev
@@ -143,7 +144,7 @@ async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhe
     # just under the limit: planning still counts the device in; the chain's five windows
     # (~130 bytes each) would take the key past it
     rev = await put_fast_key(orch, nc, filler(windows_for(LIMIT - 200)))
-    assert not orch.store.full_devices()
+    assert not orch.store.full_devices(time.time())
     reply = await client.submit(chain(5))
     assert {p.agent_id for p in reply.plan} == {"slow"}
     assert orch.store.stats.full == 1
@@ -158,6 +159,24 @@ async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhe
     ]
     assert not [e for e in agents["fast"].log if e[0] == reply.pipeline_id]
     assert not [k for k in agents["fast"].core.jobs if k[0] == reply.pipeline_id]
+
+
+async def test_a_key_full_of_expired_windows_takes_bookings_and_shrinks(
+    cluster: Cluster,
+) -> None:
+    """Expired windows stay in a key until its next write drops them: a key over the limit
+    only with them (a departed orchestrator's) must not keep its device out of planning, or
+    nobody would ever write it again."""
+    orch, client, nc, _agents = cluster
+    await put_fast_key(orch, nc, filler(windows_for(LIMIT + 2048), expires_in=-1.0))
+    assert FAST in orch.store.full and not orch.store.full_devices(time.time())
+    (fast,) = next(a for a in (await client.agents()).agents if a.agent_id == "fast").queues
+    assert fast.key_bytes > LIMIT and not fast.full
+    reply = await client.submit(chain(3))
+    assert {p.agent_id for p in reply.plan} == {"fast"}
+    assert FAST not in orch.store.full
+    assert len(orch.store.cache[FAST].book.windows) <= 3  # the chain's, or fewer once done
+    assert orch.store.sizes[FAST] < 2048
 
 
 async def test_nowhere_else_to_go_is_refused_with_the_reason(

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.cli import agent_line
 from orchestrator.reservations.store import (
+    BookingStore,
+    Cached,
     device_key,
     device_key_of,
     device_of_key,
 )
 from schemas.api import AgentSummary, DeviceQueue
+from schemas.bookings import BookingWindow, DeviceBookings
 
 IDENT = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-",
@@ -41,3 +47,35 @@ def test_mars_agents_shows_the_windows_booked_and_a_full_device() -> None:
     assert line.endswith(" booked=cpu0:1500(FULL, 255 KiB),gpu0:3")
     assert "running=2 devices=cpu0:cpu,gpu0:gpu,npu0:npu" in line
     assert "booked=" not in agent_line(a.model_copy(update={"queues": []}))
+
+
+def test_a_key_is_full_with_its_live_windows_alone() -> None:
+    """Expired windows and this replica's releases not yet written stay in a key until its
+    next write; they do not make its device full (and the answer follows each release)."""
+
+    async def run() -> None:
+        store = BookingStore(js=None, key_max_bytes=600)
+        key = "dev.a.cpu0"
+        book = DeviceBookings(device=key, windows=[
+            BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=0, start=100.0 * j + i,
+                          end=100.0 * j + i + 0.5, expires=expires, owner="o")
+            for j, (p, expires) in enumerate((("p0", 50.0), ("p1", 1e9)))
+            for i in range(10)
+        ])  # fmt: skip
+        store.cache[key] = Cached(1, book)
+        store._sized(key, 1000)  # 20 windows in 1,000 bytes: 50 each, 600 allowed
+        try:
+            assert store.full_devices(now=10.0).keys() == {"a:cpu0"}
+            # p0's ten expire at 50: 500 bytes of them would be left
+            assert store.full_devices(now=60.0) == {}
+            store.defer_release(key, "p1", 10.0, task_ids=[f"t{i}" for i in range(5)])
+            assert store.full_devices(now=10.0).keys() == {"a:cpu0"}  # 15 left: 750 bytes
+            store.defer_release(key, "p1", 10.0)
+            assert store.full_devices(now=10.0) == {}  # 10 left: 500 bytes
+        finally:
+            if store._flusher is not None:
+                store._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await store._flusher
+
+    asyncio.run(run())
