@@ -289,13 +289,16 @@ class BookingStore:
 
     def _apply(self, entry: Any) -> None:
         key = entry.key
+        cur = self.cache.get(key)
+        if cur is not None and cur.revision >= entry.revision:
+            # we already know something newer (our own write's ack, or a refresh): a delete
+            # marker too (a departed device's key dropped, then made again by a booking)
+            return
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             self.cache.pop(key, None)
             self._sized(key, 0)
+            self.changed.set()
             return
-        cur = self.cache.get(key)
-        if cur is not None and cur.revision >= entry.revision:
-            return  # we already know something newer (our own write's ack, or a refresh)
         try:
             bk = decode(entry.value, DeviceBookings)
         except DecodeError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from orchestrator.reservations.store import (
 )
 from schemas.api import AgentSummary, DeviceQueue
 from schemas.bookings import BookingWindow, DeviceBookings
+from schemas.codec import encode
 
 IDENT = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-",
@@ -79,3 +81,28 @@ def test_a_key_is_full_with_its_live_windows_alone() -> None:
                     await store._flusher
 
     asyncio.run(run())
+
+
+@dataclass
+class Entry:
+    """What the watch hands the store (nats-py's KeyValue.Entry, the fields it reads)."""
+
+    key: str
+    revision: int
+    value: bytes | None
+    operation: str | None = None
+
+
+def test_a_delete_marker_older_than_the_cached_value_is_ignored() -> None:
+    """A departed device's key dropped, then made again by a booking whose ack came before
+    the watch brought the delete: the new value stays."""
+    store = BookingStore(js=None)
+    key = "dev.a.cpu0"
+    made = DeviceBookings(device=key)
+    store.cache[key] = Cached(12, made)
+    store._apply(Entry(key, 11, None, "DEL"))
+    assert store.cache[key].revision == 12
+    store._apply(Entry(key, 13, None, "DEL"))  # a newer delete does remove it
+    assert key not in store.cache
+    store._apply(Entry(key, 14, encode(made)))
+    assert store.cache[key] == Cached(14, made) and store.sizes[key] == len(encode(made))
