@@ -1013,15 +1013,16 @@ class Orchestrator:
     def _queues(
         self, agent_id: str, device_ids: Iterable[str], full: Collection[str]
     ) -> Sequence[DeviceQueue]:
-        """The booking keys of an agent's devices, as this replica's cache holds them; `full`:
-        the devices planning leaves alone for a full key."""
+        """The booking keys of an agent's devices as planning here sees them (the cached value
+        less this replica's releases not yet written; `key_bytes`: the value written);
+        `full`: the devices planning leaves alone for a full key."""
         store = self.store
         if store is None:
             return ()
         keys = ((dev, device_key(agent_id, dev)) for dev in device_ids)
         return [
             DeviceQueue(
-                device_id=dev, windows=len(cached.book.windows),
+                device_id=dev, windows=len(store.view(key, cached).book.windows),
                 key_bytes=store.sizes.get(key, 0), full=f"{agent_id}:{dev}" in full,
             )
             for dev, key in keys

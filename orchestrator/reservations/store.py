@@ -372,6 +372,11 @@ class BookingStore:
                 snap[key] = self._released(key, cur)
         return snap
 
+    def view(self, key: str, cur: Cached) -> Cached:
+        """`cur` (the key's cached value) as planning here sees it: less the releases not
+        written yet."""
+        return self._released(key, cur)
+
     def _released(self, key: str, cur: Cached) -> Cached:
         """`cur` less the key's deferred releases (made once per revision and release)."""
         todo = self._deferred.get(key)

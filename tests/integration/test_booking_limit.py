@@ -159,6 +159,10 @@ async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhe
     ]
     assert not [e for e in agents["fast"].log if e[0] == reply.pipeline_id]
     assert not [k for k in agents["fast"].core.jobs if k[0] == reply.pipeline_id]
+    # ended: its windows are gone as planning sees them (and `mars agents` shows) at once,
+    # though their release is written with the key's next write (within RELEASE_FLUSH_S)
+    by_id = {a.agent_id: a for a in (await client.agents()).agents}
+    assert [(q.device_id, q.windows) for q in by_id["slow"].queues] == [("cpu0", 0)]
 
 
 async def test_a_key_full_of_expired_windows_takes_bookings_and_shrinks(
