@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 
 from hypothesis import given
@@ -20,6 +19,7 @@ from orchestrator.reservations.store import (
 from schemas.api import AgentSummary, DeviceQueue
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import encode
+from tests.unit.offline_store import offline_store
 
 IDENT = st.text(
     alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-",
@@ -56,17 +56,16 @@ def test_a_key_is_full_with_its_live_windows_alone() -> None:
     next write; they do not make its device full (and the answer follows each release)."""
 
     async def run() -> None:
-        store = BookingStore(js=None, key_max_bytes=600)
-        key = "dev.a.cpu0"
-        book = DeviceBookings(device=key, windows=[
-            BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=0, start=100.0 * j + i,
-                          end=100.0 * j + i + 0.5, expires=expires, owner="o")
-            for j, (p, expires) in enumerate((("p0", 50.0), ("p1", 1e9)))
-            for i in range(10)
-        ])  # fmt: skip
-        store.cache[key] = Cached(1, book)
-        store._sized(key, 1000)  # 20 windows in 1,000 bytes: 50 each, 600 allowed
-        try:
+        async with offline_store(key_max_bytes=600) as store:
+            key = "dev.a.cpu0"
+            book = DeviceBookings(device=key, windows=[
+                BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=0, start=100.0 * j + i,
+                              end=100.0 * j + i + 0.5, expires=expires, owner="o")
+                for j, (p, expires) in enumerate((("p0", 50.0), ("p1", 1e9)))
+                for i in range(10)
+            ])  # fmt: skip
+            store.cache[key] = Cached(1, book)
+            store._sized(key, 1000)  # 20 windows in 1,000 bytes: 50 each, 600 allowed
             assert store.full_devices(now=10.0).keys() == {"a:cpu0"}
             # p0's ten expire at 50: 500 bytes of them would be left
             assert store.full_devices(now=60.0) == {}
@@ -74,11 +73,6 @@ def test_a_key_is_full_with_its_live_windows_alone() -> None:
             assert store.full_devices(now=10.0).keys() == {"a:cpu0"}  # 15 left: 750 bytes
             store.defer_release(key, "p1", 10.0)
             assert store.full_devices(now=10.0) == {}  # 10 left: 500 bytes
-        finally:
-            if store._flusher is not None:
-                store._flusher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await store._flusher
 
     asyncio.run(run())
 

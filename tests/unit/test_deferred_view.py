@@ -6,14 +6,14 @@ revision of the key arriving)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.reservations import book as rules
-from orchestrator.reservations.store import BookingStore, Cached
+from orchestrator.reservations.store import Cached
 from schemas.bookings import BookingWindow, DeviceBookings
+from tests.unit.offline_store import offline_store
 
 KEY = "dev.a.cpu0"
 PIPELINES = ["p0", "p1", "p2"]
@@ -59,11 +59,10 @@ def test_the_planning_view_is_every_release_applied_in_order(
     steps: list[tuple[str, tuple[str, str | None] | None]],
 ) -> None:
     async def run() -> None:
-        store = BookingStore(js=None)
-        book = DeviceBookings(device=KEY, windows=windows())
-        store.cache[KEY] = Cached(1, book)
-        made: list[tuple[str, str | None]] = []
-        try:
+        async with offline_store() as store:
+            book = DeviceBookings(device=KEY, windows=windows())
+            store.cache[KEY] = Cached(1, book)
+            made: list[tuple[str, str | None]] = []
             for kind, arg in steps:
                 if kind == "defer":
                     assert arg is not None
@@ -78,10 +77,5 @@ def test_the_planning_view_is_every_release_applied_in_order(
                 else:
                     assert store.snapshot()[KEY].book == applied(book, made)
             assert store.snapshot()[KEY].book == applied(book, made)
-        finally:
-            if store._flusher is not None:
-                store._flusher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await store._flusher
 
     asyncio.run(run())
