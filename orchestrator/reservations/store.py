@@ -227,7 +227,8 @@ class BookingStore:
             with contextlib.suppress(Exception):  # a concurrent replica may create it first
                 await self.js.create_key_value(bucket=self.bucket, history=self.history)
             self.kv = await self.js.key_value(self.bucket)
-        await self._follow_anew()
+        async with self._rewatching:  # a reconnect meanwhile waits for this watch
+            await self._follow_anew()
 
     async def _follow_anew(self) -> None:
         """A new watch of the bucket: its current values applied (delete markers included),
