@@ -51,7 +51,9 @@ class Client:
             await self.nc.drain()
 
     async def submit(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:
-        req = SubmitRequest(pipeline=spec, pipeline_id=pipeline_id)
+        req = SubmitRequest(
+            pipeline=spec, pipeline_id=pipeline_id, timeout_ms=max(1, round(1e3 * self.timeout))
+        )
         return await request(
             self.nc, subjects.SUBMIT, req, SubmitReply, timeout=self.timeout, encoding=self.encoding
         )

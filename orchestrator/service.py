@@ -54,7 +54,15 @@ from schemas.api import (
 )
 from schemas.base import WireModel
 from schemas.bookings import BookingWindow
-from schemas.codec import DecodeError, Encoding, decode, encode, headers_for
+from schemas.codec import (
+    DecodeError,
+    Encoding,
+    decode,
+    encode,
+    encoding_of,
+    error_reply,
+    headers_for,
+)
 from schemas.events import PipelineEvent, TaskEvent
 from schemas.pipeline import PipelineSpec
 from schemas.placement import (
@@ -106,6 +114,12 @@ TRIM_STEP = 16
 #: commit and reply. Four at once shortened the wait of random arrivals when the host was
 #: fast and lengthened their placements when it was slow (docs/reservations.md).
 SUBMITS_AT_ONCE = 2
+#: Submissions waiting for one of those at most; one more is answered `unavailable` at once
+#: (the client hears "busy, try again", not a timeout).
+MAX_QUEUED_SUBMITS = 1024
+#: A submission whose client will have given up within this long (or a quarter of its
+#: timeout, if less) is not served: see `SubmitRequest.timeout_ms`.
+STALE_MARGIN_S = 0.5
 #: How often the booking keys of departed devices are looked for (`drop_departed`).
 DEPARTED_SWEEP_S = 600.0
 #: At stop, the last writes (learned corrections, gathered results, deferred releases) get
@@ -135,6 +149,7 @@ class Orchestrator:
         stall_s: float = STALL_S,
         keep_s: float = ownership.KEEP_S,
         booking_key_max_bytes: int = KEY_MAX_BYTES,
+        max_queued_submits: int = MAX_QUEUED_SUBMITS,
     ) -> None:
         self.nats_url = nats_url
         #: How deep a device's queue of booked windows may grow, as its key's encoded size.
@@ -155,7 +170,15 @@ class Orchestrator:
         self._service: Any = None
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._submit_slots = asyncio.Semaphore(SUBMITS_AT_ONCE)
+        #: Submissions waiting to be served, each with when it arrived (monotonic clock); at
+        #: most `max_queued_submits` beyond those the idle workers are about to take.
+        self._submit_queue: asyncio.Queue[tuple[float, Request]] = asyncio.Queue()
+        self.max_queued_submits = max_queued_submits
+        self._idle_workers = 0
+        #: Submissions not served because their client had given up (`SubmitRequest.timeout_ms`)
+        #: or refused because the queue was full.
+        self.stale_submissions = 0
+        self.refused_submissions = 0
         #: Ids being submitted now: the same id submitted again meanwhile waits for the first.
         self._submitting: dict[str, asyncio.Event] = {}
         self.cluster_changed = asyncio.Event()
@@ -249,7 +272,7 @@ class Orchestrator:
             description="MARS pipeline API",
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
-            ("submit", subjects.SUBMIT, self._ep(SubmitRequest, self.submit, at_once=True)),
+            ("submit", subjects.SUBMIT, self._enqueue_submit),
             ("status", subjects.STATUS, self._ep(StatusRequest, self.status)),
             ("list", subjects.LIST, self._ep(ListRequest, self.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.cancel)),
@@ -258,6 +281,8 @@ class Orchestrator:
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
         self._service = svc
+        for _ in range(SUBMITS_AT_ONCE):
+            self._spawn(self._submit_worker())
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
         self._spawn(self._departed_loop())
@@ -336,42 +361,58 @@ class Orchestrator:
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await self._service.stop()
+        while not self._submit_queue.empty():  # not served: said so, not left to time out
+            _, req = self._submit_queue.get_nowait()
+            await self._refuse(req, "this orchestrator is stopping; submit again")
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
         self.nc = None
 
     def _ep(
-        self,
-        model: type[Any],
-        fn: Callable[[Any], Awaitable[WireModel]],
-        *,
-        at_once: bool = False,
+        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
     ) -> Callable[[Request], Awaitable[None]]:
-        """An endpoint handler. nats-py runs one subscription's callbacks one after another;
-        an `at_once` endpoint hands each request to a task of its own, up to SUBMITS_AT_ONCE
-        (then the subscription waits, and requests queue in the client library)."""
+        """An endpoint handler (nats-py runs one subscription's callbacks one after another)."""
 
-        async def serve(req: Request) -> None:
+        async def endpoint(req: Request) -> None:
             body, headers = await handle(req.data, req.headers, model, fn)
             await req.respond(body, headers=headers)
 
-        async def serve_alone(req: Request) -> None:
+        return endpoint
+
+    async def _enqueue_submit(self, req: Request) -> None:
+        """The submit endpoint: each request is queued with when it arrived, for the
+        SUBMITS_AT_ONCE workers (`_submit_worker`); one beyond MAX_QUEUED_SUBMITS is refused
+        at once. Queued here rather than in the client library, a request's wait is known."""
+        waiting = self._submit_queue.qsize() - self._idle_workers
+        if waiting >= self.max_queued_submits:
+            self.refused_submissions += 1
+            await self._refuse(req, f"{waiting} submissions are waiting here; try again soon")
+            return
+        self._submit_queue.put_nowait((self._now(), req))
+
+    async def _refuse(self, req: Request, why: str) -> None:
+        body, headers = error_reply("unavailable", why, None, encoding_of(req.headers))
+        with contextlib.suppress(Exception):  # the requester may be gone
+            await req.respond(body, headers=headers)
+
+    async def _submit_worker(self) -> None:
+        queue = self._submit_queue
+        while True:
+            self._idle_workers += 1
             try:
-                await serve(req)
+                arrived, req = await queue.get()
+            finally:
+                self._idle_workers -= 1
+            try:
+
+                async def served(model: SubmitRequest, arrived: float = arrived) -> SubmitReply:
+                    return await self.submit(model, arrived=arrived)
+
+                body, headers = await handle(req.data, req.headers, SubmitRequest, served)
+                await req.respond(body, headers=headers)
             except Exception as exc:  # the requester times out; the service stays up
                 log.warning("could not answer a request on %s: %s", req.subject, exc)
-            finally:
-                self._submit_slots.release()
-
-        async def endpoint(req: Request) -> None:
-            if not at_once:
-                await serve(req)
-                return
-            await self._submit_slots.acquire()
-            self._spawn(serve_alone(req))
-
-        return endpoint
 
     # -- cluster view ---------------------------------------------------------------------------
     async def _on_advert(self, msg: Msg) -> None:
@@ -439,15 +480,16 @@ class Orchestrator:
         is that old (new submissions wait, the watchdog does not judge)."""
         return self.events_backlog() >= EVENTS_BEHIND
 
-    async def _catch_up_events(self) -> None:
+    async def _catch_up_events(self) -> bool:
         """Backpressure: while behind on task events, a new submission waits for them to be
-        handled (placing takes the CPU they need), up to EVENTS_WAIT_S."""
+        handled (placing takes the CPU they need), up to EVENTS_WAIT_S. True if it waited."""
         if not self.events_behind():
-            return
+            return False
         self.held_submissions += 1
         self._events_caught_up.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._events_caught_up.wait(), EVENTS_WAIT_S)
+        return True
 
     async def _on_task_event(self, msg: Msg) -> None:
         """A task event from a replay of MARS_EVENTS (the live path also lands in
@@ -511,25 +553,51 @@ class Orchestrator:
             await self.nc.publish(subjects.pipeline_event(run.pipeline_id), encode(ev))
 
     # -- API ------------------------------------------------------------------------------------
-    async def submit(self, req: SubmitRequest) -> SubmitReply:
+    async def _check_fresh(self, req: SubmitRequest, arrived: float | None) -> None:
+        """Refuse to serve a submission whose client has given up on it, or will have before
+        it can be answered (`SubmitRequest.timeout_ms`, counted from its arrival here)."""
+        if arrived is None or req.timeout_ms is None:
+            return
+        timeout = req.timeout_ms / 1e3
+        waited = self._now() - arrived
+        if waited < timeout - min(STALE_MARGIN_S, timeout / 4):
+            return
+        self.stale_submissions += 1
+        async with self._changed:
+            self._changed.notify_all()
+        log.info(
+            "submission %s not served: it waited %.0f ms of its client's %d",
+            req.pipeline_id or "(no id)", 1e3 * waited, req.timeout_ms,
+        )  # fmt: skip
+        raise ServiceError(
+            "unavailable",
+            f"waited {1e3 * waited:.0f} ms here of the {req.timeout_ms} ms its client waits: "
+            "not placed; submit it again (with a pipeline_id, a retry is never placed twice)",
+        )
+
+    async def submit(self, req: SubmitRequest, arrived: float | None = None) -> SubmitReply:
+        """Serve a submission; `arrived`: when it reached this process (monotonic clock),
+        for a request that says how long its client waits."""
+        await self._check_fresh(req, arrived)
         pid = req.pipeline_id or uuid.uuid4().hex
         while (first := self._submitting.get(pid)) is not None:
             await first.wait()  # the same id twice at once: answered as the first ended
         self._submitting[pid] = done = asyncio.Event()
         try:
-            return await self._submit(req, pid)
+            return await self._submit(req, pid, arrived)
         finally:
             del self._submitting[pid]
             done.set()
 
-    async def _submit(self, req: SubmitRequest, pid: str) -> SubmitReply:
+    async def _submit(self, req: SubmitRequest, pid: str, arrived: float | None) -> SubmitReply:
         existing = self.pipelines.get(pid)
         if existing is not None:
             if existing.spec != req.pipeline:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self._submit_reply(existing)
         t_in = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for the whole host
-        await self._catch_up_events()
+        if await self._catch_up_events():
+            await self._check_fresh(req, arrived)  # held back by events for a while: still wanted?
         t0 = time.perf_counter()
         run = PipelineRun(
             pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner

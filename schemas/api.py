@@ -23,6 +23,11 @@ class SubmitRequest(WireModel):
     pipeline: PipelineSpec
     #: Chosen by the client to make a retried submit idempotent.
     pipeline_id: Ident | None = None
+    #: How long the client waits for the reply. A submission still waiting to be served when
+    #: (nearly) that has passed is answered `unavailable` and not placed: its client has given
+    #: up, and placing it would start a pipeline nobody heard of (one submitted again without
+    #: an id would then run twice).
+    timeout_ms: Annotated[int, Field(ge=1, le=3_600_000)] | None = None
 
 
 class PlannedTask(WireModel):
