@@ -297,8 +297,9 @@ class Orchestrator:
         log.info("orchestrator %s up on %s", self.owner, self.nats_url)
 
     def idle(self) -> bool:
-        """Nothing being submitted or placed: a collection now holds up no reply."""
-        return not self._submitting and not self.placer.placing
+        """Nothing being submitted, placed or waiting to be: a collection now holds up no
+        reply."""
+        return not self._submitting and not self.placer.placing and self._submit_queue.empty()
 
     async def _on_nats_down(self) -> None:
         self.recovery.observer_lost()
