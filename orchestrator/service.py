@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import functools
 import gc
 import heapq
 import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Coroutine, Iterable, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from typing import Any
 
 import nats
@@ -32,11 +42,18 @@ from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
-from orchestrator.reservations.store import KEY_MAX_BYTES, BookingStore, device_key, device_key_of
+from orchestrator.reservations.store import (
+    KEY_MAX_BYTES,
+    BookingStore,
+    Cached,
+    device_key,
+    device_key_of,
+    key_limit,
+)
 from orchestrator.scheduling import Placement, Unschedulable, compiled
 from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
-from schemas.agent import AgentAdvert, Heartbeat
+from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat
 from schemas.api import (
     TASK_ENDED_STATES,
     AgentsReply,
@@ -239,7 +256,9 @@ class Orchestrator:
         )
         nc = self.nc
         js = self.js = nc.jetstream()
-        self.store = BookingStore(js, key_max_bytes=self.booking_key_max_bytes)
+        self.store = BookingStore(
+            js, key_max_bytes=key_limit(self.booking_key_max_bytes, nc.max_payload)
+        )
         await self.store.start()
         self.history = History(js, self.predictor.corrections)
         try:
@@ -406,10 +425,7 @@ class Orchestrator:
             finally:
                 self._idle_workers -= 1
             try:
-
-                async def served(model: SubmitRequest, arrived: float = arrived) -> SubmitReply:
-                    return await self.submit(model, arrived=arrived)
-
+                served = functools.partial(self.submit, arrived=arrived)
                 body, headers = await handle(req.data, req.headers, SubmitRequest, served)
                 await req.respond(body, headers=headers)
             except Exception as exc:  # the requester times out; the service stays up
@@ -1055,7 +1071,8 @@ class Orchestrator:
     async def agents(self, req: AgentsRequest) -> AgentsReply:
         now = self._now()
         alive = {e.advert.agent_id for e in self.view.alive(now)}
-        full = self.store.full_devices(self.wall()) if self.store is not None else {}
+        full = self.store.full_devices(self.wall())
+        booked = self.store.snapshot()  # as planning sees them: less releases not yet written
         out = []
         for aid, entry in sorted(self.view.agents.items()):
             if req.alive_only and aid not in alive:
@@ -1074,28 +1091,29 @@ class Orchestrator:
                     ],
                     running=entry.running,
                     last_seen_s=max(0.0, now - entry.last_seen),
-                    queues=list(self._queues(aid, (d.device_id for d in adv.devices), full)),
+                    queues=self._queues(aid, adv.devices, booked, full),
                 )
             )
         return AgentsReply(agents=out)
 
     def _queues(
-        self, agent_id: str, device_ids: Iterable[str], full: Collection[str]
-    ) -> Sequence[DeviceQueue]:
-        """The booking keys of an agent's devices as planning here sees them (the cached value
-        less this replica's releases not yet written; `key_bytes`: the value written);
-        `full`: the devices planning leaves alone for a full key."""
-        store = self.store
-        if store is None:
-            return ()
-        keys = ((dev, device_key(agent_id, dev)) for dev in device_ids)
+        self,
+        agent_id: str,
+        devices: Iterable[DeviceSpec],
+        booked: Mapping[str, Cached],
+        full: Collection[str],
+    ) -> builtins.list[DeviceQueue]:  # `list` here is the API method
+        """The booking keys of an agent's devices: `booked`, the store's snapshot (what
+        planning sees; `key_bytes`: the value written); `full`, the devices planning leaves
+        alone for a full key."""
+        keys = ((d.device_id, device_key(agent_id, d.device_id)) for d in devices)
         return [
             DeviceQueue(
-                device_id=dev, windows=len(store.view(key, cached).book.windows),
-                key_bytes=store.sizes.get(key, 0), full=f"{agent_id}:{dev}" in full,
+                device_id=dev, windows=len(cached.book.windows),
+                key_bytes=self.store.sizes.get(key, 0), full=f"{agent_id}:{dev}" in full,
             )
             for dev, key in keys
-            if (cached := store.cache.get(key)) is not None
+            if (cached := booked.get(key)) is not None
         ]  # fmt: skip
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:

@@ -126,10 +126,11 @@ class AgentsRequest(WireModel):
 
 
 class DeviceQueue(WireModel):
-    """What the answering replica's cache holds of one device's booking key."""
+    """One device's booking key as the answering replica's planning sees it."""
 
     device_id: Ident
-    #: Windows in the key (expired ones too, until the key's next write drops them).
+    #: Windows booked, less the replica's releases not yet written (expired ones too, until
+    #: the key's next write drops them).
     windows: Annotated[int, Field(ge=0, le=1 << 20)] = 0
     key_bytes: Annotated[int, Field(ge=0, le=1 << 32)] = 0
     #: At the replica's size limit with its unexpired windows alone: the device takes no new

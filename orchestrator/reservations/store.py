@@ -67,6 +67,12 @@ def device_key_of(cluster_device_id: str) -> str:
     return "dev." + cluster_device_id.replace(":", ".", 1)
 
 
+def key_limit(wanted: int, max_payload: int) -> int:
+    """The size limit for booking keys: `wanted`, but never more than a server whose
+    `max_payload` is this can take in one write."""
+    return max(1, min(wanted, max_payload - PAYLOAD_HEADROOM))
+
+
 def device_of_key(key: str) -> str:
     """The scheduler device id (`<agent>:<device>`) of a key `device_key` made (ids never hold
     a dot)."""
@@ -78,8 +84,9 @@ class KeyFull(Exception):
     booked windows is as deep as this orchestrator lets it grow."""
 
     def __init__(self, key: str, size: int, limit: int, windows: int) -> None:
-        self.key, self.size, self.limit, self.windows = key, size, limit, windows
-        super().__init__(f"{key}: {full_reason(size, limit, windows)}")
+        self.key = key
+        self.reason = full_reason(size, limit, windows)
+        super().__init__(f"{key}: {self.reason}")
 
 
 def full_reason(size: int, limit: int, windows: int) -> str:
@@ -193,8 +200,7 @@ class BookingStore:
         self.js = js
         self.bucket = bucket
         self.history = history
-        #: A booking never takes a key past this many bytes (lowered at `start` to what the
-        #: server's `max_payload` allows).
+        #: A booking never takes a key past this many bytes (`key_limit`).
         self.key_max_bytes = key_max_bytes
         self.kv: Any = None
         self.cache: dict[str, Cached] = {}
@@ -218,9 +224,6 @@ class BookingStore:
         self._rewatching = asyncio.Lock()
 
     async def start(self) -> None:
-        max_payload = int(getattr(getattr(self.js, "_nc", None), "max_payload", 0) or 0)
-        if max_payload:
-            self.key_max_bytes = max(1, min(self.key_max_bytes, max_payload - PAYLOAD_HEADROOM))
         try:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
@@ -296,8 +299,7 @@ class BookingStore:
             # marker too (a departed device's key dropped, then made again by a booking)
             return
         if entry.operation in ("DEL", "PURGE") or not entry.value:
-            self.cache.pop(key, None)
-            self._sized(key, 0)
+            self._forget(key)
             self.changed.set()
             return
         try:
@@ -310,6 +312,18 @@ class BookingStore:
         self.cache[key] = Cached(entry.revision, bk)
         self._sized(key, len(entry.value))
         self.changed.set()
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        """The key's writer lock in this process (CAS races are then only between replicas)."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def _forget(self, key: str) -> None:
+        """The key is gone from the bucket (deleted, or never there)."""
+        self.cache.pop(key, None)
+        self._sized(key, 0)
 
     def _sized(self, key: str, size: int) -> None:
         if size:
@@ -372,11 +386,6 @@ class BookingStore:
             if cur is not None:
                 snap[key] = self._released(key, cur)
         return snap
-
-    def view(self, key: str, cur: Cached) -> Cached:
-        """`cur` (the key's cached value) as planning here sees it: less the releases not
-        written yet."""
-        return self._released(key, cur)
 
     def _released(self, key: str, cur: Cached) -> Cached:
         """`cur` less the key's deferred releases (made once per revision and release)."""
@@ -468,8 +477,7 @@ class BookingStore:
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
-            self.cache.pop(key, None)
-            self._sized(key, 0)
+            self._forget(key)
             return None
         if entry.value:
             self._apply(entry)
@@ -517,10 +525,7 @@ class BookingStore:
         a key still contended after CAS_RETRIES tries comes back as a conflict. `prepared`
         (from `prepare` with the same `fn`) stands for the first step if the key has not
         changed since."""
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        async with lock:
+        async with self._lock(key):
             return await self._transact(key, fn, prepared, flushing)
 
     async def _transact(
@@ -588,7 +593,7 @@ class BookingStore:
             )
         except KeyFull as exc:
             self.stats.full += 1
-            return BookResult(False, key, full=full_reason(exc.size, exc.limit, exc.windows))
+            return BookResult(False, key, full=exc.reason)
         if not res.ok:
             self.stats.conflicts += 1
             return BookResult(False, key, conflicts=res.conflicts, cas_retries=retries)
@@ -615,7 +620,7 @@ class BookingStore:
             cur = self.cache.get(key)
             if cur is None:
                 continue
-            async with self._locks.setdefault(key, asyncio.Lock()):
+            async with self._lock(key):
                 if self.cache.get(key) is not cur:
                     continue  # written meanwhile
                 try:
@@ -626,8 +631,7 @@ class BookingStore:
                         raise
                     continue
                 if self.cache.get(key) is cur:
-                    self.cache.pop(key, None)
-                    self._sized(key, 0)
+                    self._forget(key)
             dropped += 1
         self.stats.keys_dropped += dropped
         return dropped

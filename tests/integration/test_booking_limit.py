@@ -201,18 +201,14 @@ async def test_nowhere_else_to_go_is_refused_with_the_reason(
 
 
 async def test_the_limit_stays_under_the_servers_max_payload(nats_url: str) -> None:
-    nc = await nats.connect(nats_url)
-    try:
-        store = BookingStore(nc.jetstream(), key_max_bytes=64 * 1024 * 1024)
-        await store.start()
-        assert store.key_max_bytes == nc.max_payload - PAYLOAD_HEADROOM
-        await store.stop()
-        small = BookingStore(nc.jetstream(), key_max_bytes=LIMIT)
-        await small.start()
-        assert small.key_max_bytes == LIMIT
-        await small.stop()
-    finally:
-        await nc.close()
+    for wanted, expect in ((64 * 1024 * 1024, None), (LIMIT, LIMIT)):
+        orch = Orchestrator(nats_url, booking_key_max_bytes=wanted)
+        await orch.start()
+        try:
+            assert orch.nc is not None
+            assert orch.store.key_max_bytes == (expect or orch.nc.max_payload - PAYLOAD_HEADROOM)
+        finally:
+            await orch.stop()
 
 
 async def test_a_key_past_a_lowered_limit_is_still_renewed_and_released(nats_url: str) -> None:

@@ -50,10 +50,18 @@ async def test_a_live_pipeline_outlives_the_max_age_and_an_ended_one_goes(nats_u
     fo.renew_s, fo.refresh_s = 0.2, KEEP / 5  # looked at every 60 s, or twice per refresh
     assert fo.keep_fresh_every() == pytest.approx(KEEP / 10)
     await orch.start()
-    js = orch.js
-    for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # `--keep-hours` reaches all
-        assert (await (await js.key_value(bucket)).status()).ttl == pytest.approx(KEEP)
-    await keys_outlive_the_run_and_then_go(orch, nats_url)
+    try:
+        js = orch.js
+        for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # `--keep-hours` reaches all
+            assert (await (await js.key_value(bucket)).status()).ttl == pytest.approx(KEEP)
+        keys = await keys_outlive_the_run(orch, nats_url)
+        # ended: nothing writes them again, and they go. Expiry by max age leaves no marker to
+        # watch for (the buckets keep no subject delete markers): polled, with a deadline
+        async with asyncio.timeout(4 * KEEP):
+            while any([await present(kv, key) for kv, key in keys]):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+    finally:
+        await orch.stop()
 
 
 async def test_a_shorter_max_age_from_another_replica_is_followed(
@@ -67,19 +75,22 @@ async def test_a_shorter_max_age_from_another_replica_is_followed(
     fo.renew_s, fo.keep_fresh_check_s = 0.2, KEEP / 10
     assert fo.refresh_every() == pytest.approx(1200.0)
     await orch.start()
-    for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # what the other's start does
-        await ownership.open_bucket(orch.js, bucket, ttl=KEEP)
-    caplog.set_level(logging.WARNING, logger="mars.failover")
-    await keys_outlive_the_run_and_then_go(orch, nats_url)
-    assert fo.buckets_keep_s == pytest.approx(KEEP)
-    assert fo.refresh_every() == pytest.approx(KEEP / 3)
-    said = [r.getMessage() for r in caplog.records if "--keep-hours" in r.getMessage()]
-    assert len(said) == 1 and "keep keys 2 s, not this replica's 3600 s" in said[0]
+    try:
+        for bucket in (OWNERS_BUCKET, RUNS_BUCKET, RESULTS_BUCKET):  # what the other's start does
+            await ownership.open_bucket(orch.js, bucket, ttl=KEEP)
+        caplog.set_level(logging.WARNING, logger="mars.failover")
+        await keys_outlive_the_run(orch, nats_url)
+        assert fo.buckets_keep_s == pytest.approx(KEEP)
+        assert fo.refresh_every() == pytest.approx(KEEP / 3)
+        said = [r.getMessage() for r in caplog.records if "--keep-hours" in r.getMessage()]
+        assert len(said) == 1 and "keep keys 2 s, not this replica's 3600 s" in said[0]
+    finally:
+        await orch.stop()
 
 
-async def keys_outlive_the_run_and_then_go(orch: Orchestrator, nats_url: str) -> None:
+async def keys_outlive_the_run(orch: Orchestrator, nats_url: str) -> list[tuple[Any, str]]:
     """A pipeline that runs three times the buckets' max age (`KEEP`) keeps its spec, record
-    and result keys throughout, and they expire after its end; stops `orch`."""
+    and result keys throughout; they are returned, with their buckets, once it ended."""
     fo = orch.failover
     agent = RecordingAgent(nats_url, agent_config("s", "edge"), agent_id="a1", calibrate=False)
     await agent.start()
@@ -104,14 +115,9 @@ async def keys_outlive_the_run_and_then_go(orch: Orchestrator, nats_url: str) ->
             await asyncio.wait({ended}, timeout=0.1)
         assert (await ended).state == "succeeded"
         assert looked >= 10 and fo.kept_fresh >= 3
-        # ended: nothing writes them again, and they go. Expiry by max age leaves no marker to
-        # watch for: polled, with a deadline
-        async with asyncio.timeout(4 * KEEP):
-            while any([await present(kv, key) for kv, key in keys]):  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
+        return keys
     finally:
         await agent.stop()
-        await orch.stop()
 
 
 async def test_committed_results_expire_in_a_new_bucket_and_in_an_old_one(nats_url: str) -> None:
