@@ -5,6 +5,7 @@ with that reason, not left to time out."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import NamedTuple
 
@@ -131,3 +132,21 @@ async def test_a_submission_beyond_the_queue_is_refused_at_once(held_short_queue
     held_short_queue.gate.set()
     msg = await replies.next_msg(timeout=10.0)
     assert decode_reply(msg.data, msg.headers, SubmitReply).pipeline_id == "queued"
+
+
+async def test_a_timeout_out_of_bounds_is_refused_with_the_field_named(
+    held: Held,
+) -> None:
+    """Bad input gets a clear error even while every worker is busy: it is decoded when
+    served, and the queue does not hide it."""
+    held.gate.set()
+    body = {"pipeline": one_task("bad").model_dump(mode="json"), "timeout_ms": 0}
+    msg = await held.nc.request(
+        subjects.SUBMIT, json.dumps(body).encode(), timeout=10.0,
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    with pytest.raises(RemoteError) as bad:
+        decode_reply(msg.data, msg.headers, SubmitReply)
+    assert bad.value.code == "invalid"
+    assert "timeout_ms" in bad.value.envelope.details
+    assert "bad" not in held.orch.pipelines
