@@ -131,14 +131,15 @@ class Placer:
                 budget = steps["budget"] = self.budget_s()
                 t_plan = clock()
                 excluded = st.excluded
+                blocks = Blocking(run.pipeline_id, eff, now)
                 if o.store.full:  # devices whose queue of booked windows is as deep as allowed
-                    full = o.store.full_devices(now)
+                    full = o.store.full_devices(now, room=blocks)
                     st.full.update(full)
                     excluded = excluded | {(t.id, d) for d in full for t in spec.tasks}
                 try:
                     planned = plan_pipeline(
                         spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
-                        blocks=Blocking(run.pipeline_id, eff, now), excluded=excluded,
+                        blocks=blocks, excluded=excluded,
                         fixed=st.fixed,
                         rel_now=max(0.0, now - st.t0), budget_s=budget,
                         predictor=o.predictor,
@@ -186,7 +187,7 @@ class Placer:
                     }  # fmt: skip
                 # each key's new value, encoded, while the claim may still be on its way
                 # (written as is unless the key moved meanwhile)
-                evictable = Blocking(eff=eff, now=now).evictable
+                evictable = blocks.evictable
                 keys = sorted(by_key)
                 ready = [
                     o.store.prepare(k, o.store.booking(by_key[k], now, evictable)) for k in keys

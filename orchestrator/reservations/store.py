@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import math
 import random
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
@@ -188,6 +189,34 @@ class Stats:
     keys_dropped: int = 0
 
 
+def last_expiry(windows: list[BookingWindow]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for w in windows:
+        if w.expires > out.get(w.pipeline_id, -math.inf):
+            out[w.pipeline_id] = w.expires
+    return out
+
+
+@dataclass(frozen=True)
+class _FullKey:
+    """A full key's value as planning here sees it (less deferred releases), with the
+    expiry instants of its windows sorted, its preemptible windows, and the last expiry of
+    each pipeline's windows."""
+
+    base: Cached
+    expiries: list[float]
+    preemptible: list[BookingWindow]
+    pipelines: dict[str, float]
+
+    def makes_room(self, blocking: rules.Blocking, now: float) -> bool:
+        """Whether a pipeline planning with `blocking` has live windows here to replace, or
+        may evict some."""
+        pid = blocking.pipeline_id
+        if pid is not None and self.pipelines.get(pid, now) > now:
+            return True
+        return any(w.expires > now and blocking.evictable(w) for w in self.preemptible)
+
+
 class BookingStore:
     def __init__(
         self,
@@ -207,9 +236,9 @@ class BookingStore:
         #: Encoded size of each key's cached value, and the keys at or over the limit.
         self.sizes: dict[str, int] = {}
         self.full: dict[str, int] = {}
-        #: Per full key: its value less deferred releases, and its windows' expiry instants
-        #: sorted (`_live_windows`).
-        self._expiries: dict[str, tuple[Cached, list[float]]] = {}
+        #: Per full key: its value less deferred releases, with what `full_devices` looks at
+        #: in it (made once per revision and release).
+        self._expiries: dict[str, _FullKey] = {}
         self.stats = Stats()
         self._watch_task: asyncio.Task[None] | None = None
         # one writer per key inside this process: CAS races are then only between replicas
@@ -342,31 +371,40 @@ class BookingStore:
             self._expiries.pop(key, None)
             log.info("booking key %s takes bookings again (%d KiB)", key, size // 1024)
 
-    def full_devices(self, now: float) -> dict[str, str]:
+    def full_devices(self, now: float, room: rules.Blocking | None = None) -> dict[str, str]:
         """Devices (scheduler ids) whose key is at the limit with its live windows alone,
         each with why: planning leaves them alone until windows are released or expire. A
         key over the limit only with expired windows (or releases this replica has yet to
-        write) is not full: the next booking's write drops them."""
+        write) is not full: the next booking's write drops them. With `room` (the planning
+        pipeline's view), neither is a key where that pipeline may replace its own windows
+        or evict some: its booking may fit, and the write decides (`KeyFull` if it grows)."""
         out = {}
         for key, size in self.full.items():
             cur = self.cache.get(key)
             if cur is None or not cur.book.windows:
                 continue
             n = len(cur.book.windows)
-            live = self._live_windows(key, cur, now)
-            if live * size >= self.key_max_bytes * n:  # size in proportion to the windows
-                out[device_of_key(key)] = full_reason(size * live // n, self.key_max_bytes, live)
+            memo = self._full_key(key, cur)
+            live = len(memo.expiries) - bisect.bisect_right(memo.expiries, now)
+            if live * size < self.key_max_bytes * n:  # size in proportion to the windows
+                continue
+            if room is not None and memo.makes_room(room, now):
+                continue
+            out[device_of_key(key)] = full_reason(size * live // n, self.key_max_bytes, live)
         return out
 
-    def _live_windows(self, key: str, cur: Cached, now: float) -> int:
-        """Windows of `cur`, less this replica's releases not yet written, that expire after
-        `now`; their expiry instants are sorted once per revision and release."""
+    def _full_key(self, key: str, cur: Cached) -> _FullKey:
         base = self._released(key, cur)  # a new object for each revision and release
         memo = self._expiries.get(key)
-        if memo is None or memo[0] is not base:
-            memo = self._expiries[key] = (base, sorted(w.expires for w in base.book.windows))
-        expiries = memo[1]
-        return len(expiries) - bisect.bisect_right(expiries, now)
+        if memo is None or memo.base is not base:
+            windows = base.book.windows
+            memo = self._expiries[key] = _FullKey(
+                base,
+                sorted(w.expires for w in windows),
+                [w for w in windows if w.preemptible],
+                last_expiry(windows),
+            )
+        return memo
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
         """Wait until `predicate` holds, looked at after each change of the cached bucket."""

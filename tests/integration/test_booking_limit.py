@@ -137,6 +137,37 @@ async def test_a_full_device_is_left_alone_and_its_key_not_written(
     assert not any(q.full for q in by_id["slow"].queues)
 
 
+async def test_a_full_device_takes_a_pipeline_that_evicts_to_fit(
+    cluster: Cluster,
+) -> None:
+    """A full key holding a preemptible window where a higher-priority pipeline would run:
+    that pipeline may evict it, its booking then need not grow the key, so planning must not
+    leave the device out for it (only for pipelines that cannot evict there)."""
+    orch, client, nc, _agents = cluster
+    now = time.time()
+    book = filler(windows_for(LIMIT + 2048))
+    victim = BookingWindow(
+        pipeline_id="v" * 128, task_id="w" * 128, slot=0, start=now - 1, end=now + 600,
+        expires=now + 7200, owner="o" * 256, priority=100, preemptible=True, submitted=now,
+    )  # fmt: skip
+    book = book.model_copy(update={"windows": [victim, *book.windows]})
+    await put_fast_key(orch, nc, book)
+    assert orch.store.full_devices(time.time()).keys() == {"fast:cpu0"}
+    # of the same priority: it cannot evict, the device is full for it
+    same = await client.submit(chain(1))
+    assert {p.agent_id for p in same.plan} == {"slow"}
+    assert orch.store.stats.full == 0  # left out by planning, no booking was tried
+    size = orch.store.sizes[FAST]
+    # of a higher priority: it evicts the victim, and its own window takes less room
+    high = chain(1).model_copy(update={"priority": 500})
+    reply = await client.submit(high)
+    assert {p.agent_id for p in reply.plan} == {"fast"}
+    windows = orch.store.cache[FAST].book.windows
+    assert victim.pipeline_id not in {w.pipeline_id for w in windows}
+    assert reply.pipeline_id in {w.pipeline_id for w in windows}
+    assert orch.store.stats.evictions == 1 and orch.store.sizes[FAST] < size
+
+
 async def test_a_booking_that_would_pass_the_limit_is_refused_and_placed_elsewhere(
     cluster: Cluster,
 ) -> None:

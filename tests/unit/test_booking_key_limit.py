@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.cli import agent_line
+from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import (
     BookingStore,
     Cached,
@@ -73,6 +74,41 @@ def test_a_key_is_full_with_its_live_windows_alone() -> None:
             assert store.full_devices(now=10.0).keys() == {"a:cpu0"}  # 15 left: 750 bytes
             store.defer_release(key, "p1", 10.0)
             assert store.full_devices(now=10.0) == {}  # 10 left: 500 bytes
+
+    asyncio.run(run())
+
+
+def test_a_full_key_is_left_in_for_a_pipeline_that_may_make_room_there() -> None:
+    """Full for a pipeline that can only add to the key; not for one with live windows of
+    its own there (it books them again in place) or one that may evict some."""
+
+    async def run() -> None:
+        async with offline_store(key_max_bytes=600) as store:
+            key = "dev.a.cpu0"
+            kinds = [("low", True, 1e9), ("late", True, 50.0), ("f1", False, 1e9),
+                     ("f2", False, 1e9)]  # fmt: skip
+            book = DeviceBookings(device=key, windows=[
+                BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=0, start=100.0 * j + i,
+                              end=100.0 * j + i + 0.5, expires=expires, owner="o",
+                              priority=10, preemptible=pre)
+                for j, (p, pre, expires) in enumerate(kinds)
+                for i in range(10)
+            ])  # fmt: skip
+            store.cache[key] = Cached(1, book)
+            store._sized(key, 2000)  # 40 windows, 50 bytes each, 600 allowed
+            full = {"a:cpu0"}
+
+            def seen(pipeline: str, priority: int, now: float) -> set[str]:
+                return set(store.full_devices(now, room=Blocking(pipeline, priority, now)))
+
+            assert seen("new", 10, 10.0) == full  # evicts nothing of the same priority
+            assert seen("new", 500, 10.0) == set()  # may evict "low" and "late"
+            assert seen("f1", 10, 10.0) == set()  # books its own windows again
+            assert seen("late", 10, 60.0) == full  # its own windows there have expired
+            assert seen("new", 500, 60.0) == set()  # "low" is still there to evict
+            store.defer_release(key, "low", 60.0)  # given back: nothing left to evict
+            assert seen("new", 500, 60.0) == full
+            assert store.full_devices(60.0).keys() == full
 
     asyncio.run(run())
 
