@@ -2,7 +2,7 @@
 of every revision ever written to the reservation bucket.
 
     python -m benchmarks.booking_stress [--orchestrators 2] [--agents 50]
-        [--submissions 10000] [--concurrency 64] [--seed 1]
+        [--submissions 10000] [--concurrency 64] [--seed 1] [--priorities same|mixed]
 
 1. An embedded nats-server. Before anything books, the KV bucket MARS_BOOKINGS (history 8) is
    created here, with a JetStream *mirror* of its backing stream `KV_MARS_BOOKINGS` that has no
@@ -14,7 +14,10 @@ of every revision ever written to the reservation bucket.
 3. `--submissions` random small pipelines (1-4 synthetic sleep tasks of 1-5 ms, random DAG
    shapes, seeded) through the API, at most `--concurrency` in flight (a slot is held from
    submit until the pipeline is terminal); the queue group spreads them over the replicas.
-   Every failure is counted with its reason.
+   Every failure is counted with its reason. `--priorities mixed` gives each pipeline, at
+   random, a low preemptible priority (10), the default (100) or a high one (500), so
+   higher-priority plans evict lower ones' windows while both replicas book: the same
+   audit then covers evictions, and the report counts them and each class's outcomes.
 4. The services stop, and the mirror is read in order. Per key: (a) revisions (the stream
    sequence of each mirrored message, which a mirror keeps equal to the source's sequence, i.e.
    the KV revision) strictly increase; (b) no revision holds two windows that overlap on one slot
@@ -298,6 +301,7 @@ class Outcome:
     submit_s: float = float("nan")
     placed: int = 0
     status: StatusReply | None = None
+    priority: int = 100
 
 
 def normalise_reason(reason: str) -> str:
@@ -341,7 +345,7 @@ async def run_load(
             )
 
     async def one(pid: str, spec: PipelineSpec) -> Outcome:
-        out = Outcome(pid, len(spec.tasks), "failed")
+        out = Outcome(pid, len(spec.tasks), "failed", priority=spec.priority)
         fut = terminals.expect(pid)
         t0 = time.perf_counter()
         try:
@@ -509,15 +513,28 @@ async def audit_mirror(url: str) -> Audit:
 
 
 # -- main ---------------------------------------------------------------------------------------
-def make_specs(n: int, seed: int) -> list[tuple[str, PipelineSpec]]:
+#: `--priorities mixed`: (priority, preemptible) classes, one drawn per pipeline.
+PRIORITY_CLASSES = ((10, True), (100, False), (500, False))
+
+
+def make_specs(n: int, seed: int, priorities: str = "same") -> list[tuple[str, PipelineSpec]]:
     rng = random.Random(seed)
-    return [
-        (
-            f"bs{seed}-{i:06d}",
-            synthetic_pipeline(rng, f"stress-{i}", tasks=(1, 4), seconds=(0.001, 0.005)),
-        )
-        for i in range(n)
-    ]
+    classes = random.Random(f"{seed}-priorities")  # the same DAGs either way
+    out = []
+    for i in range(n):
+        spec = synthetic_pipeline(rng, f"stress-{i}", tasks=(1, 4), seconds=(0.001, 0.005))
+        if priorities == "mixed":
+            prio, pre = classes.choice(PRIORITY_CLASSES)
+            spec = spec.model_copy(update={"priority": prio, "preemptible": pre})
+        out.append((f"bs{seed}-{i:06d}", spec))
+    return out
+
+
+def evictions(status: StatusReply | None) -> int:
+    """Evictions a pipeline's placement log records (its owner notes each notice)."""
+    if status is None:
+        return 0
+    return sum(1 for line in status.placement_log if line.startswith("evicted from "))
 
 
 async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadResult:
@@ -530,7 +547,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
     client = await Client.connect(url, timeout=30.0)
     try:
         await wait_ready(client, services, args.orchestrators, args.agents)
-        specs = make_specs(args.submissions, args.seed)
+        specs = make_specs(args.submissions, args.seed, args.priorities)
         progress(
             f"submitting {len(specs)} pipelines ({sum(len(s.tasks) for _, s in specs)} tasks), "
             f"{args.concurrency} in flight"
@@ -552,6 +569,23 @@ def cpu_rows(load: LoadResult) -> list[list[object]]:
     ]
 
 
+def priority_rows(args: argparse.Namespace, outs: list[Outcome]) -> list[list[object]]:
+    """With mixed priorities: per class, its pipelines, how many succeeded, and how many
+    evictions their placement logs record."""
+    if args.priorities != "mixed":
+        return []
+    rows: list[list[object]] = []
+    for prio, pre in PRIORITY_CLASSES:
+        mine = [o for o in outs if o.priority == prio]
+        ok = sum(1 for o in mine if o.state == "succeeded")
+        evicted = sum(evictions(o.status) for o in mine)
+        kind = "preemptible" if pre else "not preemptible"
+        rows.append(
+            [f"priority {prio} ({kind}): succeeded / evictions", f"{ok} of {len(mine)} / {evicted}"]
+        )
+    return rows
+
+
 def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: float) -> int:
     outs = load.outcomes
     states = Counter(o.state for o in outs)
@@ -560,8 +594,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     reasons = Counter(normalise_reason(o.reason) for o in failed)
     statuses = [o.status for o in outs if o.status is not None]
     submit_ms = [o.submit_s * 1e3 for o in outs if o.submit_s == o.submit_s]
-    print(f"booking stress: {args.orchestrators} orchestrators, {args.agents} emulated agents, "
-          f"concurrency {args.concurrency}, seed {args.seed}")  # fmt: skip
+    print(
+        f"booking stress: {args.orchestrators} orchestrators, {args.agents} emulated agents, "
+        f"concurrency {args.concurrency}, seed {args.seed}, priorities {args.priorities}"
+    )
     rows: list[list[object]] = [
         ["submissions", len(outs)],
         ["tasks submitted", sum(o.tasks for o in outs)],
@@ -575,6 +611,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["sum rejections", sum(s.rejections for s in statuses)],
         ["sum cas_retries", sum(s.cas_retries for s in statuses)],
         ["pipelines with a status", len(statuses)],
+        *priority_rows(args, outs),
         [
             "status stale right after terminal event",
             f"{SETTLE.stale} of {SETTLE.calls}"
@@ -631,6 +668,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--submissions", type=int, default=10_000)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--priorities",
+        choices=["same", "mixed"],
+        default="same",
+        help="every pipeline at the default priority (default), or a third each low and "
+        "preemptible, default, and high, so evictions happen while replicas book",
+    )
     args = ap.parse_args(argv)
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:
         ap.error("counts must be >= 1")
