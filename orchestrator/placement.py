@@ -189,8 +189,12 @@ class Placer:
                 # (written as is unless the key moved meanwhile)
                 evictable = blocks.evictable
                 keys = sorted(by_key)
+                # tasks placed again: their old windows go from every key written, or a task
+                # moving onto a slot another one of them leaves would lose its CAS to it
+                moving = [(run.pipeline_id, t) for t in todo] if only is not None else []
                 ready = [
-                    o.store.prepare(k, o.store.booking(by_key[k], now, evictable)) for k in keys
+                    o.store.prepare(k, o.store.booking(by_key[k], now, evictable, moving))
+                    for k in keys
                 ]
                 steps["send"] += clock() - t_build
                 if gate is not None:
@@ -208,7 +212,7 @@ class Placer:
                     steps["send"] += t_sent - t_book
                     t_book = t_sent
                 booking = asyncio.gather(*(
-                    o.store.book(k, by_key[k], now, evictable, prepared)
+                    o.store.book(k, by_key[k], now, evictable, prepared, moving)
                     for k, prepared in zip(keys, ready, strict=True)
                 ))  # fmt: skip
                 try:

@@ -81,9 +81,12 @@ def add(
     new: Sequence[BookingWindow],
     now: float,
     may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
+    moving: Collection[tuple[str, str]] = (),
 ) -> AddResult:
-    """Book `new` on top of `book`; replaces earlier windows of the same (pipeline, task)."""
-    keys = {(w.pipeline_id, w.task_id) for w in new}
+    """Book `new` on top of `book`; replaces earlier windows of the same (pipeline, task),
+    and drops those of `moving` (tasks of the booking pipeline placed again in the same
+    round, wherever they go: their old windows here are not in its plan's way)."""
+    keys = {(w.pipeline_id, w.task_id) for w in new} | set(moving)
     current = live(book.windows, now)
     expired = len(book.windows) - len(current)
     kept = [w for w in current if (w.pipeline_id, w.task_id) not in keys]

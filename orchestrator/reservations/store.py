@@ -611,9 +611,10 @@ class BookingStore:
         windows: list[BookingWindow],
         now: float,
         may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
+        moving: Collection[tuple[str, str]] = (),
     ) -> Callable[[DeviceBookings], rules.AddResult]:
-        """What `book` applies to a key's windows (for `prepare`)."""
-        return lambda b: rules.add(b, windows, now, may_evict)
+        """What `book` applies to a key's windows (for `prepare`; `rules.add`)."""
+        return lambda b: rules.add(b, windows, now, may_evict, moving)
 
     async def book(
         self,
@@ -622,12 +623,13 @@ class BookingStore:
         now: float,
         may_evict: Callable[[BookingWindow], bool] = lambda _w: False,
         prepared: Prepared | None = None,
+        moving: Collection[tuple[str, str]] = (),
     ) -> BookResult:
         """Book `windows` on `key` by CAS; `prepared`: from `prepare(key, booking(...))` with
         the same arguments."""
         try:
             res, rev, retries = await self.transact(
-                key, self.booking(windows, now, may_evict), prepared
+                key, self.booking(windows, now, may_evict, moving), prepared
             )
         except KeyFull as exc:
             self.stats.full += 1

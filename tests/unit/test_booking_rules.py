@@ -42,6 +42,20 @@ def test_overlap_on_one_slot_conflicts_other_slot_does_not() -> None:
     assert book.add(b, [w("c", 10, 11)], now=0).ok  # touching is not overlapping
 
 
+def test_windows_of_tasks_placed_again_give_way_wherever_they_go() -> None:
+    """u leaves this device in the same re-placement that puts t here at u's old time: u's
+    old window is no conflict for t (it is being replaced); another task's window is."""
+    b = DeviceBookings(device="d", windows=[w("u", 0, 10), w("x", 20, 30)])
+    assert not book.add(b, [w("t", 5, 6)], now=0).ok  # u's window in the way
+    res = book.add(b, [w("t", 5, 6)], now=0, moving=[("p", "t"), ("p", "u")])
+    assert res.ok and [x.task_id for x in res.book.windows] == ["t", "x"]
+    res = book.add(b, [w("t", 25, 26)], now=0, moving=[("p", "t"), ("p", "u")])
+    assert not res.ok and [c.task_id for c in res.conflicts] == ["x"]  # x is not moving
+    # another pipeline's task of the same name is not ours to move
+    other = DeviceBookings(device="d", windows=[w("u", 0, 10, pipe="q")])
+    assert not book.add(other, [w("t", 5, 6)], now=0, moving=[("p", "u")]).ok
+
+
 def test_expired_windows_are_dropped_by_the_next_writer() -> None:
     b = DeviceBookings(device="d", windows=[w("a", 0, 10, pipe="dead", expires=5.0)])
     res = book.add(b, [w("b", 1, 2)], now=6.0)
