@@ -29,7 +29,7 @@ from edge_agent.core import AgentCore, Job
 from edge_agent.retention import OutputStore, Retained
 from schemas import subjects
 from schemas.codec import encode
-from schemas.placement import DataAck, DataTransfer, FetchRequest, TaskOffer
+from schemas.placement import DataAck, DataTransfer, FetchRequest, InputGone, TaskOffer
 from schemas.rpc import RemoteError, ServiceError, request
 
 log = logging.getLogger("mars.agent.data")
@@ -411,6 +411,8 @@ class DataPlane:
                 if entry is not None:
                     self.store.route(pid, producer, consumer, self.agent_id)
                     await self._push(entry, consumer, self.agent_id)
+                elif (pid, producer) not in self.core.jobs:
+                    await self._input_gone(job, producer, agent_id)
                 return
             if not self.online:
                 return
@@ -424,6 +426,8 @@ class DataPlane:
                 )
             except RemoteError as exc:
                 log.debug("fetch %s/%s from %s: %s", pid, producer, agent_id, exc)
+                if exc.code == "not_found":
+                    await self._input_gone(job, producer, agent_id)
                 return
             except (TimeoutError, nats.errors.Error) as exc:
                 log.debug("fetch %s/%s from %s failed: %s", pid, producer, agent_id, exc)
@@ -433,6 +437,22 @@ class DataPlane:
             await self.nc.publish(subjects.data_ack(agent_id), encode(ack))
         finally:
             self._fetching.discard(flight)
+
+    async def _input_gone(self, job: Job, producer: str, agent_id: str) -> None:
+        """Tell the orchestrators that `producer`'s agent holds no output for `job`: nobody
+        will send it, and waiting for the stall watchdog to find that out takes two of its
+        looks. Sent again at each fetch that finds it so (the fetch's backoff paces it)."""
+        if not self.online or not job.offer.token:
+            return
+        assert self.nc is not None
+        self.stats["inputs_gone"] += 1
+        note = InputGone(
+            pipeline_id=job.offer.pipeline_id, consumer=job.offer.task.id,
+            token=job.offer.token, agent_id=self.agent_id, producer=producer,
+            producer_agent=agent_id,
+        )  # fmt: skip
+        with contextlib.suppress(nats.errors.Error):
+            await self.nc.publish(subjects.input_gone(note.pipeline_id), encode(note))
 
     # -- upkeep ---------------------------------------------------------------------------------
     async def sweep(self, *, force: bool = False) -> None:

@@ -48,8 +48,7 @@ from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec
 from schemas.codec import DecodeError, decode
 from schemas.events import TaskEvent
-from schemas.placement import DataTransfer, EvictNotice, FetchRequest
-from schemas.rpc import request
+from schemas.placement import EvictNotice
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -696,28 +695,5 @@ class Adaptive:
             with contextlib.suppress(Exception):
                 await o.store.release(device_key_of(dev), run.pipeline_id, now, tids)
         await o._commit_all(run, todo)
-        await self._reroute(run, away)
+        await o.reroute_producers(run, away)
         run.note(f"adaptive: moved {', '.join(sorted(away)) or 'nothing'}")
-
-    async def _reroute(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
-        """A running producer was told where its consumers were when it was offered: ask its
-        agent, for each moved consumer, to send the output to the new place when it is done."""
-        nc = self.o.nc
-        assert nc is not None
-        for tid in sorted(moved):
-            tr = run.tasks[tid]
-            for dep in run.spec_by_id[tid].deps:
-                prod = run.tasks[dep]
-                if prod.state != "started" or not prod.agent_id or not tr.agent_id:
-                    continue
-                req = FetchRequest(
-                    pipeline_id=run.pipeline_id,
-                    producer=dep,
-                    consumer=tid,
-                    agent_id=tr.agent_id,
-                    token=prod.token,
-                )
-                # "not finished, sent when it is" is the expected answer; a finished producer
-                # serves the new consumer's own fetch instead
-                with contextlib.suppress(Exception):
-                    await request(nc, subjects.fetch(prod.agent_id), req, DataTransfer, timeout=2.0)

@@ -85,7 +85,10 @@ from schemas.pipeline import PipelineSpec
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
+    DataTransfer,
     EvictNotice,
+    FetchRequest,
+    InputGone,
     OfferBatch,
     OfferBatchReply,
     OfferReply,
@@ -126,6 +129,8 @@ RENEW_SLICE_TASKS = 2000
 MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
+#: Reports of gone inputs remembered as acted on (`Orchestrator._on_input_gone`), at most.
+MAX_REGROWN = 4096
 #: Submissions one process serves at once. The planner stays one at a time (`Placer`); the
 #: next submission's claim, and its wait for the planner, overlap the one before's offers,
 #: commit and reply. Four at once shortened the wait of random arrivals when the host was
@@ -208,6 +213,10 @@ class Orchestrator:
         #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
         self.recovery = Recovery(self)
         self.evictions_seen = 0
+        #: Consumers re-placed because an agent reported an input of theirs gone, and the
+        #: placements (pipeline, consumer, token) already acted on.
+        self.inputs_regrown = 0
+        self._regrown: set[tuple[str, str, int]] = set()
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.
         self.predictor = Predictor()
@@ -283,6 +292,7 @@ class Orchestrator:
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
         self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
+        await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self._on_input_gone)
         svc = await nats.micro.add_service(
             nc,
             name=subjects.API_SERVICE,
@@ -1023,10 +1033,68 @@ class Orchestrator:
         moved = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
         await self.cancel_tasks(run, moved, f"preempted by {note.by_pipeline}")
         await self._commit_all(run, movable)
+        # a producer may have started while they were re-placed (their offers told it where
+        # they were); one that ended meanwhile is found out by their agents' fetch (input gone)
+        await self.reroute_producers(run, moved)
         run.note(f"re-placed after eviction: {', '.join(sorted(movable))}")
         await self.persist(run)
         async with self._changed:
             self._changed.notify_all()
+
+    async def _on_input_gone(self, msg: Msg) -> None:
+        """An agent found a finished producer's output gone where this replica's records say
+        it is (a move raced the producer's end, or its agent restarted): re-place the consumer
+        and re-run what must feed it now, not two stall-watchdog looks later. Only a report
+        about the consumer's current placement and a producer that succeeded where it says is
+        acted on, and once per placement; anything else is stale or not this replica's."""
+        try:
+            note = decode(msg.data, InputGone)
+        except DecodeError:
+            return
+        run = self.pipelines.get(note.pipeline_id)
+        if run is None or run.terminal or not self.failover.may_act(run.pipeline_id):
+            return
+        i = run.index.get(note.consumer)
+        if i is None or note.producer not in run.spec.tasks[i].deps:
+            return
+        tr, prod = run.tasks[note.consumer], run.tasks[note.producer]
+        if (
+            tr.state not in ("offered", "accepted")
+            or (tr.token, tr.agent_id) != (note.token, note.agent_id)
+            or (prod.state, prod.agent_id) != ("succeeded", note.producer_agent)
+        ):
+            return
+        key = (run.pipeline_id, note.consumer, note.token)
+        if key in self._regrown:
+            return
+        if len(self._regrown) >= MAX_REGROWN:
+            self._regrown.clear()  # a repeat only re-places the consumer again
+        self._regrown.add(key)
+        self.inputs_regrown += 1
+        run.note(f"{note.agent_id}: input {note.producer} of {note.consumer} is gone from "
+                 f"{note.producer_agent}")  # fmt: skip
+        self._spawn(self.recovery.rerun_starved(run, {note.consumer}))
+
+    async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
+        """A running producer was told where its consumers were when it was offered: ask its
+        agent, for each moved consumer, to send the output to the new place when it is done."""
+        assert self.nc is not None
+        for tid in sorted(moved):
+            tr = run.tasks[tid]
+            for dep in run.spec_by_id[tid].deps:
+                prod = run.tasks[dep]
+                if prod.state != "started" or not prod.agent_id or not tr.agent_id:
+                    continue
+                req = FetchRequest(
+                    pipeline_id=run.pipeline_id, producer=dep, consumer=tid,
+                    agent_id=tr.agent_id, token=prod.token,
+                )  # fmt: skip
+                # "not finished, sent when it is" is the expected answer; a finished producer
+                # serves the new consumer's own fetch instead (or is found gone by it)
+                with contextlib.suppress(Exception):
+                    await request(
+                        self.nc, subjects.fetch(prod.agent_id), req, DataTransfer, timeout=2.0
+                    )
 
     async def _cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
         assert self.nc is not None

@@ -152,6 +152,23 @@ class EvictNotice(WireModel):
     reason: Text = ""
 
 
+class InputGone(WireModel):
+    """A consumer's agent asked `producer_agent` for `producer`'s output and was told it holds
+    none (`not_found`): handed to another placement of the consumer and let go (a move that
+    raced the producer's end), or lost with a restart. Its owner re-places the consumer and
+    re-runs producers that no longer hold its inputs at once, instead of when the stall
+    watchdog finds the consumer starved."""
+
+    pipeline_id: Ident
+    consumer: Ident
+    #: The consumer's placement (fencing token) that asked: a report of an older one is stale.
+    token: Count
+    #: Where the consumer runs, and where it asked.
+    agent_id: Ident
+    producer: Ident
+    producer_agent: Ident
+
+
 #: Key of an output in the data object store: `<pipeline>/<producer>/<token>`.
 ObjectKey = Annotated[
     str, StringConstraints(max_length=400, pattern=r"^[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/[0-9]+$")

@@ -121,3 +121,11 @@ def eviction(pipeline_id: str) -> str:
 
 def pipeline_event(pipeline_id: str) -> str:
     return f"{EVENTS}.pipeline.{pipeline_id}"
+
+
+ALL_INPUTS_GONE = f"{EVENTS}.input_gone.>"
+
+
+def input_gone(pipeline_id: str) -> str:
+    """A consumer's input no longer held by its producer's agent (`InputGone`)."""
+    return f"{EVENTS}.input_gone.{pipeline_id}"

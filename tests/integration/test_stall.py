@@ -123,13 +123,24 @@ async def test_an_input_lost_on_its_way_is_fetched_when_the_commit_is_sent_again
         assert agent.data.stats["inputs"] == 1  # delivered by the fetch, not the lost push
 
 
+@pytest.mark.parametrize("reported", [True, False], ids=["reported", "older-agent"])
 async def test_an_input_gone_for_good_is_made_again(
-    nats_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    nats_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    reported: bool,
 ) -> None:
     """u's agent acknowledges t's output but loses it, so t's agent lets the output go: asking
-    u to start again cannot help (nobody holds the input). After two more looks the watchdog
-    has u re-placed and t run again, and the pipeline ends."""
+    u to start again cannot help (nobody holds the input). The agent, asked again, looks for
+    the input, finds it gone and says so, and t is run again at once; an agent that does not
+    say so (one from before `InputGone`) is found out by the watchdog two looks later."""
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    if not reported:
+
+        async def silent(*_a: object) -> None:
+            return None
+
+        monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
     async with one_agent(nats_url) as (orch, agent, _):
         real = agent.core.deliver
         lost: list[str] = []
@@ -145,7 +156,9 @@ async def test_an_input_gone_for_good_is_made_again(
             run = await run_to_end(orch, chain("t", "u"))
         assert lost == ["t"]
         assert [task for (_, task, *_rest) in agent.log] == ["t", "t", "u"]  # t made again
-        assert [r for r in caplog.records if "still not started" in r.getMessage()]
+        watchdog = [r for r in caplog.records if "still not started" in r.getMessage()]
+        assert bool(watchdog) != reported
+        assert orch.inputs_regrown == int(reported)
         assert any("starved of inputs: u" in x and "re-running t" in x for x in run.placement_log)
         assert run.results_committed == 2  # t's second result is the same task's: dropped
 
