@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -302,6 +303,8 @@ class Outcome:
     placed: int = 0
     status: StatusReply | None = None
     priority: int = 100
+    #: From the submit request to the pipeline's terminal event (nan: none seen).
+    done_s: float = float("nan")
 
 
 def normalise_reason(reason: str) -> str:
@@ -364,6 +367,7 @@ async def run_load(
             out.reason = f"submit got no reply: {type(exc).__name__}"
         try:
             await asyncio.wait_for(fut, TERMINAL_TIMEOUT_S)
+            out.done_s = time.perf_counter() - t0
         except TimeoutError:
             terminals.forget(pid)
             out.reason = out.reason or f"not terminal {TERMINAL_TIMEOUT_S:.0f} s after submit"
@@ -513,6 +517,8 @@ async def audit_mirror(url: str) -> Audit:
 
 
 # -- main ---------------------------------------------------------------------------------------
+#: A pipeline that took longer than this from submit to end has its placement log printed.
+SLOW_S = 2.0
 #: `--priorities mixed`: (priority, preemptible) classes, one drawn per pipeline.
 PRIORITY_CLASSES = ((10, True), (100, False), (500, False))
 
@@ -594,6 +600,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     reasons = Counter(normalise_reason(o.reason) for o in failed)
     statuses = [o.status for o in outs if o.status is not None]
     submit_ms = [o.submit_s * 1e3 for o in outs if o.submit_s == o.submit_s]
+    done_ms = [o.done_s * 1e3 for o in outs if o.done_s == o.done_s]
     print(
         f"booking stress: {args.orchestrators} orchestrators, {args.agents} emulated agents, "
         f"concurrency {args.concurrency}, seed {args.seed}, priorities {args.priorities}"
@@ -607,6 +614,11 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["load wall time (s)", load.wall_s],
         ["submissions/s", len(outs) / load.wall_s if load.wall_s else float("nan")],
         ["submit latency P50 / P99 (ms)", f"{pct(submit_ms, 50):.1f} / {pct(submit_ms, 99):.1f}"],
+        [
+            "submit to end P50 / P99 / max (ms)",
+            f"{pct(done_ms, 50):.1f} / {pct(done_ms, 99):.1f} / "
+            f"{max(done_ms, default=math.nan):.0f}",
+        ],
         ["sum conflicts", sum(s.conflicts for s in statuses)],
         ["sum rejections", sum(s.rejections for s in statuses)],
         ["sum cas_retries", sum(s.cas_retries for s in statuses)],
@@ -647,6 +659,13 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
                 print("          its placement log (last 6 lines):")
                 for line in example.status.placement_log[-6:]:
                     print(f"            {line[:300]}")
+    slowest = max((o for o in outs if o.done_s == o.done_s), key=lambda o: o.done_s, default=None)
+    if slowest is not None and slowest.done_s > SLOW_S:
+        # the slowest pipeline's own account of what held it (the tail is where bugs hide)
+        print(f"\nslowest pipeline: {slowest.pipeline_id}, {slowest.done_s:.1f} s to its end")
+        if slowest.status is not None:
+            for line in slowest.status.placement_log[-40:]:
+                print(f"  {line[:300]}")
     for title, items in (
         ("violations", audit.violations),
         ("undecodable", audit.undecodable),
