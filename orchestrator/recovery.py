@@ -73,6 +73,8 @@ class Stuck:
     incarnation: str | None
     since: float
     tried: float
+    #: A starved re-placement's tasks (`Recovery.rerun_starved`): retried as such.
+    starved: frozenset[str] | None = None
 
 
 #: After this orchestrator reconnects to NATS, how long agents have to come back before
@@ -361,7 +363,10 @@ class Recovery:
                 for t, (state, agent, token) in saved.items():
                     tr = run.tasks[t]
                     tr.state, tr.agent_id, tr.token = state, agent, token
-                self._wait_for_capacity(run, redo, seeds is not None, gone, why, incarnation, exc)
+                self._wait_for_capacity(
+                    run, redo, seeds is not None, gone, why, incarnation, exc,
+                    frozenset(starved) if starved is not None else None,
+                )  # fmt: skip
             else:
                 self._stuck.pop(run.pipeline_id, None)
                 if incarnation is not None:
@@ -405,11 +410,12 @@ class Recovery:
         why: str,
         incarnation: str | None,
         exc: Exception,
+        starved: frozenset[str] | None = None,
     ) -> None:
         now = self.o.mono()
         first = self._stuck.get(run.pipeline_id)
         since = first.since if first is not None else now
-        self._stuck[run.pipeline_id] = Stuck(cancelled, gone, why, incarnation, since, now)
+        self._stuck[run.pipeline_id] = Stuck(cancelled, gone, why, incarnation, since, now, starved)
         if first is None:
             run.note(
                 f"{why}: cannot re-place {', '.join(sorted(redo))} now "
@@ -443,8 +449,11 @@ class Recovery:
             at = st.tried + STUCK_RETRY_S
             if now >= at:
                 st.tried = now
-                seeds: set[str] | None = set() if st.cancelled else None
-                self.o._spawn(self._recover_run(run, seeds, st.gone, st.why, st.incarnation))
+                if st.starved is not None:  # its tasks are not cancelled: name them again
+                    self.o._spawn(self.rerun_starved(run, set(st.starved)))
+                else:
+                    seeds: set[str] | None = set() if st.cancelled else None
+                    self.o._spawn(self._recover_run(run, seeds, st.gone, st.why, st.incarnation))
                 at = now + STUCK_RETRY_S
             due = min(due, at)
         return due

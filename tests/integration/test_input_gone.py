@@ -6,7 +6,7 @@ finds the consumer starved (two looks of `stall_s`). Over a real nats-server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NamedTuple
 
 import nats
@@ -15,6 +15,8 @@ from nats.aio.msg import Msg
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
+from orchestrator import recovery
+from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import Placer
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
@@ -81,17 +83,18 @@ async def cluster(nats_url: str) -> AsyncIterator[Cluster]:
         await stop_cluster(orch, list(agents.values()))
 
 
-@pytest.mark.parametrize("to", ["c", "a"])
-async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_again(
-    cluster: Cluster, nats_url: str, to: str
-) -> None:
+async def move_as_t_ends(
+    cluster: Cluster,
+    nats_url: str,
+    away: list[str],
+    then: Callable[[PipelineRun], Awaitable[None]],
+) -> PipelineRun:
     """u is evicted from b while t is still to run, so it may move; while it is re-placed, t
-    ends and hands its output to u on b, which takes it (and t's agent lets it go). u moves
-    to c (or to a, t's own agent), where nobody will send t's output again: its agent finds
-    it gone when it asks a (or looks itself), and t is run again, well before the stall
-    watchdog would have noticed."""
+    ends and hands its output to u on b, which takes it (and t's agent lets it go); b (and
+    the agents named in `away`) then drain, and the re-placement goes on. `then` runs next;
+    returns the pipeline at its end."""
     orch, agents = cluster
-    a, b, c = agents["a"], agents["b"], agents["c"]
+    a, b = agents["a"], agents["b"]
     got = asyncio.Event()  # u's input reached b
     deliver = b.core.deliver
 
@@ -125,14 +128,30 @@ async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_agai
         a.gates["t"].set()
         await asyncio.wait_for(got.wait(), 10.0)
         await orch.wait_for(lambda: run.tasks["t"].state == "succeeded", 10.0)
-        b.drain()  # b takes nothing new: u moves (to c, faster than a, unless c drains too)
-        if to == "a":
-            c.drain()
+        for name in ("b", *away):  # they take nothing new: u moves
+            agents[name].drain()
         go.set()
+        await then(run)
         done = await orch.wait_terminal("p", 10.0)
     finally:
         await nc.close()
     assert done.state == "succeeded", done.reason
+    return done
+
+
+async def nothing(_run: PipelineRun) -> None:
+    return None
+
+
+@pytest.mark.parametrize("to", ["c", "a"])
+async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_again(
+    cluster: Cluster, nats_url: str, to: str
+) -> None:
+    """u moves to c (or to a, t's own agent), where nobody will send t's output again: its
+    agent finds it gone when it asks a (or looks itself), and t is run again, well before the
+    stall watchdog would have noticed."""
+    orch, agents = cluster
+    done = await move_as_t_ends(cluster, nats_url, ["c"] if to == "a" else [], nothing)
     log = "\n".join(done.placement_log)
     ran = {n: [x[1] for x in ag.log] for n, ag in agents.items()}
     assert ran["a"][:2] == ["t", "t"], log  # made again
@@ -140,6 +159,27 @@ async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_agai
     assert agents[to].data.stats["inputs_gone"] >= 1
     assert orch.inputs_regrown == 1
     assert f"{to}: input t of u is gone from a" in log and "re-running t" in log, log
+
+
+async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
+    cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with a (where t must run) draining too: t cannot run again, so the
+    re-placement fails and waits; once a takes work again it is tried again (every
+    STUCK_RETRY_S), as starved tasks, not as a dead agent's cancelled ones (of which there
+    are none, so that retry re-placed nothing and the pipeline waited for the watchdog)."""
+    monkeypatch.setattr(recovery, "STUCK_RETRY_S", 0.2)
+    orch, agents = cluster
+
+    async def refused_then_room(run: PipelineRun) -> None:
+        await orch.wait_for(lambda: any("cannot re-place" in x for x in run.placement_log), 10)
+        agents["a"].resume()
+
+    done = await move_as_t_ends(cluster, nats_url, ["a"], refused_then_room)
+    log = "\n".join(done.placement_log)
+    assert [x[1] for x in agents["a"].log] == ["t", "t"], log
+    assert [x[1] for x in agents["c"].log] == ["u"], log
+    assert "re-running t" in log, log
 
 
 async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None:
