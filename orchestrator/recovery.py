@@ -354,6 +354,7 @@ class Recovery:
                 t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
             }
             was = {t: run.placements[t] for t in redo if t in run.placements}
+            booked = {t: run.windows[t] for t in redo if t in run.windows}
             for t in redo:
                 tr = run.tasks[t]
                 tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
@@ -376,10 +377,19 @@ class Recovery:
                             t for t, (_, a, _) in saved.items() if a == agent
                         )
                 if starved is not None:  # their agents are alive: withdraw what moved away
+                    now = self.o.wall()
                     for t, p in was.items():
                         agent, token = saved[t][1], saved[t][2]
                         if agent and agent != run.tasks[t].agent_id:
                             await self.o.cancel_tasks(run, {t: p}, why, max_token=token)
+                        old = booked.get(t)
+                        if old is not None and old[0] != run.windows.get(t, old)[0]:
+                            # and give back the window it leaves (else it holds that device
+                            # until it expires: nothing renews or releases it there any more)
+                            key, start, end = old
+                            self.o.store.defer_release(
+                                key, run.pipeline_id, now, exact=[(t, start, end)]
+                            )
                 await self.o._commit_all(run, redo)
                 run.recoveries += 1
                 self.stats["tasks_replaced"] += len(redo)

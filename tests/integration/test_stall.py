@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from edge_agent import dataplane
 from edge_agent.retention import Retained
 from orchestrator.pipelines import PipelineRun
+from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
 from schemas.codec import decode
@@ -201,6 +202,9 @@ async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
         assert ran[home].count("t") + ran[other].count("t") == 2  # t made again
         assert run.tasks["u"].agent_id == other
         assert ("p", "u") not in agents[home].core.jobs  # withdrawn, not left waiting
+        # and its window there given back (nothing would renew or release it any more)
+        left = orch.store.snapshot().get(device_key(home, "cpu0"))
+        assert left is None or not [w for w in left.book.windows if w.pipeline_id == "p"]
     finally:
         for a in agents.values():
             await a.stop()
