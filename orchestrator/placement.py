@@ -70,6 +70,9 @@ class Round:
     sent: dict[str, TaskOffer] = field(default_factory=dict)
     #: Devices left out because their booking key is full, each with why.
     full: dict[str, str] = field(default_factory=dict)
+    #: Producers not being placed whose agents refused to hear where their consumers went
+    #: (`duplicate`: they ended, or run, there already): their consumers fetch the output.
+    ended: set[str] = field(default_factory=set)
 
 
 class Placer:
@@ -306,6 +309,27 @@ class Placer:
             if stale:
                 t_offer = clock()
                 again = await o.offer_many(stale)
+                # A producer that ended (or started) at its agent before its end was heard
+                # here cannot be told where its consumers went, and re-planning would not
+                # change that: it sent its output to where they were. Their new offers say it
+                # is ready, so their agents fetch it at commit (and say so if it is gone).
+                ended = {
+                    r.task_id for r in again
+                    if not r.accepted and r.code == "duplicate" and r.task_id not in todo
+                    and r.task_id not in st.sent
+                }  # fmt: skip
+                if ended:
+                    st.ended |= ended
+                    run.note(
+                        f"round {rnd}: {', '.join(sorted(ended))} already ended or running on "
+                        "their agents; their consumers fetch the output"
+                    )
+                    fed = {c for d in ended for c in run.children[d] if c in final}
+                    final.update({c: self._offer(run, c, placements, st, order) for c in fed})
+                    again = [r for r in again if r.task_id not in ended]
+                    told = await o.offer_many([final[c] for c in sorted(fed)])
+                    st.sent.update({r.task_id: final[r.task_id] for r in told if r.accepted})
+                    again += told
                 steps["offer"] += clock() - t_offer
                 if not all(r.accepted for r in again):
                     run.note(f"round {rnd}: routing update refused; re-planning")
@@ -347,7 +371,7 @@ class Placer:
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
             slot=p.slot, token=0 if provisional else st.tokens[tid], order=order[tid], task=task,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
-                             ready=run.tasks[d].state == "succeeded")
+                             ready=run.tasks[d].state == "succeeded" or d in st.ended)
                     for d in task.deps],
             consumers=consumers,
         )  # fmt: skip

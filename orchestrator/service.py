@@ -217,6 +217,8 @@ class Orchestrator:
         #: placements (pipeline, consumer, token) already acted on.
         self.inputs_regrown = 0
         self._regrown: set[tuple[str, str, int]] = set()
+        #: Reports about a producer whose end had not been heard yet, per (pipeline, producer).
+        self._gone_early: dict[tuple[str, str], InputGone] = {}
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.
         self.predictor = Predictor()
@@ -539,6 +541,10 @@ class Orchestrator:
         await self.recovery.after_event(run, ev, run.duplicate_events + run.stale_events == ignored)
         if ev.state == "succeeded" and run.duplicate_events + run.stale_events == ignored:
             self._learn(run, ev)
+            if self._gone_early:
+                early = self._gone_early.pop((run.pipeline_id, ev.task_id), None)
+                if early is not None:
+                    await self._input_gone(early)
         if new_state is not None:
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
@@ -924,6 +930,9 @@ class Orchestrator:
         now = self.wall()
         for key in sorted({device_key_of(d) for d in run.devices()}):
             self.store.defer_release(key, run.pipeline_id, now)
+        if self._gone_early:
+            for k in [k for k in self._gone_early if k[0] == run.pipeline_id]:
+                del self._gone_early[k]
         await self.persist(run)
         run.settled = True
         async with self._changed:
@@ -1051,6 +1060,9 @@ class Orchestrator:
             note = decode(msg.data, InputGone)
         except DecodeError:
             return
+        await self._input_gone(note)
+
+    async def _input_gone(self, note: InputGone) -> None:
         run = self.pipelines.get(note.pipeline_id)
         if run is None or run.terminal or not self.failover.may_act(run.pipeline_id):
             return
@@ -1061,8 +1073,16 @@ class Orchestrator:
         if (
             tr.state not in ("offered", "accepted")
             or (tr.token, tr.agent_id) != (note.token, note.agent_id)
-            or (prod.state, prod.agent_id) != ("succeeded", note.producer_agent)
+            or prod.agent_id != note.producer_agent
         ):
+            return
+        if prod.state != "succeeded":
+            if prod.state in ("accepted", "started") and len(self._gone_early) < MAX_REGROWN:
+                # its agent holds neither its output nor its job: it ended there, and its end
+                # has not been heard here yet; acted on when it is (`_task_event`)
+                self._gone_early[(run.pipeline_id, note.producer)] = note
+                async with self._changed:
+                    self._changed.notify_all()
             return
         key = (run.pipeline_id, note.consumer, note.token)
         if key in self._regrown:

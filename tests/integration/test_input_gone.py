@@ -13,6 +13,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from edge_agent import dataplane
 from edge_agent.core import Job
 from edge_agent.executors import Output
 from orchestrator import recovery
@@ -21,8 +22,10 @@ from orchestrator.placement import Placer
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
+from schemas.api import CancelRequest
 from schemas.codec import encode
-from schemas.placement import DataAck, DataTransfer, EvictNotice, InputGone
+from schemas.events import TaskEvent
+from schemas.placement import EvictNotice, InputGone
 from tests.harness import RecordingAgent, agent_config, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -88,23 +91,26 @@ async def move_as_t_ends(
     nats_url: str,
     away: list[str],
     then: Callable[[PipelineRun], Awaitable[None]],
+    *,
+    heard: bool = True,
 ) -> PipelineRun:
     """u is evicted from b while t is still to run, so it may move; while it is re-placed, t
     ends and hands its output to u on b, which takes it (and t's agent lets it go); b (and
-    the agents named in `away`) then drain, and the re-placement goes on. `then` runs next;
-    returns the pipeline at its end."""
+    the agents named in `away`) then drain, and the re-placement goes on, once t's end has
+    reached the orchestrator (with `heard`) or at once. `then` runs next; returns the
+    pipeline at its end."""
     orch, agents = cluster
     a, b = agents["a"], agents["b"]
-    got = asyncio.Event()  # u's input reached b
-    deliver = b.core.deliver
+    released = asyncio.Event()  # a let t's output go: b acknowledged it
+    ack = a.data.store.ack
 
-    def noted(msg: DataTransfer, data: bytes | None = None) -> DataAck:
-        ack = deliver(msg, data)
-        if msg.consumer == "u" and ack.ok:
-            got.set()
-        return ack
+    def noted(pipeline_id: str, producer: str, consumer: str, token: int | None = None) -> Any:
+        out = ack(pipeline_id, producer, consumer, token)
+        if a.data.store.get("p", "t") is None and a.log:
+            released.set()
+        return out
 
-    b.core.deliver = noted  # type: ignore[method-assign]
+    a.data.store.ack = noted  # type: ignore[method-assign]
     b.gates["u"] = asyncio.Event()  # b's slot stays busy: u, given its input, does not start
     reached, go = asyncio.Event(), asyncio.Event()
     place = Placer.place
@@ -126,8 +132,9 @@ async def move_as_t_ends(
         await nc.publish(subjects.eviction("p"), encode(note))
         await asyncio.wait_for(reached.wait(), 10.0)  # u found movable: t had not run
         a.gates["t"].set()
-        await asyncio.wait_for(got.wait(), 10.0)
-        await orch.wait_for(lambda: run.tasks["t"].state == "succeeded", 10.0)
+        await asyncio.wait_for(released.wait(), 10.0)
+        if heard:
+            await orch.wait_for(lambda: run.tasks["t"].state == "succeeded", 10.0)
         for name in ("b", *away):  # they take nothing new: u moves
             agents[name].drain()
         go.set()
@@ -182,16 +189,50 @@ async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
     assert "re-running t" in log, log
 
 
+async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
+    cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but t's end has not reached the orchestrator when u is re-placed: t's agent
+    refuses to be told where u went (t is done there), which no re-plan can change. u's new
+    offer says t's output is ready, so c asks for it at commit, finds it gone and says so;
+    the report waits for t's end to be heard, and is acted on then. (The data plane's own
+    sweep is out of the picture: only the fetch at commit can find the input gone.)"""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    orch, agents = cluster
+    heard = asyncio.Event()
+    real = orch._task_event
+
+    async def late(ev: TaskEvent) -> None:
+        if (ev.pipeline_id, ev.task_id, ev.state) == ("p", "t", "succeeded"):
+            await heard.wait()
+        await real(ev)
+
+    orch._task_event = late  # type: ignore[method-assign]
+
+    async def parked(_run: PipelineRun) -> None:
+        await orch.wait_for(lambda: ("p", "t") in orch._gone_early, 10.0)
+        heard.set()
+
+    done = await move_as_t_ends(cluster, nats_url, [], parked, heard=False)
+    log = "\n".join(done.placement_log)
+    assert "t already ended or running on their agents; their consumers fetch" in log, log
+    assert "re-placed after eviction: u" in log, log
+    assert [x[1] for x in agents["a"].log] == ["t", "t"], log
+    assert [x[1] for x in agents["c"].log] == ["u"], log
+    assert orch.inputs_regrown == 1 and not orch._gone_early
+
+
 async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None:
-    """A report about another placement of the consumer, a producer not finished or run
-    elsewhere, a task that is no consumer of it, another pipeline, or bytes that are no
-    report at all: nothing is re-run, and the service goes on. (The handler is called as the
+    """A report about another placement of the consumer, a producer run elsewhere, a task
+    that is no consumer of it, another pipeline, or bytes that are no report at all: nothing
+    is re-run, and the service goes on. A report that comes before the producer's end is
+    heard waits for it, and is forgotten with its pipeline. (The handler is called as the
     subscription calls it, so each report is handled when the call returns.)"""
     orch, agents = cluster
     await orch.submit_spec(t_then_u(), "p")
     run = orch.pipelines["p"]
     u = run.tasks["u"]
-    assert orch.nc is not None and u.agent_id == "b"
+    assert u.agent_id == "b"
     true = InputGone(pipeline_id="p", consumer="u", token=u.token, agent_id="b",
                      producer="t", producer_agent="a")  # fmt: skip
     wrong = [
@@ -200,15 +241,23 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
         true.model_copy(update={"producer_agent": "b"}),  # t runs on a
         true.model_copy(update={"consumer": "t", "producer": "u"}),  # t is fed by nobody
         true.model_copy(update={"pipeline_id": "nope"}),
-        true,  # t has not run yet (held): its output is still to come
     ]
+
+    nc = orch.nc
+    assert nc is not None
+
+    async def report(data: bytes) -> None:
+        await orch._on_input_gone(Msg(nc, subjects.input_gone("p"), data=data))
+
     for data in [*(encode(w) for w in wrong), b"\xff not a report", b"{}"]:
-        await orch._on_input_gone(Msg(orch.nc, subjects.input_gone("p"), data=data))
-    assert orch.inputs_regrown == 0 and not any("is gone" in x for x in run.placement_log)
+        await report(data)
+    assert orch.inputs_regrown == 0 and not orch._gone_early
+    assert not any("is gone" in x for x in run.placement_log)
+    await report(encode(true))  # t is held on a: its end is still to come
+    assert orch._gone_early == {("p", "t"): true} and orch.inputs_regrown == 0
+    await orch.cancel(CancelRequest(pipeline_id="p"))
+    assert not orch._gone_early  # forgotten with its pipeline
     agents["a"].gates["t"].set()
-    done = await orch.wait_terminal("p", 10.0)
-    assert done.state == "succeeded" and done.recoveries == 0
-    assert [x[1] for x in agents["a"].log] == ["t"]  # run once
-    # the same report once u has run: nothing waits for the input any more
-    await orch._on_input_gone(Msg(orch.nc, subjects.input_gone("p"), data=encode(true)))
+    await orch.submit_spec(t_then_u(), "p2")
+    assert (await orch.wait_terminal("p2", 10.0)).state == "succeeded"
     assert orch.inputs_regrown == 0
