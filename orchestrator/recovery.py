@@ -73,8 +73,10 @@ class Stuck:
     incarnation: str | None
     since: float
     tried: float
-    #: A starved re-placement's tasks (`Recovery.rerun_starved`): retried as such.
+    #: A starved re-placement's tasks (`Recovery.rerun_starved`), or producers to run again
+    #: (`Recovery.rerun_lost`): retried as such.
     starved: frozenset[str] | None = None
+    lost: frozenset[str] | None = None
 
 
 #: After this orchestrator reconnects to NATS, how long agents have to come back before
@@ -312,6 +314,11 @@ class Recovery:
             except Exception as exc:
                 log.warning("releasing %s failed (the windows will expire): %s", key, exc)
 
+    def lock(self, pipeline_id: str) -> asyncio.Lock:
+        """Held while a pipeline's tasks are re-placed (recovery, re-runs, evictions), so one
+        re-placement plans on what the one before it made, never beside it."""
+        return self._lock(pipeline_id)
+
     def _lock(self, pipeline_id: str) -> asyncio.Lock:
         lock = self._locks.get(pipeline_id)
         if lock is None:
@@ -326,9 +333,12 @@ class Recovery:
         why: str,
         incarnation: str | None = None,
         starved: set[str] | None = None,
+        lost: set[str] | None = None,
     ) -> None:
         """Re-place `seeds` (default: the unfinished tasks on the `gone` agents; `starved`:
-        exactly those tasks) and whatever must run again to feed them, everything else fixed.
+        exactly those tasks; `lost`: those finished producers, to run again while their
+        consumers stay where they are) and whatever must run again to feed them, everything
+        else fixed.
         When nothing can take them, the tasks stay where they were (an agent that comes back,
         or a new incarnation replaying its journal, may still finish them) and the attempt is
         repeated now and then."""
@@ -338,6 +348,8 @@ class Recovery:
                 return  # finished, or another replica owns it now
             if starved is not None:
                 seeds = {t for t in starved if run.tasks[t].state in ("offered", "accepted")}
+            elif lost is not None:
+                seeds = {t for t in lost if run.tasks[t].state == "succeeded"}
             elif seeds is None:
                 seeds = {
                     t
@@ -367,6 +379,7 @@ class Recovery:
                 self._wait_for_capacity(
                     run, redo, seeds is not None, gone, why, incarnation, exc,
                     frozenset(starved) if starved is not None else None,
+                    frozenset(lost) if lost is not None else None,
                 )  # fmt: skip
             else:
                 self._stuck.pop(run.pipeline_id, None)
@@ -394,10 +407,13 @@ class Recovery:
                 run.recoveries += 1
                 self.stats["tasks_replaced"] += len(redo)
                 reruns = sorted(t for t in redo if t not in seeds)
-                run.note(
-                    f"{why}: re-placed {', '.join(sorted(seeds))}"
-                    + (f"; re-running {', '.join(reruns)} (outputs lost)" if reruns else "")
-                )
+                if lost is not None:
+                    run.note(f"{why}: re-running {', '.join(sorted(redo))} (outputs lost)")
+                else:
+                    run.note(
+                        f"{why}: re-placed {', '.join(sorted(seeds))}"
+                        + (f"; re-running {', '.join(reruns)} (outputs lost)" if reruns else "")
+                    )
                 log.info("%s: %s re-placed %s", run.pipeline_id, why, sorted(redo))
         await self.o.persist(run)
         async with self.o._changed:
@@ -411,6 +427,14 @@ class Recovery:
         why = f"starved of inputs: {', '.join(sorted(tasks))}"
         await self._recover_run(run, None, set(), why, starved=tasks)
 
+    async def rerun_lost(self, run: PipelineRun, producers: set[str], why: str) -> None:
+        """Finished producers whose outputs a consumer still waits for are held by nobody
+        (their agents let them go after another placement of the consumer took them): run
+        them again, and whatever must feed them, while the consumer stays where it is, so
+        what they make goes where it waits (moving it too could send the next output to the
+        place it just left, again)."""
+        await self._recover_run(run, None, set(), why, lost=producers)
+
     def _wait_for_capacity(
         self,
         run: PipelineRun,
@@ -421,11 +445,14 @@ class Recovery:
         incarnation: str | None,
         exc: Exception,
         starved: frozenset[str] | None = None,
+        lost: frozenset[str] | None = None,
     ) -> None:
         now = self.o.mono()
         first = self._stuck.get(run.pipeline_id)
         since = first.since if first is not None else now
-        self._stuck[run.pipeline_id] = Stuck(cancelled, gone, why, incarnation, since, now, starved)
+        self._stuck[run.pipeline_id] = Stuck(
+            cancelled, gone, why, incarnation, since, now, starved, lost
+        )
         if first is None:
             run.note(
                 f"{why}: cannot re-place {', '.join(sorted(redo))} now "
@@ -461,6 +488,8 @@ class Recovery:
                 st.tried = now
                 if st.starved is not None:  # its tasks are not cancelled: name them again
                     self.o._spawn(self.rerun_starved(run, set(st.starved)))
+                elif st.lost is not None:
+                    self.o._spawn(self.rerun_lost(run, set(st.lost), st.why))
                 else:
                     seeds: set[str] | None = set() if st.cancelled else None
                     self.o._spawn(self._recover_run(run, seeds, st.gone, st.why, st.incarnation))

@@ -213,12 +213,13 @@ class Orchestrator:
         #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
         self.recovery = Recovery(self)
         self.evictions_seen = 0
-        #: Consumers re-placed because an agent reported an input of theirs gone, and the
-        #: placements (pipeline, consumer, token) already acted on.
+        #: Producers run again because an agent reported their output gone, and the reports
+        #: already acted on: (pipeline, consumer, its token, producer, its token).
         self.inputs_regrown = 0
-        self._regrown: set[tuple[str, str, int]] = set()
-        #: Reports about a producer whose end had not been heard yet, per (pipeline, producer).
-        self._gone_early: dict[tuple[str, str], InputGone] = {}
+        self._regrown: set[tuple[str, str, int, str, int]] = set()
+        #: Reports about a producer whose end had not been heard yet, per (pipeline, producer),
+        #: with the producer's token then.
+        self._gone_early: dict[tuple[str, str], tuple[InputGone, int]] = {}
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.
         self.predictor = Predictor()
@@ -543,8 +544,8 @@ class Orchestrator:
             self._learn(run, ev)
             if self._gone_early:
                 early = self._gone_early.pop((run.pipeline_id, ev.task_id), None)
-                if early is not None:
-                    await self._input_gone(early)
+                if early is not None and early[1] == run.tasks[ev.task_id].token:
+                    await self._input_gone(early[0])  # the placement it was about ended
         if new_state is not None:
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
@@ -1023,6 +1024,11 @@ class Orchestrator:
             return
         self.evictions_seen += 1
         run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
+        async with self.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
+            if not run.terminal:
+                await self._move_evicted(run, note)
+
+    async def _move_evicted(self, run: PipelineRun, note: EvictNotice) -> None:
         # only tasks with no data in flight can move: not started, and no producer started
         movable = {
             t for t in note.task_ids
@@ -1052,10 +1058,11 @@ class Orchestrator:
 
     async def _on_input_gone(self, msg: Msg) -> None:
         """An agent found a finished producer's output gone where this replica's records say
-        it is (a move raced the producer's end, or its agent restarted): re-place the consumer
-        and re-run what must feed it now, not two stall-watchdog looks later. Only a report
-        about the consumer's current placement and a producer that succeeded where it says is
-        acted on, and once per placement; anything else is stale or not this replica's."""
+        it is (a move raced the producer's end, or its agent restarted): run the producer
+        again now, the consumer staying where it waits, not two stall-watchdog looks later.
+        Only a report about the consumer's current placement and a producer that succeeded
+        where it says is acted on (one whose end is not heard yet waits for it), once per
+        pair of placements; anything else is stale or not this replica's."""
         try:
             note = decode(msg.data, InputGone)
         except DecodeError:
@@ -1080,20 +1087,22 @@ class Orchestrator:
             if prod.state in ("accepted", "started") and len(self._gone_early) < MAX_REGROWN:
                 # its agent holds neither its output nor its job: it ended there, and its end
                 # has not been heard here yet; acted on when it is (`_task_event`)
-                self._gone_early[(run.pipeline_id, note.producer)] = note
+                self._gone_early[(run.pipeline_id, note.producer)] = (note, prod.token)
                 async with self._changed:
                     self._changed.notify_all()
             return
-        key = (run.pipeline_id, note.consumer, note.token)
+        key = (run.pipeline_id, note.consumer, note.token, note.producer, prod.token)
         if key in self._regrown:
             return
         if len(self._regrown) >= MAX_REGROWN:
-            self._regrown.clear()  # a repeat only re-places the consumer again
+            self._regrown.clear()  # a repeat only runs the producer once more
         self._regrown.add(key)
         self.inputs_regrown += 1
-        run.note(f"{note.agent_id}: input {note.producer} of {note.consumer} is gone from "
-                 f"{note.producer_agent}")  # fmt: skip
-        self._spawn(self.recovery.rerun_starved(run, {note.consumer}))
+        why = (
+            f"{note.agent_id}: input {note.producer} of {note.consumer} is gone from "
+            f"{note.producer_agent}"
+        )
+        self._spawn(self.recovery.rerun_lost(run, {note.producer}, why))
 
     async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
         """A running producer was told where its consumers were when it was offered: ask its

@@ -168,13 +168,13 @@ async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_agai
     assert f"{to}: input t of u is gone from a" in log and "re-running t" in log, log
 
 
-async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
+async def test_a_re_run_that_finds_no_room_is_tried_again(
     cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As above, with a (where t must run) draining too: t cannot run again, so the
-    re-placement fails and waits; once a takes work again it is tried again (every
-    STUCK_RETRY_S), as starved tasks, not as a dead agent's cancelled ones (of which there
-    are none, so that retry re-placed nothing and the pipeline waited for the watchdog)."""
+    """As above, with a (where t must run) draining too: t cannot run again, so the re-run
+    fails and waits; once a takes work again it is tried again (every STUCK_RETRY_S) as the
+    re-run it was, not as a dead agent's cancelled tasks (of which there are none: that
+    retry re-placed nothing, and the pipeline waited for the stall watchdog)."""
     monkeypatch.setattr(recovery, "STUCK_RETRY_S", 0.2)
     orch, agents = cluster
 
@@ -254,7 +254,8 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     assert orch.inputs_regrown == 0 and not orch._gone_early
     assert not any("is gone" in x for x in run.placement_log)
     await report(encode(true))  # t is held on a: its end is still to come
-    assert orch._gone_early == {("p", "t"): true} and orch.inputs_regrown == 0
+    assert orch._gone_early == {("p", "t"): (true, run.tasks["t"].token)}
+    assert orch.inputs_regrown == 0
     await orch.cancel(CancelRequest(pipeline_id="p"))
     assert not orch._gone_early  # forgotten with its pipeline
     agents["a"].gates["t"].set()

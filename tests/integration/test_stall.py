@@ -12,6 +12,7 @@ from nats.aio.msg import Msg
 
 from edge_agent import dataplane
 from edge_agent.retention import Retained
+from orchestrator import recovery
 from orchestrator.pipelines import PipelineRun
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
@@ -160,17 +161,24 @@ async def test_an_input_gone_for_good_is_made_again(
         watchdog = [r for r in caplog.records if "still not started" in r.getMessage()]
         assert bool(watchdog) != reported
         assert orch.inputs_regrown == int(reported)
-        assert any("starved of inputs: u" in x and "re-running t" in x for x in run.placement_log)
+        said = "input t of u is gone from a1: re-running t" if reported else "starved of inputs: u"
+        assert any(said in x and "re-running t" in x for x in run.placement_log)
         assert run.results_committed == 2  # t's second result is the same task's: dropped
 
 
 async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As above, but u's agent drains as it loses the input: u and t are made again on the
-    other agent, and u's old job is withdrawn, not left behind waiting for an input that will
-    never come."""
+    """As above, with agents that do not report inputs gone (from before `InputGone`), and
+    u's agent draining as it loses the input: the watchdog finds u starved, u and t are made
+    again on the other agent, and u's old job is withdrawn, not left behind waiting for an
+    input that will never come."""
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+
+    async def silent(*_a: object) -> None:
+        return None
+
+    monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
     orch = Orchestrator(nats_url, stall_s=0.4)
     await orch.start()
     config = agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
@@ -205,6 +213,63 @@ async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
         # and its window there given back (nothing would renew or release it any more)
         left = orch.store.snapshot().get(device_key(home, "cpu0"))
         assert left is None or not [w for w in left.book.windows if w.pipeline_id == "p"]
+    finally:
+        for a in agents.values():
+            await a.stop()
+        await orch.stop()
+
+
+async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, but both agents drain as u loses its input: the watchdog finds u starved
+    and nothing can take it or t. Once the other agent takes work again, the re-placement is
+    tried again within STUCK_RETRY_S as the starved one it was (that retry used to look for
+    a dead agent's cancelled tasks, found none, re-placed nothing, and the pipeline waited
+    for the watchdog to find u starved a second time)."""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    monkeypatch.setattr(recovery, "STUCK_RETRY_S", 0.2)
+
+    async def silent(*_a: object) -> None:
+        return None
+
+    monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
+    orch = Orchestrator(nats_url, stall_s=2.0)  # a second verdict would take two more looks
+    await orch.start()
+    config = agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
+    agents = {n: RecordingAgent(nats_url, config, agent_id=n, calibrate=False) for n in "ab"}
+    lost: list[str] = []
+
+    def forgetful(agent: RecordingAgent) -> Callable[..., DataAck]:
+        real = agent.core.deliver
+
+        def deliver(msg: DataTransfer, data: bytes | None = None) -> DataAck:
+            if msg.consumer == "u" and not lost:
+                lost.append(agent.agent_id)
+                for a in agents.values():
+                    a.drain()
+                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+            return real(msg, data)
+
+        return deliver
+
+    for a in agents.values():
+        a.core.deliver = forgetful(a)  # type: ignore[method-assign]
+        await a.start()
+    try:
+        assert await orch.wait_for_agents(2, timeout=10.0) == 2
+        with caplog.at_level(logging.WARNING, logger="mars"):
+            await orch.submit_spec(chain("t", "u"), "p")
+            run = orch.pipelines["p"]
+            await orch.wait_for(lambda: any("cannot re-place" in x for x in run.placement_log), 15)
+            [home] = lost
+            other = next(n for n in agents if n != home)
+            agents[other].resume()
+            done = await orch.wait_terminal("p", 10.0)
+        assert done.state == "succeeded", done.reason
+        starved = [r for r in caplog.records if "still not started" in r.getMessage()]
+        assert len(starved) == 1, "found starved again: the retry did not re-place it"
+        assert run.tasks["u"].agent_id == other
     finally:
         for a in agents.values():
             await a.stop()
