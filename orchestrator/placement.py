@@ -339,6 +339,10 @@ class Placer:
             run.algorithm = plan.algorithm
             run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
             for tid, x in final.items():
+                if only is not None and tid not in only:
+                    # a producer only told where its consumers went: where and how it runs
+                    # is as before, and its state is its events' (it may have ended meanwhile)
+                    continue
                 tr = run.tasks[tid]
                 tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, st.tokens[tid]
                 p = placements[tid]

@@ -362,6 +362,26 @@ class Recovery:
             if not redo:
                 self._stuck.pop(run.pipeline_id, None)
                 return
+            exclude: set[tuple[str, str]] = set()
+            waiting: set[str] = set()
+            if lost is not None:
+                # their waiting consumers stay on their devices, only later: booked again
+                # after the re-runs (their old windows, before them, would refuse those)
+                waiting = {
+                    c for t in redo for c in run.children[t]
+                    if c not in redo and run.tasks[c].state in ("offered", "accepted")
+                    and c in run.placements
+                }  # fmt: skip
+                devices = [
+                    f"{aid}:{d.device_id}"
+                    for aid, e in self.o.view.agents.items()
+                    for d in e.advert.devices
+                ]
+                exclude = {
+                    (c, d) for c in waiting for d in devices
+                    if d != run.placements[c].device_id
+                }  # fmt: skip
+                redo |= waiting
             saved = {
                 t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
             }
@@ -371,7 +391,7 @@ class Recovery:
                 tr = run.tasks[t]
                 tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
             try:
-                await self.o.placer.place(run, only=redo)
+                await self.o.placer.place(run, only=redo, exclude=exclude)
             except Exception as exc:  # PlacementFailed, or nothing left to plan on at all
                 for t, (state, agent, token) in saved.items():
                     tr = run.tasks[t]
@@ -408,7 +428,10 @@ class Recovery:
                 self.stats["tasks_replaced"] += len(redo)
                 reruns = sorted(t for t in redo if t not in seeds)
                 if lost is not None:
-                    run.note(f"{why}: re-running {', '.join(sorted(redo))} (outputs lost)")
+                    run.note(
+                        f"{why}: re-running {', '.join(sorted(redo - waiting))} (outputs lost)"
+                        + (f"; {', '.join(sorted(waiting))} booked again after" if waiting else "")
+                    )
                 else:
                     run.note(
                         f"{why}: re-placed {', '.join(sorted(seeds))}"

@@ -6,7 +6,7 @@ finds the consumer starved (two looks of `stall_s`). Over a real nats-server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
 import nats
@@ -25,7 +25,7 @@ from schemas import PipelineSpec, subjects
 from schemas.api import CancelRequest
 from schemas.codec import encode
 from schemas.events import TaskEvent
-from schemas.placement import EvictNotice, InputGone
+from schemas.placement import EvictNotice, InputGone, OfferReply, TaskOffer
 from tests.harness import RecordingAgent, agent_config, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -166,6 +166,9 @@ async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_agai
     assert agents[to].data.stats["inputs_gone"] >= 1
     assert orch.inputs_regrown == 1
     assert f"{to}: input t of u is gone from a" in log and "re-running t" in log, log
+    # u stays where it waits, booked again after t (its old window, before t's, would
+    # refuse t's booking on a: round after round, then a wait to try again)
+    assert "cannot re-place" not in log and done.tasks["u"].agent_id == to, log
 
 
 async def test_a_re_run_that_finds_no_room_is_tried_again(
@@ -220,6 +223,41 @@ async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
     assert [x[1] for x in agents["a"].log] == ["t", "t"], log
     assert [x[1] for x in agents["c"].log] == ["u"], log
     assert orch.inputs_regrown == 1 and not orch._gone_early
+
+
+async def test_a_producer_heard_ending_during_the_move_stays_ended(
+    cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but t's end is heard while u's re-placement is still under way, after t's
+    agent refused to be told where u went: the re-placement must not wind t back to
+    `accepted` as it ends (t would then look free to start and never started, and its end,
+    already heard, is not heard again), and u's input is made again."""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    orch, agents = cluster
+    heard = asyncio.Event()
+    real_event, real_offers = orch._task_event, orch.offer_many
+
+    async def late(ev: TaskEvent) -> None:
+        if (ev.pipeline_id, ev.task_id, ev.state) == ("p", "t", "succeeded"):
+            await heard.wait()
+        await real_event(ev)
+
+    async def mid_placement(offers: Sequence[TaskOffer]) -> list[OfferReply]:
+        replies = await real_offers(offers)
+        if any(o.task.id == "u" and o.inputs[0].ready for o in offers) and not heard.is_set():
+            heard.set()  # u is told t's output is ready: now t's end is heard, mid-placement
+            run = orch.pipelines["p"]
+            await orch.wait_for(lambda: run.tasks["t"].state == "succeeded", 10.0)
+        return replies
+
+    orch._task_event = late  # type: ignore[method-assign]
+    orch.offer_many = mid_placement  # type: ignore[method-assign]
+    done = await move_as_t_ends(cluster, nats_url, [], nothing, heard=False)
+    log = "\n".join(done.placement_log)
+    assert "t already ended or running on their agents" in log, log
+    assert [x[1] for x in agents["a"].log] == ["t", "t"], log
+    assert [x[1] for x in agents["c"].log] == ["u"], log
+    assert done.tasks["t"].state == "succeeded"
 
 
 async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None:
