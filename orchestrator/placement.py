@@ -324,15 +324,17 @@ class Placer:
                         f"round {rnd}: {', '.join(sorted(ended))} already ended or running on "
                         "their agents; their consumers fetch the output"
                     )
-                    fed = {c for d in ended for c in run.children[d] if c in final}
+                    fed = {c for d in ended for c in run.children[d] if c in final and c in todo}
                     final.update({c: self._offer(run, c, placements, st, order) for c in fed})
                     again = [r for r in again if r.task_id not in ended]
                     told = await o.offer_many([final[c] for c in sorted(fed)])
                     st.sent.update({r.task_id: final[r.task_id] for r in told if r.accepted})
                     again += told
                 steps["offer"] += clock() - t_offer
-                if not all(r.accepted for r in again):
-                    run.note(f"round {rnd}: routing update refused; re-planning")
+                refused = [r for r in again if not r.accepted]
+                if refused:
+                    why = "; ".join(f"{r.task_id} on {r.agent_id}: {r.code}" for r in refused)
+                    run.note(f"round {rnd}: routing update refused ({why[:500]}); re-planning")
                     continue
             run.placements = placements
             run.plan = planned_view(placements)
