@@ -62,6 +62,53 @@ async def one_agent(
         await orch.stop()
 
 
+def silence_input_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agents from before `InputGone`: they say nothing of an input found gone."""
+
+    async def silent(*_a: object) -> None:
+        return None
+
+    monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
+
+
+@contextlib.asynccontextmanager
+async def forgetful_pair(
+    nats_url: str, stall_s: float, drain: Callable[[str], list[str]]
+) -> AsyncIterator[tuple[Orchestrator, dict[str, RecordingAgent], list[str]]]:
+    """An orchestrator (stall time `stall_s`) and agents a and b; the first agent to receive
+    u's input acknowledges it, loses it (its id is listed) and drains the agents `drain`
+    names for it."""
+    orch = Orchestrator(nats_url, stall_s=stall_s)
+    await orch.start()
+    config = agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
+    agents = {n: RecordingAgent(nats_url, config, agent_id=n, calibrate=False) for n in "ab"}
+    lost: list[str] = []
+
+    def forgetful(agent: RecordingAgent) -> Callable[..., DataAck]:
+        real = agent.core.deliver
+
+        def deliver(msg: DataTransfer, data: bytes | None = None) -> DataAck:
+            if msg.consumer == "u" and not lost:
+                lost.append(agent.agent_id)
+                for name in drain(agent.agent_id):  # new offers go elsewhere from now on
+                    agents[name].drain()
+                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+            return real(msg, data)
+
+        return deliver
+
+    for a in agents.values():
+        a.core.deliver = forgetful(a)  # type: ignore[method-assign]
+        await a.start()
+    try:
+        assert await orch.wait_for_agents(2, timeout=10.0) == 2
+        yield orch, agents, lost
+    finally:
+        for a in agents.values():
+            await a.stop()
+        await orch.stop()
+
+
 async def run_to_end(orch: Orchestrator, spec: PipelineSpec) -> PipelineRun:
     await orch.submit_spec(spec, "p")
     run = await orch.wait_terminal("p", 10.0)
@@ -138,11 +185,7 @@ async def test_an_input_gone_for_good_is_made_again(
     say so (one from before `InputGone`) is found out by the watchdog two looks later."""
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     if not reported:
-
-        async def silent(*_a: object) -> None:
-            return None
-
-        monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
+        silence_input_gone(monkeypatch)
     async with one_agent(nats_url) as (orch, agent, _):
         real = agent.core.deliver
         lost: list[str] = []
@@ -174,34 +217,8 @@ async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
     again on the other agent, and u's old job is withdrawn, not left behind waiting for an
     input that will never come."""
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
-
-    async def silent(*_a: object) -> None:
-        return None
-
-    monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
-    orch = Orchestrator(nats_url, stall_s=0.4)
-    await orch.start()
-    config = agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
-    agents = {n: RecordingAgent(nats_url, config, agent_id=n, calibrate=False) for n in "ab"}
-    lost: list[str] = []
-
-    def forgetful(agent: RecordingAgent) -> Callable[..., DataAck]:
-        real = agent.core.deliver
-
-        def deliver(msg: DataTransfer, data: bytes | None = None) -> DataAck:
-            if msg.consumer == "u" and not lost:
-                lost.append(agent.agent_id)
-                agent.drain()  # new offers go elsewhere from now on
-                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
-            return real(msg, data)
-
-        return deliver
-
-    for a in agents.values():
-        a.core.deliver = forgetful(a)  # type: ignore[method-assign]
-        await a.start()
-    try:
-        assert await orch.wait_for_agents(2, timeout=10.0) == 2
+    silence_input_gone(monkeypatch)
+    async with forgetful_pair(nats_url, 0.4, lambda me: [me]) as (orch, agents, lost):
         run = await run_to_end(orch, chain("t", "u"))
         [home] = lost  # u's first agent, which lost t's output
         other = next(n for n in agents if n != home)
@@ -213,10 +230,6 @@ async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
         # and its window there given back (nothing would renew or release it any more)
         left = orch.store.snapshot().get(device_key(home, "cpu0"))
         assert left is None or not [w for w in left.book.windows if w.pipeline_id == "p"]
-    finally:
-        for a in agents.values():
-            await a.stop()
-        await orch.stop()
 
 
 async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
@@ -229,35 +242,9 @@ async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
     for the watchdog to find u starved a second time)."""
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     monkeypatch.setattr(recovery, "STUCK_RETRY_S", 0.2)
-
-    async def silent(*_a: object) -> None:
-        return None
-
-    monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
-    orch = Orchestrator(nats_url, stall_s=2.0)  # a second verdict would take two more looks
-    await orch.start()
-    config = agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
-    agents = {n: RecordingAgent(nats_url, config, agent_id=n, calibrate=False) for n in "ab"}
-    lost: list[str] = []
-
-    def forgetful(agent: RecordingAgent) -> Callable[..., DataAck]:
-        real = agent.core.deliver
-
-        def deliver(msg: DataTransfer, data: bytes | None = None) -> DataAck:
-            if msg.consumer == "u" and not lost:
-                lost.append(agent.agent_id)
-                for a in agents.values():
-                    a.drain()
-                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
-            return real(msg, data)
-
-        return deliver
-
-    for a in agents.values():
-        a.core.deliver = forgetful(a)  # type: ignore[method-assign]
-        await a.start()
-    try:
-        assert await orch.wait_for_agents(2, timeout=10.0) == 2
+    silence_input_gone(monkeypatch)
+    # stall_s 2: a second starved verdict would take two more looks (~2 s), the retry 0.2 s
+    async with forgetful_pair(nats_url, 2.0, lambda _me: ["a", "b"]) as (orch, agents, lost):
         with caplog.at_level(logging.WARNING, logger="mars"):
             await orch.submit_spec(chain("t", "u"), "p")
             run = orch.pipelines["p"]
@@ -270,10 +257,6 @@ async def test_a_starved_re_placement_that_finds_no_room_is_tried_again(
         starved = [r for r in caplog.records if "still not started" in r.getMessage()]
         assert len(starved) == 1, "found starved again: the retry did not re-place it"
         assert run.tasks["u"].agent_id == other
-    finally:
-        for a in agents.values():
-            await a.stop()
-        await orch.stop()
 
 
 async def test_replays_are_bounded_when_every_pipeline_looks_stalled(
