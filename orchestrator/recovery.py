@@ -17,6 +17,7 @@ import contextlib
 import logging
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -334,6 +335,7 @@ class Recovery:
         incarnation: str | None = None,
         starved: set[str] | None = None,
         lost: set[str] | None = None,
+        still: Callable[[], bool] | None = None,
     ) -> None:
         """Re-place `seeds` (default: the unfinished tasks on the `gone` agents; `starved`:
         exactly those tasks; `lost`: those finished producers, to run again while their
@@ -346,6 +348,8 @@ class Recovery:
             if run.terminal or not self.o.failover.may_act(run.pipeline_id):
                 self._stuck.pop(run.pipeline_id, None)
                 return  # finished, or another replica owns it now
+            if still is not None and not still():
+                return  # what asked for it is out of date (a re-placement came first)
             if starved is not None:
                 seeds = {t for t in starved if run.tasks[t].state in ("offered", "accepted")}
             elif lost is not None:
@@ -358,20 +362,23 @@ class Recovery:
                 }
             else:  # every task its agent gave up so far, in one re-plan
                 seeds = {t for t, tr in run.tasks.items() if tr.state == "cancelled"}
-            redo = await self._closure(run, seeds, gone)
+            waiting: set[str] = set()
+            if lost is not None:
+                # their waiting consumers are in it too, so every producer of theirs that no
+                # longer holds its output runs again in this one re-placement (not one per
+                # report); they stay on their devices, only later: booked again after the
+                # re-runs (their old windows, before them, would refuse those)
+                redo = await self._closure(run, seeds | self._waiting(run, seeds), gone)
+                waiting = {t for t in redo if run.tasks[t].state in ("offered", "accepted")}
+                waiting |= self._waiting(run, redo)
+                redo |= waiting
+            else:
+                redo = await self._closure(run, seeds, gone)
             if not redo:
                 self._stuck.pop(run.pipeline_id, None)
                 return
             exclude: set[tuple[str, str]] = set()
-            waiting: set[str] = set()
-            if lost is not None:
-                # their waiting consumers stay on their devices, only later: booked again
-                # after the re-runs (their old windows, before them, would refuse those)
-                waiting = {
-                    c for t in redo for c in run.children[t]
-                    if c not in redo and run.tasks[c].state in ("offered", "accepted")
-                    and c in run.placements
-                }  # fmt: skip
+            if waiting:
                 devices = [
                     f"{aid}:{d.device_id}"
                     for aid, e in self.o.view.agents.items()
@@ -381,7 +388,6 @@ class Recovery:
                     (c, d) for c in waiting for d in devices
                     if d != run.placements[c].device_id
                 }  # fmt: skip
-                redo |= waiting
             saved = {
                 t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
             }
@@ -450,13 +456,19 @@ class Recovery:
         why = f"starved of inputs: {', '.join(sorted(tasks))}"
         await self._recover_run(run, None, set(), why, starved=tasks)
 
-    async def rerun_lost(self, run: PipelineRun, producers: set[str], why: str) -> None:
+    async def rerun_lost(
+        self,
+        run: PipelineRun,
+        producers: set[str],
+        why: str,
+        still: Callable[[], bool] | None = None,
+    ) -> None:
         """Finished producers whose outputs a consumer still waits for are held by nobody
         (their agents let them go after another placement of the consumer took them): run
         them again, and whatever must feed them, while the consumer stays where it is, so
         what they make goes where it waits (moving it too could send the next output to the
         place it just left, again)."""
-        await self._recover_run(run, None, set(), why, lost=producers)
+        await self._recover_run(run, None, set(), why, lost=producers, still=still)
 
     def _wait_for_capacity(
         self,
@@ -531,6 +543,15 @@ class Recovery:
 
     def _gone(self, agent_id: str | None, gone: set[str]) -> bool:
         return agent_id is None or agent_id in gone or self.health.is_dead(agent_id)
+
+    @staticmethod
+    def _waiting(run: PipelineRun, producers: set[str]) -> set[str]:
+        """Placed consumers of `producers`, outside them, that have not started."""
+        return {
+            c for t in producers for c in run.children[t]
+            if c not in producers and run.tasks[c].state in ("offered", "accepted")
+            and c in run.placements
+        }  # fmt: skip
 
     async def _closure(self, run: PipelineRun, seeds: set[str], gone: set[str]) -> set[str]:
         """`seeds` plus every finished task whose output a task that still has to run needs

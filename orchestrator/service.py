@@ -1102,7 +1102,12 @@ class Orchestrator:
             f"{note.agent_id}: input {note.producer} of {note.consumer} is gone from "
             f"{note.producer_agent}"
         )
-        self._spawn(self.recovery.rerun_lost(run, {note.producer}, why))
+        consumer, token = run.tasks[note.consumer], note.token
+
+        def still() -> bool:  # not re-timed by another report's re-run meanwhile
+            return consumer.token == token and consumer.state in ("offered", "accepted")
+
+        self._spawn(self.recovery.rerun_lost(run, {note.producer}, why, still))
 
     async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
         """A running producer was told where its consumers were when it was offered: ask its

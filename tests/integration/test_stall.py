@@ -209,6 +209,39 @@ async def test_an_input_gone_for_good_is_made_again(
         assert run.results_committed == 2  # t's second result is the same task's: dropped
 
 
+async def test_every_lost_input_of_a_consumer_is_made_again_at_once(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """u's agent takes both t1's and t2's outputs and loses them. Asked again, it finds both
+    gone and reports each; the first report has both producers run again in one
+    re-placement (each no longer holds its output), and the second, about a placement of u
+    that is no more once that re-placement has booked u again, does nothing: nothing runs a
+    third time."""
+    monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
+    spec = PipelineSpec.model_validate({"name": "p", "tasks": [
+        {"id": "t1", "run": {"kind": "synthetic", "seconds": 0.01}},
+        {"id": "t2", "run": {"kind": "synthetic", "seconds": 0.01}},
+        {"id": "u", "run": {"kind": "synthetic", "seconds": 0.01}, "deps": ["t1", "t2"]},
+    ]})  # fmt: skip
+    async with one_agent(nats_url) as (orch, agent, _):
+        real = agent.core.deliver
+        lost: list[str] = []
+
+        def forgetful(msg: DataTransfer, data: bytes | None = None) -> DataAck:
+            if msg.consumer == "u" and len(lost) < 2:
+                lost.append(msg.producer)  # acknowledged, then gone
+                return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
+            return real(msg, data)
+
+        agent.core.deliver = forgetful  # type: ignore[method-assign]
+        run = await run_to_end(orch, spec)
+        assert sorted(lost) == ["t1", "t2"]
+        ran = [task for (_, task, *_rest) in agent.log]
+        assert sorted(ran) == ["t1", "t1", "t2", "t2", "u"] and ran[-1] == "u"
+        regrown = [x for x in run.placement_log if "is gone" in x]
+        assert len(regrown) == 1 and "re-running t1, t2" in regrown[0], run.placement_log
+
+
 async def test_a_starved_task_placed_elsewhere_is_withdrawn_from_its_old_agent(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
