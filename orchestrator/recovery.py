@@ -318,9 +318,6 @@ class Recovery:
     def lock(self, pipeline_id: str) -> asyncio.Lock:
         """Held while a pipeline's tasks are re-placed (recovery, re-runs, evictions), so one
         re-placement plans on what the one before it made, never beside it."""
-        return self._lock(pipeline_id)
-
-    def _lock(self, pipeline_id: str) -> asyncio.Lock:
         lock = self._locks.get(pipeline_id)
         if lock is None:
             lock = self._locks[pipeline_id] = asyncio.Lock()
@@ -344,7 +341,7 @@ class Recovery:
         When nothing can take them, the tasks stay where they were (an agent that comes back,
         or a new incarnation replaying its journal, may still finish them) and the attempt is
         repeated now and then."""
-        async with self._lock(run.pipeline_id):
+        async with self.lock(run.pipeline_id):
             if run.terminal or not self.o.failover.may_act(run.pipeline_id):
                 self._stuck.pop(run.pipeline_id, None)
                 return  # finished, or another replica owns it now

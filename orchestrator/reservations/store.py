@@ -238,7 +238,7 @@ class BookingStore:
         self.full: dict[str, int] = {}
         #: Per full key: its value less deferred releases, with what `full_devices` looks at
         #: in it (made once per revision and release).
-        self._expiries: dict[str, _FullKey] = {}
+        self._full_keys: dict[str, _FullKey] = {}
         self.stats = Stats()
         self._watch_task: asyncio.Task[None] | None = None
         # one writer per key inside this process: CAS races are then only between replicas
@@ -368,7 +368,7 @@ class BookingStore:
                 )  # fmt: skip
             self.full[key] = size
         elif self.full.pop(key, None) is not None:
-            self._expiries.pop(key, None)
+            self._full_keys.pop(key, None)
             log.info("booking key %s takes bookings again (%d KiB)", key, size // 1024)
 
     def full_devices(self, now: float, room: rules.Blocking | None = None) -> dict[str, str]:
@@ -395,10 +395,10 @@ class BookingStore:
 
     def _full_key(self, key: str, cur: Cached) -> _FullKey:
         base = self._released(key, cur)  # a new object for each revision and release
-        memo = self._expiries.get(key)
+        memo = self._full_keys.get(key)
         if memo is None or memo.base is not base:
             windows = base.book.windows
-            memo = self._expiries[key] = _FullKey(
+            memo = self._full_keys[key] = _FullKey(
                 base,
                 sorted(w.expires for w in windows),
                 [w for w in windows if w.preemptible],
