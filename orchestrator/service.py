@@ -1025,8 +1025,22 @@ class Orchestrator:
         self.evictions_seen += 1
         run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
         async with self.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
-            if not run.terminal:
-                await self._move_evicted(run, note)
+            if run.terminal:
+                return
+            # a window left on a key by an earlier placement of a task (one that moved since
+            # and whose old window was not given back) draws a notice too: the task was not
+            # displaced, and moving it would only throw its queue place away
+            here = [t for t in note.task_ids if self._placed_on(run, t, note.device)]
+            if len(here) < len(note.task_ids):
+                gone = sorted(set(note.task_ids) - set(here))
+                run.note(f"evicted windows of {', '.join(gone)} were stale: not placed there now")
+            if here:
+                await self._move_evicted(run, note.model_copy(update={"task_ids": here}))
+
+    @staticmethod
+    def _placed_on(run: PipelineRun, task_id: str, key: str) -> bool:
+        p = run.placements.get(task_id)
+        return p is not None and device_key_of(p.device_id) == key
 
     async def _move_evicted(self, run: PipelineRun, note: EvictNotice) -> None:
         # only tasks with no data in flight can move: not started, and no producer started

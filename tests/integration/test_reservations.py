@@ -21,6 +21,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encode
+from schemas.placement import EvictNotice
 from schemas.rpc import ServiceError, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 
@@ -274,6 +275,65 @@ async def test_preemption_evicts_only_preemptible_lower_priority_work(nats_url: 
         assert started["high"] is not None and started["low"] is not None
         assert orch.pipelines["high"].committed_at is not None
     finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str) -> None:
+    """A window left on b's key by an earlier placement of "l" (now queued on a) is taken by
+    a higher-priority pipeline: the notice names "l", but "l" was not displaced, so it keeps
+    its place (and its token) instead of being re-placed."""
+    slot1 = {"cpu_slots": 1}
+    orch, agents = await start_cluster(
+        nats_url, {"a": agent_config("s", "edge", **slot1), "b": agent_config("s", "edge", **slot1)}
+    )
+    nc = await nats.connect(nats_url)
+    try:
+        await orch.submit_spec(
+            spec("r", [sleep_task("r", 0.8, requires={"pinned_agent": "a"})]), "busy"
+        )
+        await orch.submit_spec(
+            spec(
+                "l",
+                [sleep_task("l", 0.1, requires={"pinned_agent": "a"})],
+                priority=10,
+                preemptible=True,
+            ),
+            "low",
+        )
+        low = orch.pipelines["low"]
+        placed, token = low.placements["l"], low.tasks["l"].token
+        assert placed.device_id.startswith("a:")
+        leftover = BookingStore(nc.jetstream())
+        await leftover.start()
+        now = time.time()
+        stale = BookingWindow(
+            pipeline_id="low", task_id="l", slot=0, start=now, end=now + 5, expires=now + 30,
+            owner=orch.owner, priority=10, preemptible=True, submitted=now,
+        )  # fmt: skip
+        assert (await leftover.book(device_key("b", "cpu0"), [stale], now)).ok
+        await leftover.stop()
+        await orch.submit_spec(
+            spec("h", [sleep_task("h", 0.05, requires={"pinned_agent": "b"})], priority=500), "high"
+        )
+
+        def answered() -> bool:
+            return any("stale" in x or "after eviction" in x for x in low.placement_log)
+
+        await orch.wait_for(answered, 5)
+        assert any("evicted windows of l were stale" in x for x in low.placement_log)
+        assert not any("re-placed after eviction" in x for x in low.placement_log)
+        assert low.placements["l"] == placed and low.tasks["l"].token == token
+        # a notice naming a task the pipeline does not have moves nothing either
+        bogus = EvictNotice(
+            pipeline_id="low", task_ids=["nope"], device="dev.b.cpu0", by_pipeline="x"
+        )
+        await nc.publish(subjects.eviction("low"), encode(bogus))
+        await orch.wait_for(lambda: any("of nope were stale" in x for x in low.placement_log), 5)
+        runs = {p: await orch.wait_terminal(p, 15) for p in ("busy", "low", "high")}
+        assert all(r.state == "succeeded" for r in runs.values())
+        assert runs["low"].tasks["l"].token == token
+    finally:
+        await nc.close()
         await stop_cluster(orch, agents)
 
 
