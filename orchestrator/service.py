@@ -1125,8 +1125,19 @@ class Orchestrator:
 
     async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
         """A running producer was told where its consumers were when it was offered: ask its
-        agent, for each moved consumer, to send the output to the new place when it is done."""
-        assert self.nc is not None
+        agent, for each moved consumer, to send the output to the new place when it is done.
+        All at once: callers hold the pipeline's recovery lock, and one unresponsive agent's
+        timeout should not be paid once per producer."""
+        nc = self.nc
+        assert nc is not None
+
+        async def ask(agent: str, req: FetchRequest) -> None:
+            # "not finished, sent when it is" is the expected answer; a finished producer
+            # serves the new consumer's own fetch instead (or is found gone by it)
+            with contextlib.suppress(Exception):
+                await request(nc, subjects.fetch(agent), req, DataTransfer, timeout=2.0)
+
+        asks = []
         for tid in sorted(moved):
             tr = run.tasks[tid]
             for dep in run.spec_by_id[tid].deps:
@@ -1137,12 +1148,8 @@ class Orchestrator:
                     pipeline_id=run.pipeline_id, producer=dep, consumer=tid,
                     agent_id=tr.agent_id, token=prod.token,
                 )  # fmt: skip
-                # "not finished, sent when it is" is the expected answer; a finished producer
-                # serves the new consumer's own fetch instead (or is found gone by it)
-                with contextlib.suppress(Exception):
-                    await request(
-                        self.nc, subjects.fetch(prod.agent_id), req, DataTransfer, timeout=2.0
-                    )
+                asks.append(ask(prod.agent_id, req))
+        await asyncio.gather(*asks)
 
     async def _cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
         assert self.nc is not None
