@@ -622,6 +622,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["sum conflicts", sum(s.conflicts for s in statuses)],
         ["sum rejections", sum(s.rejections for s in statuses)],
         ["sum cas_retries", sum(s.cas_retries for s in statuses)],
+        [
+            "windows found gone by an audit (no eviction notice heard)",
+            sum(1 for s in statuses for x in s.placement_log if x.startswith("windows gone")),
+        ],
         ["pipelines with a status", len(statuses)],
         *priority_rows(args, outs),
         [

@@ -220,6 +220,11 @@ class Orchestrator:
         #: Reports about a producer whose end had not been heard yet, per (pipeline, producer),
         #: with the producer's token then.
         self._gone_early: dict[tuple[str, str], tuple[InputGone, int]] = {}
+        #: Tasks found unbooked (`audit_windows`): (pipeline, task, token) missing at the last
+        #: audit, those acted on, and how many were placed again.
+        self._unbooked: set[tuple[str, str, int]] = set()
+        self._unbooked_done: set[tuple[str, str, int]] = set()
+        self.windows_lost = 0
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.
         self.predictor = Predictor()
@@ -975,6 +980,7 @@ class Orchestrator:
         while True:
             await asyncio.sleep(self.lease_s / 3)  # renewal cadence, not synchronisation
             await self.renew_all()
+            await self.audit_windows()
 
     async def renew_all(self) -> None:
         """One renewal of every live pipeline's windows, one write per key. Finding the keys
@@ -998,6 +1004,79 @@ class Orchestrator:
             except Exception as exc:
                 log.warning("renewing %s failed: %s", key, exc)
 
+    def _unbooked_now(
+        self, run: PipelineRun, tid: str, now: float, memo: dict[str, set[tuple[str, str]]]
+    ) -> bool:
+        """Whether `tid`, waiting to start, has no live window where its records say it is
+        booked, by the cache, which has seen that booking (its token is the revision that
+        wrote it). `memo`: each key's live windows, made once per look. An adopted pipeline
+        has no record of its windows: its placements say where they are."""
+        tr, p = run.tasks.get(tid), run.placements.get(tid)
+        if tr is None or p is None or tr.state not in ("offered", "accepted"):
+            return False
+        key = device_key_of(p.device_id)
+        if run.windows.get(tid, (key,))[0] != key or f"{tr.agent_id}:{tr.device_id}" != p.device_id:
+            return False  # records in the middle of a move
+        cur = self.store.cache.get(key)
+        if cur is None or cur.revision < tr.token:
+            return False  # a departed device's key (recovery's business), or not seen yet
+        have = memo.get(key)
+        if have is None:
+            have = memo[key] = {
+                (w.pipeline_id, w.task_id) for w in cur.book.windows if w.expires > now
+            }
+        return (run.pipeline_id, tid) not in have
+
+    async def audit_windows(self) -> int:
+        """Place again tasks waiting to start whose window is gone from their key: evicted
+        with a notice this replica never heard (sent while another replica owned the
+        pipeline, or during a reconnect), or expired while this process could not renew.
+        Such a task holds no reservation and others may book its time. Taken as gone only
+        when missing at two audits in a row under the same token (a placement under way
+        changes windows and tokens between its steps); acted on once per token. Returns how
+        many tasks it found gone."""
+        now = self.wall()
+        memo: dict[str, set[tuple[str, str]]] = {}
+        missing: set[tuple[str, str, int]] = set()
+        gone: dict[str, list[str]] = {}
+        read = 0
+        for run in list(self.pipelines.values()):
+            if read >= RENEW_SLICE_TASKS:
+                await asyncio.sleep(0)
+                read, memo = 0, {}
+            pid = run.pipeline_id
+            if run.terminal or run.committed_at is None or not self.failover.may_act(pid):
+                continue
+            read += len(run.placements)
+            for tid in run.placements:
+                if not self._unbooked_now(run, tid, now, memo):
+                    continue
+                mark = (pid, tid, run.tasks[tid].token)
+                missing.add(mark)
+                if mark in self._unbooked and mark not in self._unbooked_done:
+                    gone.setdefault(pid, []).append(tid)
+        self._unbooked = missing
+        if len(self._unbooked_done) >= MAX_REGROWN:
+            self._unbooked_done &= missing  # only marks still missing can come round again
+        for pid, tids in gone.items():
+            self._spawn(self._rebook(self.pipelines[pid], tids))
+        return sum(len(t) for t in gone.values())
+
+    async def _rebook(self, run: PipelineRun, tids: list[str]) -> None:
+        async with self.recovery.lock(run.pipeline_id):
+            if run.terminal or not self.failover.may_act(run.pipeline_id):
+                return
+            memo: dict[str, set[tuple[str, str]]] = {}
+            now = self.wall()
+            still = [t for t in tids if self._unbooked_now(run, t, now, memo)]
+            if not still:
+                return
+            self._unbooked_done.update((run.pipeline_id, t, run.tasks[t].token) for t in still)
+            self.windows_lost += len(still)
+            where = ", ".join(f"{t} on {run.placements[t].device_id}" for t in sorted(still))
+            run.note(f"windows gone (an eviction not heard, or a lapsed lease): {where}")
+            await self._move_unbooked(run, still, "a lost window", "its reservation was lost")
+
     async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
         assert self.nc is not None
         per_pipe: dict[str, list[str]] = {}
@@ -1020,7 +1099,7 @@ class Orchestrator:
             return
         self.adaptive.evicted(note)
         run = self.pipelines.get(note.pipeline_id)
-        if run is None or run.terminal:
+        if run is None or run.terminal or not self.failover.may_act(run.pipeline_id):
             return
         self.evictions_seen += 1
         run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
@@ -1035,37 +1114,41 @@ class Orchestrator:
                 gone = sorted(set(note.task_ids) - set(here))
                 run.note(f"evicted windows of {', '.join(gone)} were stale: not placed there now")
             if here:
-                await self._move_evicted(run, note.model_copy(update={"task_ids": here}))
+                await self._move_unbooked(run, here, "eviction", f"preempted by {note.by_pipeline}")
 
     @staticmethod
     def _placed_on(run: PipelineRun, task_id: str, key: str) -> bool:
         p = run.placements.get(task_id)
         return p is not None and device_key_of(p.device_id) == key
 
-    async def _move_evicted(self, run: PipelineRun, note: EvictNotice) -> None:
+    async def _move_unbooked(
+        self, run: PipelineRun, task_ids: Collection[str], after: str, why: str
+    ) -> None:
+        """Place again tasks whose windows were taken (`after` an eviction) or found gone (a
+        lost notice, a lapsed lease: `audit_windows`); `why` goes to agents that lose one."""
         # only tasks with no data in flight can move: not started, and no producer started
         movable = {
-            t for t in note.task_ids
+            t for t in task_ids
             if run.tasks[t].state in ("offered", "accepted")
             and all(run.tasks[d].state in ("offered", "accepted")
                     for d in run.spec_by_id[t].deps)
         }  # fmt: skip
         if not movable:
-            run.note("evicted tasks already have data in flight; they stay queued")
+            run.note(f"{', '.join(sorted(task_ids))} already have data in flight; they stay queued")
             return
         old = {t: run.placements[t] for t in movable}
         try:
             await self.placer.place(run, only=movable)
         except PlacementFailed as exc:
-            run.note(f"re-placing evicted tasks failed: {exc}")
+            run.note(f"re-placing {', '.join(sorted(movable))} after {after} failed: {exc}")
             return
         moved = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
-        await self.cancel_tasks(run, moved, f"preempted by {note.by_pipeline}")
+        await self.cancel_tasks(run, moved, why)
         await self._commit_all(run, movable)
         # a producer may have started while they were re-placed (their offers told it where
         # they were); one that ended meanwhile is found out by their agents' fetch (input gone)
         await self.reroute_producers(run, moved)
-        run.note(f"re-placed after eviction: {', '.join(sorted(movable))}")
+        run.note(f"re-placed after {after}: {', '.join(sorted(movable))}")
         await self.persist(run)
         async with self._changed:
             self._changed.notify_all()

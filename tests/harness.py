@@ -68,9 +68,9 @@ def agent_config(site: str, tier: str, **kw: Any) -> AgentConfig:
 
 
 async def start_cluster(
-    url: str, configs: dict[str, AgentConfig]
+    url: str, configs: dict[str, AgentConfig], **orchestrator: Any
 ) -> tuple[Orchestrator, list[RecordingAgent]]:
-    orch = Orchestrator(url)
+    orch = Orchestrator(url, **orchestrator)
     await orch.start()
     agents = [
         RecordingAgent(url, cfg, agent_id=aid, calibrate=False) for aid, cfg in configs.items()

@@ -337,6 +337,51 @@ async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str
         await stop_cluster(orch, agents)
 
 
+async def test_a_window_gone_without_a_notice_is_booked_again(nats_url: str) -> None:
+    """ "l" waits on a, its window gone from a's key with no notice heard (an eviction sent
+    while another replica owned the pipeline, or a lease that lapsed): the owner's audit,
+    after each renewal, finds it missing twice and places "l" again, booked anew."""
+    slot1 = {"cpu_slots": 1}
+    orch, agents = await start_cluster(
+        nats_url,
+        {"a": agent_config("s", "edge", **slot1), "b": agent_config("s", "edge", **slot1)},
+        lease_s=0.6,  # a renewal, and an audit, every 0.2 s
+    )
+    nc = await nats.connect(nats_url)
+    try:
+        on_a = {"pinned_agent": "a"}
+        await orch.submit_spec(spec("r", [sleep_task("r", 3.0, requires=on_a)]), "busy")
+        await orch.submit_spec(
+            spec("l", [sleep_task("l", 0.1, requires=on_a)], priority=10, preemptible=True),
+            "low",
+        )
+        low = orch.pipelines["low"]
+        token = low.tasks["l"].token
+        key = device_key("a", "cpu0")
+        other = BookingStore(nc.jetstream())
+        await other.start()
+        await other.release(key, "low", time.time(), ["l"])  # taken, and nobody told
+        await other.stop()
+
+        await orch.wait_for(
+            lambda: any("re-placed after a lost window: l" in x for x in low.placement_log), 10
+        )
+        assert any("windows gone" in x and "l on a:cpu0" in x for x in low.placement_log)
+        assert low.tasks["l"].token > token and orch.windows_lost == 1
+        entry = await (await nc.jetstream().key_value(BUCKET)).get(key)
+        ours = [
+            w for w in decode(entry.value or b"", DeviceBookings).windows
+            if (w.pipeline_id, w.task_id) == ("low", "l")
+        ]  # fmt: skip
+        assert len(ours) == 1, ours  # booked again (behind "r": it is pinned there)
+        runs = {p: await orch.wait_terminal(p, 15) for p in ("busy", "low")}
+        assert all(r.state == "succeeded" for r in runs.values())
+        assert not any("windows gone" in x for x in runs["busy"].placement_log)
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
 async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) -> None:
     orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
     other = Orchestrator(nats_url, name="other")
