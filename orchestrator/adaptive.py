@@ -695,5 +695,5 @@ class Adaptive:
             with contextlib.suppress(Exception):
                 await o.store.release(device_key_of(dev), run.pipeline_id, now, tids)
         await o._commit_all(run, todo)
-        await o.reroute_producers(run, away)
+        await o.displaced.reroute_producers(run, away)
         run.note(f"adaptive: moved {', '.join(sorted(away)) or 'nothing'}")

@@ -233,7 +233,7 @@ class Placer:
                         st.tokens[w.task_id] = r.token
                         run.windows[w.task_id] = (r.key, w.start, w.end)
                     if r.evicted:
-                        await o.notify_evicted(r.key, r.evicted, run.pipeline_id)
+                        await o.displaced.notify_evicted(r.key, r.evicted, run.pipeline_id)
                 elif r.full:  # booking more there would pass the key's limit: plan elsewhere
                     dev = device_of_key(r.key)
                     st.full[dev] = r.full

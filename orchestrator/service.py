@@ -33,6 +33,7 @@ from nats.micro.request import Request
 
 from orchestrator import eventloop, ownership
 from orchestrator.adaptive import Adaptive
+from orchestrator.displaced import Displaced
 from orchestrator.eventloop import Pacer
 from orchestrator.failover import OWNER_LEASE_S, Failover
 from orchestrator.pipelines import PipelineRun
@@ -70,7 +71,6 @@ from schemas.api import (
     SubmitRequest,
 )
 from schemas.base import WireModel
-from schemas.bookings import BookingWindow
 from schemas.codec import (
     DecodeError,
     Encoding,
@@ -85,10 +85,6 @@ from schemas.pipeline import PipelineSpec
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
-    DataTransfer,
-    EvictNotice,
-    FetchRequest,
-    InputGone,
     OfferBatch,
     OfferBatchReply,
     OfferReply,
@@ -129,8 +125,6 @@ RENEW_SLICE_TASKS = 2000
 MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
-#: Reports of gone inputs remembered as acted on (`Orchestrator._on_input_gone`), at most.
-MAX_REGROWN = 4096
 #: Submissions one process serves at once. The planner stays one at a time (`Placer`); the
 #: next submission's claim, and its wait for the planner, overlap the one before's offers,
 #: commit and reply. Four at once shortened the wait of random arrivals when the host was
@@ -212,19 +206,8 @@ class Orchestrator:
         self.adaptive = Adaptive(self)
         #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
         self.recovery = Recovery(self)
-        self.evictions_seen = 0
-        #: Producers run again because an agent reported their output gone, and the reports
-        #: already acted on: (pipeline, consumer, its token, producer, its token).
-        self.inputs_regrown = 0
-        self._regrown: set[tuple[str, str, int, str, int]] = set()
-        #: Reports about a producer whose end had not been heard yet, per (pipeline, producer),
-        #: with the producer's token then.
-        self._gone_early: dict[tuple[str, str], tuple[InputGone, int]] = {}
-        #: Tasks found unbooked (`audit_windows`): (pipeline, task, token) missing at the last
-        #: audit, those acted on, and how many were placed again.
-        self._unbooked: set[tuple[str, str, int]] = set()
-        self._unbooked_done: set[tuple[str, str, int]] = set()
-        self.windows_lost = 0
+        #: Evicted tasks, lost windows and lost inputs put back (orchestrator/displaced.py).
+        self.displaced = Displaced(self)
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.
         self.predictor = Predictor()
@@ -299,8 +282,8 @@ class Orchestrator:
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
         self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
-        await nc.subscribe(subjects.ALL_EVICTIONS, cb=self._on_evict)
-        await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self._on_input_gone)
+        await nc.subscribe(subjects.ALL_EVICTIONS, cb=self.displaced.on_evict)
+        await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
         svc = await nats.micro.add_service(
             nc,
             name=subjects.API_SERVICE,
@@ -547,10 +530,7 @@ class Orchestrator:
         await self.recovery.after_event(run, ev, run.duplicate_events + run.stale_events == ignored)
         if ev.state == "succeeded" and run.duplicate_events + run.stale_events == ignored:
             self._learn(run, ev)
-            if self._gone_early:
-                early = self._gone_early.pop((run.pipeline_id, ev.task_id), None)
-                if early is not None and early[1] == run.tasks[ev.task_id].token:
-                    await self._input_gone(early[0])  # the placement it was about ended
+            await self.displaced.producer_ended(run, ev.task_id)
         if new_state is not None:
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
@@ -936,9 +916,7 @@ class Orchestrator:
         now = self.wall()
         for key in sorted({device_key_of(d) for d in run.devices()}):
             self.store.defer_release(key, run.pipeline_id, now)
-        if self._gone_early:
-            for k in [k for k in self._gone_early if k[0] == run.pipeline_id]:
-                del self._gone_early[k]
+        self.displaced.forget(run.pipeline_id)
         await self.persist(run)
         run.settled = True
         async with self._changed:
@@ -980,7 +958,7 @@ class Orchestrator:
         while True:
             await asyncio.sleep(self.lease_s / 3)  # renewal cadence, not synchronisation
             await self.renew_all()
-            await self.audit_windows()
+            await self.displaced.audit_windows()
 
     async def renew_all(self) -> None:
         """One renewal of every live pipeline's windows, one write per key. Finding the keys
@@ -1003,236 +981,6 @@ class Orchestrator:
                 await self.store.renew(key, pids, now + self.lease_s, now)
             except Exception as exc:
                 log.warning("renewing %s failed: %s", key, exc)
-
-    def _unbooked_now(
-        self, run: PipelineRun, tid: str, now: float, memo: dict[str, set[tuple[str, str]]]
-    ) -> bool:
-        """Whether `tid`, waiting to start, has no live window where its records say it is
-        booked, by the cache, which has seen that booking (its token is the revision that
-        wrote it). `memo`: each key's live windows, made once per look. An adopted pipeline
-        has no record of its windows: its placements say where they are."""
-        tr, p = run.tasks.get(tid), run.placements.get(tid)
-        if tr is None or p is None or tr.state not in ("offered", "accepted"):
-            return False
-        key = device_key_of(p.device_id)
-        if run.windows.get(tid, (key,))[0] != key or f"{tr.agent_id}:{tr.device_id}" != p.device_id:
-            return False  # records in the middle of a move
-        cur = self.store.cache.get(key)
-        if cur is None or cur.revision < tr.token:
-            return False  # a departed device's key (recovery's business), or not seen yet
-        have = memo.get(key)
-        if have is None:
-            have = memo[key] = {
-                (w.pipeline_id, w.task_id) for w in cur.book.windows if w.expires > now
-            }
-        return (run.pipeline_id, tid) not in have
-
-    async def audit_windows(self) -> int:
-        """Place again tasks waiting to start whose window is gone from their key: evicted
-        with a notice this replica never heard (sent while another replica owned the
-        pipeline, or during a reconnect), or expired while this process could not renew.
-        Such a task holds no reservation and others may book its time. Taken as gone only
-        when missing at two audits in a row under the same token (a placement under way
-        changes windows and tokens between its steps); acted on once per token. Returns how
-        many tasks it found gone."""
-        now = self.wall()
-        memo: dict[str, set[tuple[str, str]]] = {}
-        missing: set[tuple[str, str, int]] = set()
-        gone: dict[str, list[str]] = {}
-        read = 0
-        for run in list(self.pipelines.values()):
-            if read >= RENEW_SLICE_TASKS:
-                await asyncio.sleep(0)
-                read, memo = 0, {}
-            pid = run.pipeline_id
-            if run.terminal or run.committed_at is None or not self.failover.may_act(pid):
-                continue
-            read += len(run.placements)
-            for tid in run.placements:
-                if not self._unbooked_now(run, tid, now, memo):
-                    continue
-                mark = (pid, tid, run.tasks[tid].token)
-                missing.add(mark)
-                if mark in self._unbooked and mark not in self._unbooked_done:
-                    gone.setdefault(pid, []).append(tid)
-        self._unbooked = missing
-        if len(self._unbooked_done) >= MAX_REGROWN:
-            self._unbooked_done &= missing  # only marks still missing can come round again
-        for pid, tids in gone.items():
-            self._spawn(self._rebook(self.pipelines[pid], tids))
-        return sum(len(t) for t in gone.values())
-
-    async def _rebook(self, run: PipelineRun, tids: list[str]) -> None:
-        async with self.recovery.lock(run.pipeline_id):
-            if run.terminal or not self.failover.may_act(run.pipeline_id):
-                return
-            memo: dict[str, set[tuple[str, str]]] = {}
-            now = self.wall()
-            still = [t for t in tids if self._unbooked_now(run, t, now, memo)]
-            if not still:
-                return
-            self._unbooked_done.update((run.pipeline_id, t, run.tasks[t].token) for t in still)
-            self.windows_lost += len(still)
-            where = ", ".join(f"{t} on {run.placements[t].device_id}" for t in sorted(still))
-            run.note(f"windows gone (an eviction not heard, or a lapsed lease): {where}")
-            await self._move_unbooked(run, still, "a lost window", "its reservation was lost")
-
-    async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
-        assert self.nc is not None
-        per_pipe: dict[str, list[str]] = {}
-        for w in windows:
-            per_pipe.setdefault(w.pipeline_id, []).append(w.task_id)
-        for pid, tids in per_pipe.items():
-            note = EvictNotice(
-                pipeline_id=pid,
-                task_ids=sorted(tids),
-                device=key,
-                by_pipeline=by,
-                reason=f"preempted by higher-priority {by}",
-            )
-            await self.nc.publish(subjects.eviction(pid), encode(note))
-
-    async def _on_evict(self, msg: Msg) -> None:
-        try:
-            note = decode(msg.data, EvictNotice)
-        except DecodeError:
-            return
-        self.adaptive.evicted(note)
-        run = self.pipelines.get(note.pipeline_id)
-        if run is None or run.terminal or not self.failover.may_act(run.pipeline_id):
-            return
-        self.evictions_seen += 1
-        run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
-        async with self.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
-            if run.terminal:
-                return
-            # a window left on a key by an earlier placement of a task (one that moved since
-            # and whose old window was not given back) draws a notice too: the task was not
-            # displaced, and moving it would only throw its queue place away
-            here = [t for t in note.task_ids if self._placed_on(run, t, note.device)]
-            if len(here) < len(note.task_ids):
-                gone = sorted(set(note.task_ids) - set(here))
-                run.note(f"evicted windows of {', '.join(gone)} were stale: not placed there now")
-            if here:
-                await self._move_unbooked(run, here, "eviction", f"preempted by {note.by_pipeline}")
-
-    @staticmethod
-    def _placed_on(run: PipelineRun, task_id: str, key: str) -> bool:
-        p = run.placements.get(task_id)
-        return p is not None and device_key_of(p.device_id) == key
-
-    async def _move_unbooked(
-        self, run: PipelineRun, task_ids: Collection[str], after: str, why: str
-    ) -> None:
-        """Place again tasks whose windows were taken (`after` an eviction) or found gone (a
-        lost notice, a lapsed lease: `audit_windows`); `why` goes to agents that lose one."""
-        # only tasks with no data in flight can move: not started, and no producer started
-        movable = {
-            t for t in task_ids
-            if run.tasks[t].state in ("offered", "accepted")
-            and all(run.tasks[d].state in ("offered", "accepted")
-                    for d in run.spec_by_id[t].deps)
-        }  # fmt: skip
-        if not movable:
-            run.note(f"{', '.join(sorted(task_ids))} already have data in flight; they stay queued")
-            return
-        old = {t: run.placements[t] for t in movable}
-        try:
-            await self.placer.place(run, only=movable)
-        except PlacementFailed as exc:
-            run.note(f"re-placing {', '.join(sorted(movable))} after {after} failed: {exc}")
-            return
-        moved = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
-        await self.cancel_tasks(run, moved, why)
-        await self._commit_all(run, movable)
-        # a producer may have started while they were re-placed (their offers told it where
-        # they were); one that ended meanwhile is found out by their agents' fetch (input gone)
-        await self.reroute_producers(run, moved)
-        run.note(f"re-placed after {after}: {', '.join(sorted(movable))}")
-        await self.persist(run)
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def _on_input_gone(self, msg: Msg) -> None:
-        """An agent found a finished producer's output gone where this replica's records say
-        it is (a move raced the producer's end, or its agent restarted): run the producer
-        again now, the consumer staying where it waits, not two stall-watchdog looks later.
-        Only a report about the consumer's current placement and a producer that succeeded
-        where it says is acted on (one whose end is not heard yet waits for it), once per
-        pair of placements; anything else is stale or not this replica's."""
-        try:
-            note = decode(msg.data, InputGone)
-        except DecodeError:
-            return
-        await self._input_gone(note)
-
-    async def _input_gone(self, note: InputGone) -> None:
-        run = self.pipelines.get(note.pipeline_id)
-        if run is None or run.terminal or not self.failover.may_act(run.pipeline_id):
-            return
-        i = run.index.get(note.consumer)
-        if i is None or note.producer not in run.spec.tasks[i].deps:
-            return
-        tr, prod = run.tasks[note.consumer], run.tasks[note.producer]
-        if (
-            tr.state not in ("offered", "accepted")
-            or (tr.token, tr.agent_id) != (note.token, note.agent_id)
-            or prod.agent_id != note.producer_agent
-        ):
-            return
-        if prod.state != "succeeded":
-            if prod.state in ("accepted", "started") and len(self._gone_early) < MAX_REGROWN:
-                # its agent holds neither its output nor its job: it ended there, and its end
-                # has not been heard here yet; acted on when it is (`_task_event`)
-                self._gone_early[(run.pipeline_id, note.producer)] = (note, prod.token)
-                async with self._changed:
-                    self._changed.notify_all()
-            return
-        key = (run.pipeline_id, note.consumer, note.token, note.producer, prod.token)
-        if key in self._regrown:
-            return
-        if len(self._regrown) >= MAX_REGROWN:
-            self._regrown.clear()  # a repeat only runs the producer once more
-        self._regrown.add(key)
-        self.inputs_regrown += 1
-        why = (
-            f"{note.agent_id}: input {note.producer} of {note.consumer} is gone from "
-            f"{note.producer_agent}"
-        )
-        consumer, token = run.tasks[note.consumer], note.token
-
-        def still() -> bool:  # not re-timed by another report's re-run meanwhile
-            return consumer.token == token and consumer.state in ("offered", "accepted")
-
-        self._spawn(self.recovery.rerun_lost(run, {note.producer}, why, still))
-
-    async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
-        """A running producer was told where its consumers were when it was offered: ask its
-        agent, for each moved consumer, to send the output to the new place when it is done.
-        All at once: callers hold the pipeline's recovery lock, and one unresponsive agent's
-        timeout should not be paid once per producer."""
-        nc = self.nc
-        assert nc is not None
-
-        async def ask(agent: str, req: FetchRequest) -> None:
-            # "not finished, sent when it is" is the expected answer; a finished producer
-            # serves the new consumer's own fetch instead (or is found gone by it)
-            with contextlib.suppress(Exception):
-                await request(nc, subjects.fetch(agent), req, DataTransfer, timeout=2.0)
-
-        asks = []
-        for tid in sorted(moved):
-            tr = run.tasks[tid]
-            for dep in run.spec_by_id[tid].deps:
-                prod = run.tasks[dep]
-                if prod.state != "started" or not prod.agent_id or not tr.agent_id:
-                    continue
-                req = FetchRequest(
-                    pipeline_id=run.pipeline_id, producer=dep, consumer=tid,
-                    agent_id=tr.agent_id, token=prod.token,
-                )  # fmt: skip
-                asks.append(ask(prod.agent_id, req))
-        await asyncio.gather(*asks)
 
     async def _cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
         assert self.nc is not None

@@ -164,7 +164,7 @@ async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_agai
     assert ran["a"][:2] == ["t", "t"], log  # made again
     assert ran[to][-1] == "u" and ran["b"] == [] and sum(r.count("u") for r in ran.values()) == 1
     assert agents[to].data.stats["inputs_gone"] >= 1
-    assert orch.inputs_regrown == 1
+    assert orch.displaced.inputs_regrown == 1
     assert f"{to}: input t of u is gone from a" in log and "re-running t" in log, log
     # u stays where it waits, booked again after t (its old window, before t's, would
     # refuse t's booking on a: round after round, then a wait to try again)
@@ -213,7 +213,7 @@ async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
     orch._task_event = late  # type: ignore[method-assign]
 
     async def parked(_run: PipelineRun) -> None:
-        await orch.wait_for(lambda: ("p", "t") in orch._gone_early, 10.0)
+        await orch.wait_for(lambda: ("p", "t") in orch.displaced.early, 10.0)
         heard.set()
 
     done = await move_as_t_ends(cluster, nats_url, [], parked, heard=False)
@@ -222,7 +222,7 @@ async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
     assert "re-placed after eviction: u" in log, log
     assert [x[1] for x in agents["a"].log] == ["t", "t"], log
     assert [x[1] for x in agents["c"].log] == ["u"], log
-    assert orch.inputs_regrown == 1 and not orch._gone_early
+    assert orch.displaced.inputs_regrown == 1 and not orch.displaced.early
 
 
 async def test_a_producer_heard_ending_during_the_move_stays_ended(
@@ -285,18 +285,18 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     assert nc is not None
 
     async def report(data: bytes) -> None:
-        await orch._on_input_gone(Msg(nc, subjects.input_gone("p"), data=data))
+        await orch.displaced.on_input_gone(Msg(nc, subjects.input_gone("p"), data=data))
 
     for data in [*(encode(w) for w in wrong), b"\xff not a report", b"{}"]:
         await report(data)
-    assert orch.inputs_regrown == 0 and not orch._gone_early
+    assert orch.displaced.inputs_regrown == 0 and not orch.displaced.early
     assert not any("is gone" in x for x in run.placement_log)
     await report(encode(true))  # t is held on a: its end is still to come
-    assert orch._gone_early == {("p", "t"): (true, run.tasks["t"].token)}
-    assert orch.inputs_regrown == 0
+    assert orch.displaced.early == {("p", "t"): (true, run.tasks["t"].token)}
+    assert orch.displaced.inputs_regrown == 0
     await orch.cancel(CancelRequest(pipeline_id="p"))
-    assert not orch._gone_early  # forgotten with its pipeline
+    assert not orch.displaced.early  # forgotten with its pipeline
     agents["a"].gates["t"].set()
     await orch.submit_spec(t_then_u(), "p2")
     assert (await orch.wait_terminal("p2", 10.0)).state == "succeeded"
-    assert orch.inputs_regrown == 0
+    assert orch.displaced.inputs_regrown == 0

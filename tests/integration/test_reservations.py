@@ -367,7 +367,7 @@ async def test_a_window_gone_without_a_notice_is_booked_again(nats_url: str) -> 
             lambda: any("re-placed after a lost window: l" in x for x in low.placement_log), 10
         )
         assert any("windows gone" in x and "l on a:cpu0" in x for x in low.placement_log)
-        assert low.tasks["l"].token > token and orch.windows_lost == 1
+        assert low.tasks["l"].token > token and orch.displaced.windows_lost == 1
         entry = await (await nc.jetstream().key_value(BUCKET)).get(key)
         ours = [
             w for w in decode(entry.value or b"", DeviceBookings).windows

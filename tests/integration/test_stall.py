@@ -203,7 +203,7 @@ async def test_an_input_gone_for_good_is_made_again(
         assert [task for (_, task, *_rest) in agent.log] == ["t", "t", "u"]  # t made again
         watchdog = [r for r in caplog.records if "still not started" in r.getMessage()]
         assert bool(watchdog) != reported
-        assert orch.inputs_regrown == int(reported)
+        assert orch.displaced.inputs_regrown == int(reported)
         said = "input t of u is gone from a1: re-running t" if reported else "starved of inputs: u"
         assert any(said in x and "re-running t" in x for x in run.placement_log)
         assert run.results_committed == 2  # t's second result is the same task's: dropped

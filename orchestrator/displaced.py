@@ -1,0 +1,293 @@
+"""Tasks put back after losing what their plan counted on: their reserved window (evicted by
+a higher-priority pipeline, with a notice or without one heard: the window audit) or an input
+(a producer's output handed to a place a move withdrew: `InputGone`). The owner re-places
+what can move, re-runs producers whose outputs are gone, and tells running producers where
+moved consumers went. Thin shells over the placement loop and recovery, for one replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
+
+from orchestrator.placement import PlacementFailed
+from orchestrator.reservations.store import device_key_of
+from orchestrator.scheduling import Placement
+from schemas import subjects
+from schemas.bookings import BookingWindow
+from schemas.codec import DecodeError, decode, encode
+from schemas.placement import DataTransfer, EvictNotice, FetchRequest, InputGone
+from schemas.rpc import request
+
+if TYPE_CHECKING:
+    from orchestrator.pipelines import PipelineRun
+    from orchestrator.service import Orchestrator
+
+
+#: Reports of gone inputs, and lost windows, remembered as acted on, at most.
+MAX_REGROWN = 4096
+#: Placements the window audit reads between turns it gives the event loop.
+SLICE_TASKS = 2000
+
+
+class Displaced:
+    def __init__(self, orch: Orchestrator) -> None:
+        self.o = orch
+        self.evictions_seen = 0
+        #: Producers run again because an agent reported their output gone, and the reports
+        #: already acted on: (pipeline, consumer, its token, producer, its token).
+        self.inputs_regrown = 0
+        self._regrown: set[tuple[str, str, int, str, int]] = set()
+        #: Reports about a producer whose end had not been heard yet, per (pipeline, producer),
+        #: with the producer's token then.
+        self.early: dict[tuple[str, str], tuple[InputGone, int]] = {}
+        #: Tasks found unbooked (`audit_windows`): (pipeline, task, token) missing at the last
+        #: audit, those acted on, and how many were placed again.
+        self._unbooked: set[tuple[str, str, int]] = set()
+        self._unbooked_done: set[tuple[str, str, int]] = set()
+        self.windows_lost = 0
+
+    async def producer_ended(self, run: PipelineRun, task_id: str) -> None:
+        """A report that waited for this producer's end (`early`) is acted on now."""
+        if self.early:
+            early = self.early.pop((run.pipeline_id, task_id), None)
+            if early is not None and early[1] == run.tasks[task_id].token:
+                await self.input_gone(early[0])  # the placement it was about ended
+
+    def forget(self, pipeline_id: str) -> None:
+        if self.early:
+            for k in [k for k in self.early if k[0] == pipeline_id]:
+                del self.early[k]
+
+    def _unbooked_now(
+        self, run: PipelineRun, tid: str, now: float, memo: dict[str, set[tuple[str, str]]]
+    ) -> bool:
+        """Whether `tid`, waiting to start, has no live window where its records say it is
+        booked, by the cache, which has seen that booking (its token is the revision that
+        wrote it). `memo`: each key's live windows, made once per look. An adopted pipeline
+        has no record of its windows: its placements say where they are."""
+        tr, p = run.tasks.get(tid), run.placements.get(tid)
+        if tr is None or p is None or tr.state not in ("offered", "accepted"):
+            return False
+        key = device_key_of(p.device_id)
+        if run.windows.get(tid, (key,))[0] != key or f"{tr.agent_id}:{tr.device_id}" != p.device_id:
+            return False  # records in the middle of a move
+        cur = self.o.store.cache.get(key)
+        if cur is None or cur.revision < tr.token:
+            return False  # a departed device's key (recovery's business), or not seen yet
+        have = memo.get(key)
+        if have is None:
+            have = memo[key] = {
+                (w.pipeline_id, w.task_id) for w in cur.book.windows if w.expires > now
+            }
+        return (run.pipeline_id, tid) not in have
+
+    async def audit_windows(self) -> int:
+        """Place again tasks waiting to start whose window is gone from their key: evicted
+        with a notice this replica never heard (sent while another replica owned the
+        pipeline, or during a reconnect), or expired while this process could not renew.
+        Such a task holds no reservation and others may book its time. Taken as gone only
+        when missing at two audits in a row under the same token (a placement under way
+        changes windows and tokens between its steps); acted on once per token. Returns how
+        many tasks it found gone."""
+        now = self.o.wall()
+        memo: dict[str, set[tuple[str, str]]] = {}
+        missing: set[tuple[str, str, int]] = set()
+        gone: dict[str, list[str]] = {}
+        read = 0
+        for run in list(self.o.pipelines.values()):
+            if read >= SLICE_TASKS:
+                await asyncio.sleep(0)
+                read, memo = 0, {}
+            pid = run.pipeline_id
+            if run.terminal or run.committed_at is None or not self.o.failover.may_act(pid):
+                continue
+            read += len(run.placements)
+            for tid in run.placements:
+                if not self._unbooked_now(run, tid, now, memo):
+                    continue
+                mark = (pid, tid, run.tasks[tid].token)
+                missing.add(mark)
+                if mark in self._unbooked and mark not in self._unbooked_done:
+                    gone.setdefault(pid, []).append(tid)
+        self._unbooked = missing
+        if len(self._unbooked_done) >= MAX_REGROWN:
+            self._unbooked_done &= missing  # only marks still missing can come round again
+        for pid, tids in gone.items():
+            self.o._spawn(self._rebook(self.o.pipelines[pid], tids))
+        return sum(len(t) for t in gone.values())
+
+    async def _rebook(self, run: PipelineRun, tids: list[str]) -> None:
+        async with self.o.recovery.lock(run.pipeline_id):
+            if run.terminal or not self.o.failover.may_act(run.pipeline_id):
+                return
+            memo: dict[str, set[tuple[str, str]]] = {}
+            now = self.o.wall()
+            still = [t for t in tids if self._unbooked_now(run, t, now, memo)]
+            if not still:
+                return
+            self._unbooked_done.update((run.pipeline_id, t, run.tasks[t].token) for t in still)
+            self.windows_lost += len(still)
+            where = ", ".join(f"{t} on {run.placements[t].device_id}" for t in sorted(still))
+            run.note(f"windows gone (an eviction not heard, or a lapsed lease): {where}")
+            await self._move_unbooked(run, still, "a lost window", "its reservation was lost")
+
+    async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
+        assert self.o.nc is not None
+        per_pipe: dict[str, list[str]] = {}
+        for w in windows:
+            per_pipe.setdefault(w.pipeline_id, []).append(w.task_id)
+        for pid, tids in per_pipe.items():
+            note = EvictNotice(
+                pipeline_id=pid,
+                task_ids=sorted(tids),
+                device=key,
+                by_pipeline=by,
+                reason=f"preempted by higher-priority {by}",
+            )
+            await self.o.nc.publish(subjects.eviction(pid), encode(note))
+
+    async def on_evict(self, msg: Msg) -> None:
+        try:
+            note = decode(msg.data, EvictNotice)
+        except DecodeError:
+            return
+        self.o.adaptive.evicted(note)
+        run = self.o.pipelines.get(note.pipeline_id)
+        if run is None or run.terminal or not self.o.failover.may_act(run.pipeline_id):
+            return
+        self.evictions_seen += 1
+        run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
+        async with self.o.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
+            if run.terminal:
+                return
+            # a window left on a key by an earlier placement of a task (one that moved since
+            # and whose old window was not given back) draws a notice too: the task was not
+            # displaced, and moving it would only throw its queue place away
+            here = [t for t in note.task_ids if self._placed_on(run, t, note.device)]
+            if len(here) < len(note.task_ids):
+                gone = sorted(set(note.task_ids) - set(here))
+                run.note(f"evicted windows of {', '.join(gone)} were stale: not placed there now")
+            if here:
+                await self._move_unbooked(run, here, "eviction", f"preempted by {note.by_pipeline}")
+
+    @staticmethod
+    def _placed_on(run: PipelineRun, task_id: str, key: str) -> bool:
+        p = run.placements.get(task_id)
+        return p is not None and device_key_of(p.device_id) == key
+
+    async def _move_unbooked(
+        self, run: PipelineRun, task_ids: Collection[str], after: str, why: str
+    ) -> None:
+        """Place again tasks whose windows were taken (`after` an eviction) or found gone (a
+        lost notice, a lapsed lease: `audit_windows`); `why` goes to agents that lose one."""
+        # only tasks with no data in flight can move: not started, and no producer started
+        movable = {
+            t for t in task_ids
+            if run.tasks[t].state in ("offered", "accepted")
+            and all(run.tasks[d].state in ("offered", "accepted")
+                    for d in run.spec_by_id[t].deps)
+        }  # fmt: skip
+        if not movable:
+            run.note(f"{', '.join(sorted(task_ids))} already have data in flight; they stay queued")
+            return
+        old = {t: run.placements[t] for t in movable}
+        try:
+            await self.o.placer.place(run, only=movable)
+        except PlacementFailed as exc:
+            run.note(f"re-placing {', '.join(sorted(movable))} after {after} failed: {exc}")
+            return
+        moved = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
+        await self.o.cancel_tasks(run, moved, why)
+        await self.o._commit_all(run, movable)
+        # a producer may have started while they were re-placed (their offers told it where
+        # they were); one that ended meanwhile is found out by their agents' fetch (input gone)
+        await self.reroute_producers(run, moved)
+        run.note(f"re-placed after {after}: {', '.join(sorted(movable))}")
+        await self.o.persist(run)
+        async with self.o._changed:
+            self.o._changed.notify_all()
+
+    async def on_input_gone(self, msg: Msg) -> None:
+        """An agent found a finished producer's output gone where this replica's records say
+        it is (a move raced the producer's end, or its agent restarted): run the producer
+        again now, the consumer staying where it waits, not two stall-watchdog looks later.
+        Only a report about the consumer's current placement and a producer that succeeded
+        where it says is acted on (one whose end is not heard yet waits for it), once per
+        pair of placements; anything else is stale or not this replica's."""
+        try:
+            note = decode(msg.data, InputGone)
+        except DecodeError:
+            return
+        await self.input_gone(note)
+
+    async def input_gone(self, note: InputGone) -> None:
+        run = self.o.pipelines.get(note.pipeline_id)
+        if run is None or run.terminal or not self.o.failover.may_act(run.pipeline_id):
+            return
+        i = run.index.get(note.consumer)
+        if i is None or note.producer not in run.spec.tasks[i].deps:
+            return
+        tr, prod = run.tasks[note.consumer], run.tasks[note.producer]
+        if (
+            tr.state not in ("offered", "accepted")
+            or (tr.token, tr.agent_id) != (note.token, note.agent_id)
+            or prod.agent_id != note.producer_agent
+        ):
+            return
+        if prod.state != "succeeded":
+            if prod.state in ("accepted", "started") and len(self.early) < MAX_REGROWN:
+                # its agent holds neither its output nor its job: it ended there, and its end
+                # has not been heard here yet; acted on when it is (`_task_event`)
+                self.early[(run.pipeline_id, note.producer)] = (note, prod.token)
+                async with self.o._changed:
+                    self.o._changed.notify_all()
+            return
+        key = (run.pipeline_id, note.consumer, note.token, note.producer, prod.token)
+        if key in self._regrown:
+            return
+        if len(self._regrown) >= MAX_REGROWN:
+            self._regrown.clear()  # a repeat only runs the producer once more
+        self._regrown.add(key)
+        self.inputs_regrown += 1
+        why = (
+            f"{note.agent_id}: input {note.producer} of {note.consumer} is gone from "
+            f"{note.producer_agent}"
+        )
+        consumer, token = run.tasks[note.consumer], note.token
+
+        def still() -> bool:  # not re-timed by another report's re-run meanwhile
+            return consumer.token == token and consumer.state in ("offered", "accepted")
+
+        self.o._spawn(self.o.recovery.rerun_lost(run, {note.producer}, why, still))
+
+    async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
+        """A running producer was told where its consumers were when it was offered: ask its
+        agent, for each moved consumer, to send the output to the new place when it is done.
+        All at once: callers hold the pipeline's recovery lock, and one unresponsive agent's
+        timeout should not be paid once per producer."""
+        nc = self.o.nc
+        assert nc is not None
+
+        async def ask(agent: str, req: FetchRequest) -> None:
+            # "not finished, sent when it is" is the expected answer; a finished producer
+            # serves the new consumer's own fetch instead (or is found gone by it)
+            with contextlib.suppress(Exception):
+                await request(nc, subjects.fetch(agent), req, DataTransfer, timeout=2.0)
+
+        asks = []
+        for tid in sorted(moved):
+            tr = run.tasks[tid]
+            for dep in run.spec_by_id[tid].deps:
+                prod = run.tasks[dep]
+                if prod.state != "started" or not prod.agent_id or not tr.agent_id:
+                    continue
+                req = FetchRequest(
+                    pipeline_id=run.pipeline_id, producer=dep, consumer=tid,
+                    agent_id=tr.agent_id, token=prod.token,
+                )  # fmt: skip
+                asks.append(ask(prod.agent_id, req))
+        await asyncio.gather(*asks)
