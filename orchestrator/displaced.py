@@ -172,6 +172,19 @@ class Displaced:
                 gone = sorted(set(note.task_ids) - set(here))
                 run.note(f"evicted windows of {', '.join(gone)} were stale: not placed there now")
             if here:
+                # the key says what was taken: a notice heard twice, or one that is not true,
+                # finds the window still there (a KV read it cannot fool; trusted if it fails)
+                with contextlib.suppress(Exception):
+                    cur = await self.o.store.refresh(note.device)
+                    live = set() if cur is None else {
+                        w.task_id for w in cur.book.windows
+                        if w.pipeline_id == run.pipeline_id and w.expires > self.o.wall()
+                    }  # fmt: skip
+                    kept = sorted(t for t in here if t in live)
+                    if kept:
+                        run.note(f"{', '.join(kept)} still booked on {note.device}: not moved")
+                        here = [t for t in here if t not in live]
+            if here:
                 await self._move_unbooked(run, here, "eviction", f"preempted by {note.by_pipeline}")
 
     @staticmethod

@@ -127,7 +127,10 @@ async def move_as_t_ends(
     assert (run.tasks["t"].agent_id, run.tasks["u"].agent_id) == ("a", "b")
     nc = await nats.connect(nats_url)
     try:
-        note = EvictNotice(pipeline_id="p", task_ids=["u"], device=device_key("b", "cpu0"),
+        # u's window taken (as a higher-priority booking would), then the notice
+        key = device_key("b", "cpu0")
+        await orch.store.release(key, "p", orch.wall(), ["u"])
+        note = EvictNotice(pipeline_id="p", task_ids=["u"], device=key,
                            by_pipeline="hi", reason="preempted by higher-priority hi")  # fmt: skip
         await nc.publish(subjects.eviction("p"), encode(note))
         await asyncio.wait_for(reached.wait(), 10.0)  # u found movable: t had not run

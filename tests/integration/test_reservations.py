@@ -281,7 +281,8 @@ async def test_preemption_evicts_only_preemptible_lower_priority_work(nats_url: 
 async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str) -> None:
     """A window left on b's key by an earlier placement of "l" (now queued on a) is taken by
     a higher-priority pipeline: the notice names "l", but "l" was not displaced, so it keeps
-    its place (and its token) instead of being re-placed."""
+    its place (and its token) instead of being re-placed. Notices that name a task the
+    pipeline lacks, or one whose window is still booked, move nothing either."""
     slot1 = {"cpu_slots": 1}
     orch, agents = await start_cluster(
         nats_url, {"a": agent_config("s", "edge", **slot1), "b": agent_config("s", "edge", **slot1)}
@@ -329,6 +330,14 @@ async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str
         )
         await nc.publish(subjects.eviction("low"), encode(bogus))
         await orch.wait_for(lambda: any("of nope were stale" in x for x in low.placement_log), 5)
+        # nor one naming "l" where it is, its window untouched (heard twice, or not true)
+        forged = EvictNotice(
+            pipeline_id="low", task_ids=["l"], device=device_key("a", "cpu0"), by_pipeline="x"
+        )
+        await nc.publish(subjects.eviction("low"), encode(forged))
+        await orch.wait_for(lambda: any("still booked" in x for x in low.placement_log), 5)
+        assert any("l still booked on dev.a.cpu0: not moved" in x for x in low.placement_log)
+        assert low.placements["l"] == placed and low.tasks["l"].token == token
         runs = {p: await orch.wait_terminal(p, 15) for p in ("busy", "low", "high")}
         assert all(r.state == "succeeded" for r in runs.values())
         assert runs["low"].tasks["l"].token == token
