@@ -623,6 +623,15 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["sum rejections", sum(s.rejections for s in statuses)],
         ["sum cas_retries", sum(s.cas_retries for s in statuses)],
         [
+            "eviction notices that moved nothing (stale: placed elsewhere, or still booked)",
+            sum(
+                1
+                for s in statuses
+                for x in s.placement_log
+                if "were stale" in x or " still booked on " in x
+            ),
+        ],
+        [
             "windows found gone by an audit (no eviction notice heard)",
             sum(1 for s in statuses for x in s.placement_log if x.startswith("windows gone")),
         ],
