@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING
 
@@ -26,11 +27,16 @@ if TYPE_CHECKING:
     from orchestrator.pipelines import PipelineRun
     from orchestrator.service import Orchestrator
 
+log = logging.getLogger("mars.orchestrator")
+
 
 #: Reports of gone inputs, and lost windows, remembered as acted on, at most.
 MAX_REGROWN = 4096
 #: Placements the window audit reads between turns it gives the event loop.
 SLICE_TASKS = 2000
+#: How long an eviction notice waits to read its key (under the pipeline's recovery lock)
+#: before it is trusted as it is.
+READ_S = 0.5
 
 
 class Displaced:
@@ -156,8 +162,9 @@ class Displaced:
         except DecodeError:
             return
         self.o.adaptive.evicted(note)
-        run = self.o.pipelines.get(note.pipeline_id)
-        if run is None or run.terminal or not self.o.failover.may_act(run.pipeline_id):
+        pid = note.pipeline_id
+        run = self.o.pipelines.get(pid)
+        if run is None or run.terminal or not self.o.failover.may_act(pid):
             return
         self.evictions_seen += 1
         run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
@@ -173,12 +180,15 @@ class Displaced:
                 run.note(f"evicted windows of {', '.join(gone)} were stale: not placed there now")
             if here:
                 # the key says what was taken: a notice heard twice, or one that is not true,
-                # finds the window still there (a KV read it cannot fool; trusted if it fails)
-                with contextlib.suppress(Exception):
-                    cur = await self.o.store.refresh(note.device)
+                # finds the window still there (a KV read it cannot fool; trusted if that fails)
+                try:
+                    cur = await asyncio.wait_for(self.o.store.refresh(note.device), READ_S)
+                except Exception as exc:
+                    log.warning("reading %s for an eviction of %s: %r", note.device, pid, exc)
+                else:
                     live = set() if cur is None else {
                         w.task_id for w in cur.book.windows
-                        if w.pipeline_id == run.pipeline_id and w.expires > self.o.wall()
+                        if w.pipeline_id == pid and w.expires > self.o.wall()
                     }  # fmt: skip
                     kept = sorted(t for t in here if t in live)
                     if kept:
