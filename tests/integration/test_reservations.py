@@ -391,6 +391,46 @@ async def test_a_window_gone_without_a_notice_is_booked_again(nats_url: str) -> 
         await stop_cluster(orch, agents)
 
 
+async def test_an_adopted_pipelines_lost_window_is_booked_again(nats_url: str) -> None:
+    """The owner of "low" stops (frozen or cut off) and "l"'s window is taken meanwhile,
+    with no notice anyone acts on; the replica that adopts "low" has no record of its windows
+    but its placements, and its audit books "l" again."""
+    slot1 = {"cpu_slots": 1}
+    first, agents = await start_cluster(
+        nats_url, {"a": agent_config("s", "edge", **slot1), "b": agent_config("s", "edge", **slot1)}
+    )
+    second = Orchestrator(nats_url, name="second", lease_s=0.6)  # audits every 0.2 s
+    await second.start()
+    nc = await nats.connect(nats_url)
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        on_a = {"pinned_agent": "a"}
+        await first.submit_spec(spec("r", [sleep_task("r", 8.0, requires=on_a)]), "busy")
+        await first.submit_spec(spec("l", [sleep_task("l", 0.1, requires=on_a)]), "low")
+        token = first.pipelines["low"].tasks["l"].token
+        first.failover.suspend()  # it stops renewing its ownership leases
+        other = BookingStore(nc.jetstream())
+        await other.start()
+        await other.release(device_key("a", "cpu0"), "low", time.time(), ["l"])
+        await other.stop()
+
+        def rebooked() -> bool:
+            run = second.pipelines.get("low")
+            return run is not None and any("after a lost window: l" in x for x in run.placement_log)
+
+        await second.wait_for(rebooked, 15.0)
+        low = second.pipelines["low"]
+        assert any("adopted by second" in x for x in low.placement_log)
+        assert low.tasks["l"].token > token and second.displaced.windows_lost == 1
+        assert first.displaced.windows_lost == 0  # its lease had lapsed: not its to act on
+        run = await second.wait_terminal("low", 20.0)
+        assert run.state == "succeeded", run.reason
+    finally:
+        await nc.close()
+        await second.stop()
+        await stop_cluster(first, agents)
+
+
 async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) -> None:
     orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
     other = Orchestrator(nats_url, name="other")
