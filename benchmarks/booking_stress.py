@@ -632,6 +632,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             ),
         ],
         [
+            "producers re-run for an input gone (lines naming a re-run)",
+            sum(1 for s in statuses for x in s.placement_log if "re-running" in x),
+        ],
+        [
             "windows found gone by an audit (no eviction notice heard)",
             sum(1 for s in statuses for x in s.placement_log if x.startswith("windows gone")),
         ],

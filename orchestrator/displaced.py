@@ -218,8 +218,18 @@ class Displaced:
             run.note(f"{', '.join(sorted(task_ids))} already have data in flight; they stay queued")
             return
         old = {t: run.placements[t] for t in movable}
+        # A task with inputs stays on its device, booked after what took its place: a
+        # producer whose end has not been heard here yet may have sent its output there, and
+        # a move would lose it (found by the new agent's fetch: the producer runs again).
+        # Anywhere, if its device has no room left for it.
+        stay = self.o.view.only_on({t: old[t].device_id for t in movable if run.spec_by_id[t].deps})
         try:
-            await self.o.placer.place(run, only=movable)
+            try:
+                await self.o.placer.place(run, only=movable, exclude=stay)
+            except PlacementFailed:
+                if not stay:
+                    raise
+                await self.o.placer.place(run, only=movable)
         except PlacementFailed as exc:
             run.note(f"re-placing {', '.join(sorted(movable))} after {after} failed: {exc}")
             return

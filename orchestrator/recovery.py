@@ -374,17 +374,7 @@ class Recovery:
             if not redo:
                 self._stuck.pop(run.pipeline_id, None)
                 return
-            exclude: set[tuple[str, str]] = set()
-            if waiting:
-                devices = [
-                    f"{aid}:{d.device_id}"
-                    for aid, e in self.o.view.agents.items()
-                    for d in e.advert.devices
-                ]
-                exclude = {
-                    (c, d) for c in waiting for d in devices
-                    if d != run.placements[c].device_id
-                }  # fmt: skip
+            exclude = self.o.view.only_on({c: run.placements[c].device_id for c in waiting})
             saved = {
                 t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
             }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from statistics import median
 
@@ -144,6 +144,18 @@ class ClusterView:
         # `until` is exclusive: at last_seen + limit the agent is still alive, so stop early
         self._live = (self._members, now, until, live)
         return live
+
+    def device_ids(self) -> list[str]:
+        """Scheduler ids (`agent:device`) of every device of every known agent, alive or not."""
+        return [f"{aid}:{d.device_id}" for aid, e in self.agents.items() for d in e.advert.devices]
+
+    def only_on(self, where: Mapping[str, str]) -> set[tuple[str, str]]:
+        """(task, device) pairs that keep each task of `where` on its device (task -> scheduler
+        device id), for a re-placement's `exclude`."""
+        if not where:
+            return set()
+        devices = self.device_ids()
+        return {(t, d) for t, here in where.items() for d in devices if d != here}
 
     def device_spec(self, key: str) -> tuple[AgentAdvert, DeviceSpec]:
         agent_id, dev_id = key.split(":", 1)

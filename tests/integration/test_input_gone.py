@@ -303,3 +303,33 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     await orch.submit_spec(t_then_u(), "p2")
     assert (await orch.wait_terminal("p2", 10.0)).state == "succeeded"
     assert orch.displaced.inputs_regrown == 0
+
+
+async def test_an_evicted_consumer_stays_on_its_device(cluster: Cluster) -> None:
+    """u (to wait for t's output on b) is evicted by a higher-priority task on b before t
+    ends. c would finish u sooner, but t, whose end this replica may not have heard, may
+    have sent its output to b already: u is booked again on b, after the task that took its
+    place, and t runs once."""
+    orch, agents = cluster
+    run_s = {"kind": "synthetic", "ref_gflops": 100.0, "output_bytes": 64}
+    low = PipelineSpec.model_validate({"name": "p", "priority": 10, "preemptible": True, "tasks": [
+        {"id": "t", "run": {**run_s, "seconds": 2.0}, "requires": {"pinned_agent": "a"}},
+        {"id": "u", "run": {**run_s, "seconds": 0.02}, "deps": ["t"]},
+    ]})  # fmt: skip
+    await orch.submit_spec(low, "p")
+    run = orch.pipelines["p"]
+    assert (run.tasks["t"].agent_id, run.tasks["u"].agent_id) == ("a", "b")
+    token = run.tasks["u"].token
+    hog = {**run_s, "seconds": 30.0}  # 3 s on b: over u's window
+    high = PipelineSpec.model_validate({"name": "h", "priority": 500, "tasks": [
+        {"id": "h", "run": hog, "requires": {"pinned_agent": "b"}}]})  # fmt: skip
+    await orch.submit_spec(high, "h")
+    await orch.wait_for(lambda: any("after eviction: u" in x for x in run.placement_log), 10)
+    assert run.tasks["u"].agent_id == "b" and run.tasks["u"].token > token, run.placement_log
+    h = orch.pipelines["h"]
+    assert run.t0 + run.placements["u"].start >= h.t0 + h.placements["h"].finish - 1e-3
+    agents["a"].gates["t"].set()
+    done = await orch.wait_terminal("p", 15.0)
+    assert done.state == "succeeded", done.reason
+    assert [x[1] for x in agents["a"].log] == ["t"] and [x[1] for x in agents["b"].log][-1] == "u"
+    assert orch.displaced.inputs_regrown == 0
