@@ -34,6 +34,8 @@ Queued = tuple[int, str, str, int, "Job", TaskOffer]
 JobState = Literal["accepted", "running", "succeeded", "failed", "cancelled"]
 MAX_JOBS = 10_000
 REMEMBERED = 4_096
+#: Inputs of jobs withdrawn by a re-plan, kept for the task's next placement here (at most).
+ORPHANS_KEPT = 256
 
 
 @dataclass
@@ -88,6 +90,11 @@ class AgentCore:
         self.healthy = True
         # finished keys with their token, so a duplicate offer is recognised after the fact
         self._done: OrderedDict[Key, int] = OrderedDict()
+        # inputs of jobs a re-plan withdrew: the task is usually offered here again at once
+        # (its next round), and their producers count them delivered and may have let them go
+        self._orphans: OrderedDict[Key, dict[str, bytes]] = OrderedDict()
+        # jobs a re-plan withdrew and not offered here again since
+        self._withdrawn: OrderedDict[Key, None] = OrderedDict()
 
     # -- admission -----------------------------------------------------------------------------
     def _reject(self, offer: TaskOffer, code: RejectCode, reason: str) -> OfferReply:
@@ -157,13 +164,15 @@ class AgentCore:
         if existing is None and len(self.jobs) >= MAX_JOBS:
             return self._reject(offer, "no_capacity", f"{MAX_JOBS} jobs queued")
         job = self.jobs[key] = Job(offer)
-        if existing is not None:
-            # Placed here again (a newer token, e.g. moved by adaptive re-planning onto this
-            # same agent): inputs that already arrived stay. Their producers were told they
-            # were delivered and may have let them go; dropping them would leave the task
-            # waiting for ever for data nobody holds any more.
+        # Placed here again (a newer token, e.g. moved by adaptive re-planning onto this same
+        # agent, or offered again after a re-plan withdrew it): inputs that already arrived
+        # stay. Their producers were told they were delivered and may have let them go;
+        # dropping them would leave the task waiting for data nobody holds any more.
+        had = existing.inputs if existing is not None else self._orphans.pop(key, None)
+        self._withdrawn.pop(key, None)
+        if had:
             wanted = {i.task_id for i in offer.inputs}
-            job.inputs = {p: d for p, d in existing.inputs.items() if p in wanted}
+            job.inputs = {p: d for p, d in had.items() if p in wanted}
         return self._accept(offer)
 
     def _accept(self, offer: TaskOffer) -> OfferReply:
@@ -295,7 +304,20 @@ class AgentCore:
             del self.jobs[key]
             job.state = "cancelled"
             self._remember(key, job.offer.token)
+            if cmd.task_ids is not None:  # a re-plan's withdrawal
+                self._withdrawn[key] = None
+                if len(self._withdrawn) > REMEMBERED:
+                    self._withdrawn.popitem(last=False)
+                if job.inputs:
+                    self._orphans[key] = job.inputs
+                    if len(self._orphans) > ORPHANS_KEPT:
+                        self._orphans.popitem(last=False)
             out.append(job)
+        if cmd.task_ids is None and (self._orphans or self._withdrawn):  # the pipeline is over
+            for key in [k for k in self._orphans if k[0] == pid]:
+                del self._orphans[key]
+            for key in [k for k in self._withdrawn if k[0] == pid]:
+                del self._withdrawn[key]
         return out
 
     def abandon(self) -> list[Job]:
@@ -311,8 +333,10 @@ class AgentCore:
         return out
 
     def finished(self, key: Key) -> bool:
-        """The job ran (or was cancelled) here recently: a late duplicate input is harmless."""
-        return key in self._done
+        """The job ran (or was cancelled) here recently: a late duplicate input is harmless.
+        Not so for a job a re-plan withdrew (`withdrawn`): its task is placed again, here or
+        elsewhere, and needs the input."""
+        return key in self._done and key not in self._withdrawn
 
     def _remember(self, key: Key, token: int) -> None:
         self._done[key] = token

@@ -327,6 +327,8 @@ class DataPlane:
         if key not in self.core.jobs:
             if self.core.finished(key):
                 return self._ack(transfer, True, "already consumed")
+            # a job a re-plan withdrew, too: its producer keeps the output for the task's
+            # next placement, here or elsewhere, which asks for it
             return self._ack(transfer, False, "no such job")
         if transfer.object_key is None:
             assert transfer.data is not None

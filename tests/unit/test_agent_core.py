@@ -189,3 +189,41 @@ def test_placed_here_again_keeps_the_inputs_that_arrived() -> None:
     )
     assert c.admit(offer("d", token=6, deps=())).accepted
     assert c.jobs[("p", "d")].inputs == {}
+
+
+def test_a_withdrawn_job_leaves_its_inputs_for_its_next_placement_here() -> None:
+    """A re-plan withdraws a consumer that holds an input (its producer counts it delivered)
+    and offers it here again: the input is still there. A whole pipeline's cancel drops
+    them."""
+    c = core()
+    assert c.admit(offer("b", token=5, deps=("x",))).accepted
+    c.deliver(
+        DataTransfer(pipeline_id="p", producer="x", consumer="b", token=1, data=b"1", sha256=SHA)
+    )
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"], max_token=5))
+    assert ("p", "b") not in c.jobs
+    assert c.admit(offer("b", token=7, deps=("x",))).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["b"], tokens=[7]))
+    assert [j.offer.task.id for j in c.take_ready()] == ["b"]  # nothing to wait for
+    # withdrawn, then the pipeline cancelled: nothing is kept for a later offer
+    assert c.admit(offer("d", token=5, deps=("x",))).accepted
+    c.deliver(
+        DataTransfer(pipeline_id="p", producer="x", consumer="d", token=1, data=b"1", sha256=SHA)
+    )
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["d"], max_token=5))
+    c.cancel(CancelCommand(pipeline_id="p"))
+    assert c.admit(offer("d", token=9, deps=("x",))).accepted
+    assert c.jobs[("p", "d")].inputs == {}
+
+
+def test_an_input_for_a_withdrawn_job_is_not_taken_as_consumed() -> None:
+    """An output that reaches a job a re-plan withdrew must not be acknowledged as consumed
+    (its producer would let it go, and the task's next placement would find it gone); one
+    for a job that ran, or of a cancelled pipeline, is."""
+    c = core()
+    assert c.admit(offer("b", token=5, deps=("x",))).accepted
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"], max_token=5))
+    assert not c.finished(("p", "b"))
+    assert c.admit(offer("b", token=7, deps=("x",))).accepted  # here again
+    c.cancel(CancelCommand(pipeline_id="p"))
+    assert c.finished(("p", "b"))
