@@ -40,6 +40,9 @@ READ_S = 0.5
 
 
 class Displaced:
+    """One replica's handling of displaced tasks (`Orchestrator.displaced`): acts only on
+    pipelines whose ownership lease it holds, each under the pipeline's recovery lock."""
+
     def __init__(self, orch: Orchestrator) -> None:
         self.o = orch
         self.evictions_seen = 0
