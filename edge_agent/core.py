@@ -95,6 +95,8 @@ class AgentCore:
         self._orphans: OrderedDict[Key, dict[str, bytes]] = OrderedDict()
         # jobs a re-plan withdrew and not offered here again since
         self._withdrawn: OrderedDict[Key, None] = OrderedDict()
+        # the token each recently finished job ran under (not those cancelled unrun)
+        self._ran: OrderedDict[Key, int] = OrderedDict()
 
     # -- admission -----------------------------------------------------------------------------
     def _reject(self, offer: TaskOffer, code: RejectCode, reason: str) -> OfferReply:
@@ -117,6 +119,10 @@ class AgentCore:
             )
         if key in self._done and offer.token <= self._done[key]:
             return self._reject(offer, "duplicate", "task already finished here")
+        if offer.replaces and self._ran.get(key) == offer.replaces:
+            return self._reject(
+                offer, "already_ran", f"task already ran here under token {offer.replaces}"
+            )
         existing = self.jobs.get(key)
         if existing is not None:
             if offer.token == existing.offer.token:
@@ -284,6 +290,10 @@ class AgentCore:
         job.state = "succeeded" if ok else "failed"
         job.inputs.clear()
         self._remember(key, job.offer.token)
+        self._ran[key] = job.offer.token
+        self._ran.move_to_end(key)
+        while len(self._ran) > REMEMBERED:
+            self._ran.popitem(last=False)
         return job
 
     def cancel(self, cmd: CancelCommand) -> list[Job]:

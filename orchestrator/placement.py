@@ -73,6 +73,12 @@ class Round:
     #: Producers not being placed whose agents refused to hear where their consumers went
     #: (`duplicate`: they ended, or run, there already): their consumers fetch the output.
     ended: set[str] = field(default_factory=set)
+    #: Tasks being placed again: (their placement, token and agent before).
+    prior: dict[str, tuple[Placement, int, str]] = field(default_factory=dict)
+    #: Of those, tasks their agent had already run under the placement before: kept as they
+    #: were (a short task's start is not reported, so a task this replica holds as waiting
+    #: may have run already; its end is on its way).
+    kept: set[str] = field(default_factory=set)
 
 
 class Placer:
@@ -122,6 +128,10 @@ class Placer:
         if only is not None:
             st.fixed = {tid: p for tid, p in run.placements.items() if tid not in only}
             st.tokens = {tid: tr.token for tid, tr in run.tasks.items() if tid not in only}
+            st.prior = {
+                t: (run.placements[t], tr.token, tr.agent_id) for t in only
+                if t in run.placements and (tr := run.tasks[t]).token and tr.agent_id
+            }  # fmt: skip
         reasons: dict[str, str] = {}
         steps = run.step_s = {
             "claim": 0.0, "plan": 0.0, "send": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0
@@ -262,6 +272,13 @@ class Placer:
             for rep in replies:
                 if rep.accepted:
                     st.sent[rep.task_id] = offers[rep.task_id]
+            ran = {
+                rep.task_id for rep in rejected
+                if rep.code == "already_ran" and offers[rep.task_id].replaces
+            }  # fmt: skip
+            for t in sorted(ran):
+                run.note(f"round {rnd}: {t} already ran on {st.prior[t][2]}; kept as it was")
+            rejected = [rep for rep in rejected if rep.task_id not in ran]
             for rep in rejected:
                 run.rejections += 1
                 dev = todo[rep.task_id].device_id
@@ -274,9 +291,9 @@ class Placer:
                     f"round {rnd}: {rep.agent_id} rejected {rep.task_id} ({msg}); "
                     "re-planning elsewhere"
                 )
-            if bad or rejected:
+            if bad or rejected or ran:
                 moved = {w.task_id for k in bad for w in by_key[k]}
-                moved |= {rep.task_id for rep in rejected}
+                moved |= {rep.task_id for rep in rejected} | ran
                 affected = descendants(run, moved) & set(todo)
                 await self._release(run, by_key, affected, bad)
                 withdrawn = {t: todo[t] for t in affected if t in st.sent}
@@ -291,6 +308,10 @@ class Placer:
                 for tid, p in todo.items():
                     if tid not in affected:
                         st.fixed[tid] = p
+                for t in ran:  # as before this placement: its consumers fetch its output
+                    st.fixed[t], st.tokens[t], _agent = st.prior[t]
+                    st.kept.add(t)
+                    st.ended.add(t)
                 continue
             # 3. routing may have changed for tasks accepted earlier: re-send what differs
             if only is None and not st.fixed:
@@ -303,7 +324,10 @@ class Placer:
                         d for t in only for d in spec.tasks[run.index[t]].deps
                         if run.tasks[d].state in ("offered", "accepted")
                     }  # fmt: skip
-                final = {tid: self._offer(run, tid, placements, st, order) for tid in final_ids}
+                final = {
+                    tid: self._offer(run, tid, placements, st, order)
+                    for tid in final_ids - st.kept
+                }  # fmt: skip
             stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
             stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
             if stale:
@@ -341,7 +365,7 @@ class Placer:
             run.algorithm = plan.algorithm
             run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
             for tid, x in final.items():
-                if only is not None and tid not in only:
+                if only is not None and (tid not in only or tid in st.kept):
                     # a producer only told where its consumers went: where and how it runs
                     # is as before, and its state is its events' (it may have ended meanwhile)
                     continue
@@ -376,6 +400,7 @@ class Placer:
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
             slot=p.slot, token=0 if provisional else st.tokens[tid], order=order[tid], task=task,
+            replaces=prev[1] if (prev := st.prior.get(tid)) and prev[2] == agent_id else 0,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
                              ready=run.tasks[d].state == "succeeded" or d in st.ended)
                     for d in task.deps],

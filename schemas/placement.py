@@ -23,6 +23,8 @@ RejectCode = Literal[
     "duplicate",
     "bad_spec",
     "not_allowlisted",
+    #: The offer replaces a placement of the task that already ran on this agent (`replaces`).
+    "already_ran",
 ]
 
 
@@ -59,6 +61,10 @@ class TaskOffer(WireModel):
     token: Count
     #: Position of this task in the plan's order on its device.
     order: Count = 0
+    #: The token of this task's placement on this same agent that this offer replaces (a
+    #: re-placement: eviction, lost window, adaptive move), else 0. An agent that has already
+    #: run that placement refuses (`already_ran`): the task is not run twice.
+    replaces: Count = 0
     task: TaskSpec
     inputs: Annotated[list[InputRef], Field(max_length=MAX_DEPS)] = Field(default_factory=list)
     consumers: Annotated[list[ConsumerRef], Field(max_length=MAX_DEPS)] = Field(

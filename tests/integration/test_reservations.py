@@ -431,6 +431,52 @@ async def test_an_adopted_pipelines_lost_window_is_booked_again(nats_url: str) -
         await stop_cluster(first, agents)
 
 
+async def test_an_evicted_task_that_already_ran_is_not_run_again(nats_url: str) -> None:
+    """ "l" ran on b, but its end has not reached the owner (a short task reports only its
+    end), which still holds it as waiting. Evicted, it is offered to b again naming the
+    placement it replaces; b has run that one and refuses, so "l" keeps its placement and
+    runs once, instead of twice (its first result then dropped as stale)."""
+    dev = {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": 1.0, "emulated": True}
+    quiet = {
+        "probe_cpu": False, "devices": [dev], "started_event_after_s": 60.0,
+        "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
+    }  # fmt: skip
+    orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", **quiet)})
+    ended, heard = asyncio.Event(), asyncio.Event()
+    real = orch._task_event
+
+    async def late(ev: TaskEvent) -> None:  # l's end reaches the owner when the test says
+        if (ev.pipeline_id, ev.task_id, ev.state) == ("low", "l", "succeeded"):
+            ended.set()
+            await heard.wait()
+        await real(ev)
+
+    orch._task_event = late  # type: ignore[method-assign]
+    try:
+        quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}  # runs in ms
+        low = spec("l", [{"id": "l", "run": quick, "profile": {"est_seconds": 3.0}}],
+                   priority=10, preemptible=True)  # fmt: skip
+        await orch.submit_spec(low, "low")
+        run = orch.pipelines["low"]
+        token = run.tasks["l"].token
+        await asyncio.wait_for(ended.wait(), 10.0)  # it ran on b; the owner does not know
+        assert run.tasks["l"].state in ("offered", "accepted")
+        high = spec("h", [{"id": "h", "run": quick, "profile": {"est_seconds": 1.0}}], priority=500)
+        await orch.submit_spec(high, "high")
+        await orch.wait_for(lambda: any("kept as it was" in x for x in run.placement_log), 10.0)
+        assert any("l already ran on b; kept as it was" in x for x in run.placement_log)
+        assert run.tasks["l"].token == token and run.placements["l"].device_id == "b:cpu0"
+        heard.set()
+        done = await orch.wait_terminal("low", 10.0)
+        assert done.state == "succeeded", done.reason
+        assert done.stale_events == 0  # its one result, under its one token
+        assert [x[1] for x in agents[0].log].count("l") == 1
+        assert (await orch.wait_terminal("high", 10.0)).state == "succeeded"
+    finally:
+        heard.set()
+        await stop_cluster(orch, agents)
+
+
 async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) -> None:
     orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
     other = Orchestrator(nats_url, name="other")

@@ -227,3 +227,20 @@ def test_an_input_for_a_withdrawn_job_is_not_taken_as_consumed() -> None:
     assert c.admit(offer("b", token=7, deps=("x",))).accepted  # here again
     c.cancel(CancelCommand(pipeline_id="p"))
     assert c.finished(("p", "b"))
+
+
+def test_an_offer_replacing_a_placement_that_ran_here_is_refused() -> None:
+    """A re-placement names the token it replaces: if that placement already ran here, the
+    task is not run again (`already_ran`); one that was only withdrawn, or another placement
+    than the one that ran, is taken."""
+    c = core()
+    assert c.admit(offer("a", token=5)).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[5]))
+    assert [j.offer.task.id for j in c.take_ready()] == ["a"]
+    assert c.finish(("p", "a"), ok=True) is not None
+    again = c.admit(offer("a", token=8, replaces=5))
+    assert not again.accepted and again.code == "already_ran" and "token 5" in again.reason
+    assert c.admit(offer("a", token=9, replaces=4)).accepted  # not the placement that ran
+    assert c.admit(offer("b", token=5)).accepted
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"], max_token=5))  # withdrawn unrun
+    assert c.admit(offer("b", token=8, replaces=5)).accepted
