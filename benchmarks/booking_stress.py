@@ -632,6 +632,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             ),
         ],
         [
+            "re-placed tasks their agent had already run (kept as they were)",
+            sum(1 for s in statuses for x in s.placement_log if x.endswith("kept as it was")),
+        ],
+        [
             "producers re-run for an input gone (lines naming a re-run)",
             sum(1 for s in statuses for x in s.placement_log if "re-running" in x),
         ],
