@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from edge_agent.allowlist import Allowlist
 from schemas.agent import DeviceSpec, TaskKind
@@ -36,6 +36,20 @@ MAX_JOBS = 10_000
 REMEMBERED = 4_096
 #: Inputs of jobs withdrawn by a re-plan, kept for the task's next placement here (at most).
 ORPHANS_KEPT = 256
+#: How a job left: it ran (to its end, good or bad), a re-plan withdrew it (its task is
+#: placed again, here or elsewhere, and still needs its inputs), or it was cancelled.
+Ending = Literal["ran", "withdrawn", "cancelled"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _put_bounded(d: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
+    """Set `key` as the newest entry of `d`, dropping the oldest past `limit`."""
+    d[key] = value
+    d.move_to_end(key)
+    while len(d) > limit:
+        d.popitem(last=False)
 
 
 @dataclass
@@ -88,15 +102,12 @@ class AgentCore:
         self._seq = itertools.count()
         self.draining = False
         self.healthy = True
-        # finished keys with their token, so a duplicate offer is recognised after the fact
-        self._done: OrderedDict[Key, int] = OrderedDict()
+        # jobs gone from `jobs`, with their token and how they went, so a duplicate offer
+        # (or a late input) is recognised after the fact
+        self._done: OrderedDict[Key, tuple[int, Ending]] = OrderedDict()
         # inputs of jobs a re-plan withdrew: the task is usually offered here again at once
         # (its next round), and their producers count them delivered and may have let them go
         self._orphans: OrderedDict[Key, dict[str, bytes]] = OrderedDict()
-        # jobs a re-plan withdrew and not offered here again since
-        self._withdrawn: OrderedDict[Key, None] = OrderedDict()
-        # the token each recently finished job ran under (not those cancelled unrun)
-        self._ran: OrderedDict[Key, int] = OrderedDict()
 
     # -- admission -----------------------------------------------------------------------------
     def _reject(self, offer: TaskOffer, code: RejectCode, reason: str) -> OfferReply:
@@ -117,9 +128,10 @@ class AgentCore:
             return self._reject(
                 offer, "stale_incarnation", f"planned for incarnation {offer.incarnation}"
             )
-        if key in self._done and offer.token <= self._done[key]:
+        done = self._done.get(key)
+        if done is not None and offer.token <= done[0]:
             return self._reject(offer, "duplicate", "task already finished here")
-        if offer.replaces and self._ran.get(key) == offer.replaces:
+        if offer.replaces and done == (offer.replaces, "ran"):
             return self._reject(
                 offer, "already_ran", f"task already ran here under token {offer.replaces}"
             )
@@ -175,7 +187,6 @@ class AgentCore:
         # stay. Their producers were told they were delivered and may have let them go;
         # dropping them would leave the task waiting for data nobody holds any more.
         had = existing.inputs if existing is not None else self._orphans.pop(key, None)
-        self._withdrawn.pop(key, None)
         if had:
             wanted = {i.task_id for i in offer.inputs}
             job.inputs = {p: d for p, d in had.items() if p in wanted}
@@ -289,11 +300,7 @@ class AgentCore:
             self.running[job.offer.device_id] -= 1
         job.state = "succeeded" if ok else "failed"
         job.inputs.clear()
-        self._remember(key, job.offer.token)
-        self._ran[key] = job.offer.token
-        self._ran.move_to_end(key)
-        while len(self._ran) > REMEMBERED:
-            self._ran.popitem(last=False)
+        self._remember(key, job.offer.token, "ran")
         return job
 
     def cancel(self, cmd: CancelCommand) -> list[Job]:
@@ -313,21 +320,14 @@ class AgentCore:
                 continue  # its slot is freed when the shell reports it finished
             del self.jobs[key]
             job.state = "cancelled"
-            self._remember(key, job.offer.token)
-            if cmd.task_ids is not None:  # a re-plan's withdrawal
-                self._withdrawn[key] = None
-                if len(self._withdrawn) > REMEMBERED:
-                    self._withdrawn.popitem(last=False)
-                if job.inputs:
-                    self._orphans[key] = job.inputs
-                    if len(self._orphans) > ORPHANS_KEPT:
-                        self._orphans.popitem(last=False)
+            replan = cmd.task_ids is not None  # a re-plan's withdrawal
+            self._remember(key, job.offer.token, "withdrawn" if replan else "cancelled")
+            if replan and job.inputs:
+                _put_bounded(self._orphans, key, job.inputs, ORPHANS_KEPT)
             out.append(job)
-        if cmd.task_ids is None and (self._orphans or self._withdrawn):  # the pipeline is over
+        if cmd.task_ids is None and self._orphans:  # the pipeline is over
             for key in [k for k in self._orphans if k[0] == pid]:
                 del self._orphans[key]
-            for key in [k for k in self._withdrawn if k[0] == pid]:
-                del self._withdrawn[key]
         return out
 
     def abandon(self) -> list[Job]:
@@ -338,20 +338,19 @@ class AgentCore:
             if job.state != "running":
                 del self.jobs[key]
                 job.state = "cancelled"
-                self._remember(key, job.offer.token)
+                self._remember(key, job.offer.token, "cancelled")
             out.append(job)
         return out
 
     def finished(self, key: Key) -> bool:
         """The job ran (or was cancelled) here recently: a late duplicate input is harmless.
-        Not so for a job a re-plan withdrew (`withdrawn`): its task is placed again, here or
-        elsewhere, and needs the input."""
-        return key in self._done and key not in self._withdrawn
+        Not so for a job a re-plan withdrew: its task is placed again, here or elsewhere, and
+        needs the input."""
+        done = self._done.get(key)
+        return done is not None and done[1] != "withdrawn"
 
-    def _remember(self, key: Key, token: int) -> None:
-        self._done[key] = token
-        while len(self._done) > REMEMBERED:
-            self._done.popitem(last=False)
+    def _remember(self, key: Key, token: int, how: Ending) -> None:
+        _put_bounded(self._done, key, (token, how), REMEMBERED)
 
     @property
     def running_total(self) -> int:
