@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 from nats.aio.msg import Msg
 
@@ -37,6 +37,23 @@ SLICE_TASKS = 2000
 #: How long an eviction notice waits to read its key (under the pipeline's recovery lock)
 #: before it is trusted as it is.
 READ_S = 0.5
+
+
+N = TypeVar("N", EvictNotice, InputGone)
+
+
+def _notice(msg: Msg, model: type[N], subject: Callable[[str], str]) -> N | None:
+    """A notice (nothing to answer) decoded through the codec, or None, logged: bytes that are
+    not one, or one published under another pipeline's subject."""
+    try:
+        note = decode(msg.data, model)
+    except DecodeError as exc:
+        log.debug("dropped a bad %s on %s: %s", model.__name__, msg.subject, exc.message)
+        return None
+    if msg.subject != subject(note.pipeline_id):
+        log.debug("dropped %s for %s sent on %s", model.__name__, note.pipeline_id, msg.subject)
+        return None
+    return note
 
 
 class Displaced:
@@ -160,9 +177,8 @@ class Displaced:
             await self.o.nc.publish(subjects.eviction(pid), encode(note))
 
     async def on_evict(self, msg: Msg) -> None:
-        try:
-            note = decode(msg.data, EvictNotice)
-        except DecodeError:
+        note = _notice(msg, EvictNotice, subjects.eviction)
+        if note is None:
             return
         self.o.adaptive.evicted(note)
         pid = note.pipeline_id
@@ -254,11 +270,9 @@ class Displaced:
         Only a report about the consumer's current placement and a producer that succeeded
         where it says is acted on (one whose end is not heard yet waits for it), once per
         pair of placements; anything else is stale or not this replica's."""
-        try:
-            note = decode(msg.data, InputGone)
-        except DecodeError:
-            return
-        await self.input_gone(note)
+        note = _notice(msg, InputGone, subjects.input_gone)
+        if note is not None:
+            await self.input_gone(note)
 
     async def input_gone(self, note: InputGone) -> None:
         run = self.o.pipelines.get(note.pipeline_id)

@@ -265,7 +265,8 @@ async def test_a_producer_heard_ending_during_the_move_stays_ended(
 
 async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None:
     """A report about another placement of the consumer, a producer run elsewhere, a task
-    that is no consumer of it, another pipeline, or bytes that are no report at all: nothing
+    that is no consumer of it, another pipeline (named, or the subject it came on), or bytes
+    that are no report at all: nothing
     is re-run, and the service goes on. A report that comes before the producer's end is
     heard waits for it, and is forgotten with its pipeline. (The handler is called as the
     subscription calls it, so each report is handled when the call returns.)"""
@@ -292,6 +293,8 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
 
     for data in [*(encode(w) for w in wrong), b"\xff not a report", b"{}"]:
         await report(data)
+    # the true report, published under another pipeline's subject
+    await orch.displaced.on_input_gone(Msg(nc, subjects.input_gone("q"), data=encode(true)))
     assert orch.displaced.inputs_regrown == 0 and not orch.displaced.early
     assert not any("is gone" in x for x in run.placement_log)
     await report(encode(true))  # t is held on a: its end is still to come

@@ -282,7 +282,8 @@ async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str
     """A window left on b's key by an earlier placement of "l" (now queued on a) is taken by
     a higher-priority pipeline: the notice names "l", but "l" was not displaced, so it keeps
     its place (and its token) instead of being re-placed. Notices that name a task the
-    pipeline lacks, or one whose window is still booked, move nothing either."""
+    pipeline lacks, or one whose window is still booked, move nothing either, and one under
+    another pipeline's subject is dropped."""
     slot1 = {"cpu_slots": 1}
     orch, agents = await start_cluster(
         nats_url, {"a": agent_config("s", "edge", **slot1), "b": agent_config("s", "edge", **slot1)}
@@ -324,16 +325,20 @@ async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str
         assert any("evicted windows of l were stale" in x for x in low.placement_log)
         assert not any("re-placed after eviction" in x for x in low.placement_log)
         assert low.placements["l"] == placed and low.tasks["l"].token == token
-        # a notice naming a task the pipeline does not have moves nothing either
+        # one naming "l" where it is, published under another pipeline's subject, is dropped
+        forged = EvictNotice(
+            pipeline_id="low", task_ids=["l"], device=device_key("a", "cpu0"), by_pipeline="x"
+        )
+        await nc.publish(subjects.eviction("busy"), encode(forged))
+        # a notice naming a task the pipeline does not have moves nothing either (handled
+        # after the one before: one subscription, in order)
         bogus = EvictNotice(
             pipeline_id="low", task_ids=["nope"], device="dev.b.cpu0", by_pipeline="x"
         )
         await nc.publish(subjects.eviction("low"), encode(bogus))
         await orch.wait_for(lambda: any("of nope were stale" in x for x in low.placement_log), 5)
+        assert not any("still booked" in x for x in low.placement_log)
         # nor one naming "l" where it is, its window untouched (heard twice, or not true)
-        forged = EvictNotice(
-            pipeline_id="low", task_ids=["l"], device=device_key("a", "cpu0"), by_pipeline="x"
-        )
         await nc.publish(subjects.eviction("low"), encode(forged))
         await orch.wait_for(lambda: any("still booked" in x for x in low.placement_log), 5)
         assert any("l still booked on dev.a.cpu0: not moved" in x for x in low.placement_log)
