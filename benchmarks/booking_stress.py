@@ -41,7 +41,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -536,11 +536,9 @@ def make_specs(n: int, seed: int, priorities: str = "same") -> list[tuple[str, P
     return out
 
 
-def evictions(status: StatusReply | None) -> int:
-    """Evictions a pipeline's placement log records (its owner notes each notice)."""
-    if status is None:
-        return 0
-    return sum(1 for line in status.placement_log if line.startswith("evicted from "))
+def logged(statuses: Iterable[StatusReply | None], match: Callable[[str], bool]) -> int:
+    """Lines of these pipelines' placement logs that `match` (what their owners noted)."""
+    return sum(1 for st in statuses if st is not None for x in st.placement_log if match(x))
 
 
 async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadResult:
@@ -584,7 +582,7 @@ def priority_rows(args: argparse.Namespace, outs: list[Outcome]) -> list[list[ob
     for prio, pre in PRIORITY_CLASSES:
         mine = [o for o in outs if o.priority == prio]
         ok = sum(1 for o in mine if o.state == "succeeded")
-        evicted = sum(evictions(o.status) for o in mine)
+        evicted = logged((o.status for o in mine), lambda x: x.startswith("evicted from "))
         kind = "preemptible" if pre else "not preemptible"
         rows.append(
             [f"priority {prio} ({kind}): succeeded / evictions", f"{ok} of {len(mine)} / {evicted}"]
@@ -624,24 +622,19 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["sum cas_retries", sum(s.cas_retries for s in statuses)],
         [
             "eviction notices that moved nothing (stale: placed elsewhere, or still booked)",
-            sum(
-                1
-                for s in statuses
-                for x in s.placement_log
-                if "were stale" in x or " still booked on " in x
-            ),
+            logged(statuses, lambda x: "were stale" in x or " still booked on " in x),
         ],
         [
             "re-placed tasks their agent had already run (kept as they were)",
-            sum(1 for s in statuses for x in s.placement_log if x.endswith("kept as it was")),
+            logged(statuses, lambda x: x.endswith("kept as it was")),
         ],
         [
             "producers re-run for an input gone (lines naming a re-run)",
-            sum(1 for s in statuses for x in s.placement_log if "re-running" in x),
+            logged(statuses, lambda x: "re-running" in x),
         ],
         [
             "windows found gone by an audit (no eviction notice heard)",
-            sum(1 for s in statuses for x in s.placement_log if x.startswith("windows gone")),
+            logged(statuses, lambda x: x.startswith("windows gone")),
         ],
         ["pipelines with a status", len(statuses)],
         *priority_rows(args, outs),

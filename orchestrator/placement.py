@@ -309,7 +309,7 @@ class Placer:
                     if tid not in affected:
                         st.fixed[tid] = p
                 for t in ran:  # as before this placement: its consumers fetch its output
-                    st.fixed[t], st.tokens[t], _agent = st.prior[t]
+                    st.fixed[t], st.tokens[t], _ = st.prior[t]
                     st.kept.add(t)
                     st.ended.add(t)
                 continue
@@ -365,7 +365,7 @@ class Placer:
             run.algorithm = plan.algorithm
             run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
             for tid, x in final.items():
-                if only is not None and (tid not in only or tid in st.kept):
+                if only is not None and tid not in only:
                     # a producer only told where its consumers went: where and how it runs
                     # is as before, and its state is its events' (it may have ended meanwhile)
                     continue

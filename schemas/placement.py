@@ -161,9 +161,9 @@ class EvictNotice(WireModel):
 class InputGone(WireModel):
     """A consumer's agent asked `producer_agent` for `producer`'s output and was told it holds
     none (`not_found`): handed to another placement of the consumer and let go (a move that
-    raced the producer's end), or lost with a restart. Its owner re-places the consumer and
-    re-runs producers that no longer hold its inputs at once, instead of when the stall
-    watchdog finds the consumer starved."""
+    raced the producer's end), or lost with a restart. Its owner runs again, at once, every
+    producer of the consumer that no longer holds its output (the consumer stays where it
+    waits), instead of when the stall watchdog finds the consumer starved."""
 
     pipeline_id: Ident
     consumer: Ident
