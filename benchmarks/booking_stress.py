@@ -626,7 +626,11 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ],
         [
             "re-placed tasks their agent had already run (kept as they were)",
-            logged(statuses, lambda x: x.endswith("kept as it was")),
+            logged(statuses, lambda x: x.endswith("kept as it was") and "already ran" in x),
+        ],
+        [
+            "re-placed tasks their agent was running (kept as they were)",
+            logged(statuses, lambda x: x.endswith("kept as it was") and "is running" in x),
         ],
         [
             "producers re-run for an input gone (lines naming a re-run)",

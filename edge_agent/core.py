@@ -150,6 +150,11 @@ class AgentCore:
             if offer.token < existing.offer.token:
                 return self._reject(offer, "stale_token", "a newer placement holds this task")
             if existing.state == "running":
+                if offer.replaces and offer.replaces == existing.offer.token:
+                    # the placement being replaced has started here: it keeps the task (its
+                    # owner had not heard of the start), as it would had the start been heard
+                    why = f"task is running here under token {offer.replaces}"
+                    return self._reject(offer, "already_running", why)
                 return self._reject(offer, "duplicate", "task is already running here")
         if self.draining:
             return self._reject(offer, "draining", "agent is draining")

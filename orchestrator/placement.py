@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mars.placement")
 MAX_ROUNDS = 8
+#: Refusals saying the placement being replaced has started on its agent: the task keeps it
+#: (its result on the way counts; its consumers fetch its output, or are sent it when it ends).
+STARTED = {"already_ran", "already_running"}
 DEVICE_WIDE = {"unhealthy", "draining", "stale_incarnation", "unknown_device", "no_capacity"}
 
 
@@ -75,9 +78,10 @@ class Round:
     ended: set[str] = field(default_factory=set)
     #: Tasks being placed again: (their placement, token and agent before).
     prior: dict[str, tuple[Placement, int, str]] = field(default_factory=dict)
-    #: Of those, tasks their agent had already run under the placement before: kept as they
-    #: were (a short task's start is not reported, so a task this replica holds as waiting
-    #: may have run already; its end is on its way).
+    #: Of those, tasks their agent had already started (or run) under the placement before:
+    #: kept as they were (a start in a task's first `started_event_after_s` is not reported,
+    #: so a task this replica holds as waiting may be running or have run; its end is on
+    #: its way).
     kept: set[str] = field(default_factory=set)
 
 
@@ -272,12 +276,14 @@ class Placer:
             for rep in replies:
                 if rep.accepted:
                     st.sent[rep.task_id] = offers[rep.task_id]
-            ran = {
-                rep.task_id for rep in rejected
-                if rep.code == "already_ran" and offers[rep.task_id].replaces
+            started = {
+                rep.task_id: rep.code for rep in rejected
+                if rep.code in STARTED and offers[rep.task_id].replaces
             }  # fmt: skip
-            for t in sorted(ran):
-                run.note(f"round {rnd}: {t} already ran on {st.prior[t][2]}; kept as it was")
+            for t, code in sorted(started.items()):
+                did = "already ran" if code == "already_ran" else "is running"
+                run.note(f"round {rnd}: {t} {did} on {st.prior[t][2]}; kept as it was")
+            ran = set(started)
             rejected = [rep for rep in rejected if rep.task_id not in ran]
             for rep in rejected:
                 run.rejections += 1

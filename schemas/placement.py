@@ -25,6 +25,8 @@ RejectCode = Literal[
     "not_allowlisted",
     #: The offer replaces a placement of the task that already ran on this agent (`replaces`).
     "already_ran",
+    #: The offer replaces a placement of the task that is running on this agent now.
+    "already_running",
 ]
 
 
@@ -63,7 +65,8 @@ class TaskOffer(WireModel):
     order: Count = 0
     #: The token of this task's placement on this same agent that this offer replaces (a
     #: re-placement: eviction, lost window, adaptive move), else 0. An agent that has already
-    #: run that placement refuses (`already_ran`): the task is not run twice.
+    #: run that placement, or is running it, refuses (`already_ran`, `already_running`): the
+    #: task keeps that placement instead of being run twice, or killed and run again.
     replaces: Count = 0
     task: TaskSpec
     inputs: Annotated[list[InputRef], Field(max_length=MAX_DEPS)] = Field(default_factory=list)

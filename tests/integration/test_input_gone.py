@@ -111,7 +111,9 @@ async def move_as_t_ends(
         return out
 
     a.data.store.ack = noted  # type: ignore[method-assign]
-    b.gates["u"] = asyncio.Event()  # b's slot stays busy: u, given its input, does not start
+    # b's one slot is taken (as by another pipeline's task): u, given its input, waits in b's
+    # queue, not started (a started u would keep its place: `already_running`)
+    b.core.running["cpu0"] += 1
     reached, go = asyncio.Event(), asyncio.Event()
     place = Placer.place
 

@@ -482,6 +482,77 @@ async def test_an_evicted_task_that_already_ran_is_not_run_again(nats_url: str) 
         await stop_cluster(orch, agents)
 
 
+async def test_an_evicted_task_already_running_keeps_running(nats_url: str) -> None:
+    """ "l" (fed by "p", both on b) is running, its start not reported yet, and "p"'s end has
+    not reached the owner. Evicted, "l" is offered to b again (it has an input: it stays) naming
+    the placement it replaces; b is running that one and refuses, so "l" keeps running there.
+    Before, b's `duplicate` sent "l" to c, the run on b was killed, and "p", its output used up
+    by that run, ran again for the new one."""
+
+    def dev(gflops: float) -> dict[str, Any]:
+        return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
+
+    quiet = {
+        "probe_cpu": False, "started_event_after_s": 60.0,
+        "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
+    }  # fmt: skip
+    orch, agents = await start_cluster(
+        nats_url,
+        {
+            "b": agent_config("s", "edge", devices=[dev(1.0)], **quiet),
+            "c": agent_config("s", "edge", devices=[dev(0.5)], **quiet),  # l takes twice as long
+        },
+    )
+    ended, heard = asyncio.Event(), asyncio.Event()
+    real = orch._task_event
+
+    async def late(ev: TaskEvent) -> None:  # p's end reaches the owner when the test says
+        if (ev.pipeline_id, ev.task_id, ev.state) == ("low", "p", "succeeded"):
+            ended.set()
+            await heard.wait()
+        await real(ev)
+
+    orch._task_event = late  # type: ignore[method-assign]
+    try:
+        quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
+        low = spec("l", [
+            {"id": "p", "run": quick, "profile": {"est_seconds": 0.5},
+             "requires": {"pinned_agent": "b"}},
+            {"id": "l", "run": {"kind": "synthetic", "seconds": 1.5, "ref_gflops": 1.0},
+             "deps": ["p"]},
+        ], priority=10, preemptible=True)  # fmt: skip
+        await orch.submit_spec(low, "low")
+        run = orch.pipelines["low"]
+        assert run.placements["l"].device_id == "b:cpu0"
+        token = run.tasks["l"].token
+        await asyncio.wait_for(ended.wait(), 10.0)
+        job = agents[0].core.jobs.get(("low", "l"))
+        await orch.wait_for(lambda: job is not None and job.state == "running", 10.0)
+        assert run.tasks["l"].state in ("offered", "accepted")  # as the owner knows it
+        high = spec("h", [{"id": "h", "run": quick, "profile": {"est_seconds": 1.0},
+                           "requires": {"pinned_agent": "b"}}], priority=500)  # fmt: skip
+        await orch.submit_spec(high, "high")
+        moved = "re-placed after eviction: l, p"  # p's window went too (it ran: kept)
+        await orch.wait_for(lambda: moved in run.placement_log, 10.0)
+        assert any("l is running on b; kept as it was" in x for x in run.placement_log), (
+            run.placement_log
+        )
+        assert run.tasks["l"].token == token and run.placements["l"].device_id == "b:cpu0"
+        heard.set()
+        done = await orch.wait_terminal("low", 15.0)
+        assert done.state == "succeeded", done.reason
+        assert done.stale_events == 0  # l's one result, under its one token
+        ran = [
+            (name, x[1]) for name, a in zip("bc", agents, strict=True) for x in a.log
+            if x[0] == "low"
+        ]  # fmt: skip
+        assert sorted(ran) == [("b", "l"), ("b", "p")]  # each once, on b
+        assert (await orch.wait_terminal("high", 15.0)).state == "succeeded"
+    finally:
+        heard.set()
+        await stop_cluster(orch, agents)
+
+
 async def test_status_of_another_replicas_pipeline_comes_from_kv(nats_url: str) -> None:
     orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
     other = Orchestrator(nats_url, name="other")

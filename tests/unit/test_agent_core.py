@@ -244,3 +244,19 @@ def test_an_offer_replacing_a_placement_that_ran_here_is_refused() -> None:
     assert c.admit(offer("b", token=5)).accepted
     c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"], max_token=5))  # withdrawn unrun
     assert c.admit(offer("b", token=8, replaces=5)).accepted
+
+
+def test_an_offer_replacing_a_placement_running_here_is_refused() -> None:
+    """A re-placement of a task whose replaced placement is running here keeps it running
+    (`already_running`) rather than asking for a second run; an offer that names another
+    placement, or none, is a `duplicate` of the running job as before."""
+    c = core()
+    assert c.admit(offer("a", token=5)).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[5]))
+    assert [j.offer.task.id for j in c.take_ready()] == ["a"]
+    again = c.admit(offer("a", token=8, replaces=5))
+    assert not again.accepted and again.code == "already_running" and "token 5" in again.reason
+    for other in (offer("a", token=9, replaces=4), offer("a", token=9)):
+        reply = c.admit(other)
+        assert not reply.accepted and reply.code == "duplicate"
+    assert c.jobs[("p", "a")].offer.token == 5 and c.jobs[("p", "a")].state == "running"
