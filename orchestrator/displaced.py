@@ -75,6 +75,8 @@ class Displaced:
         self._unbooked: set[tuple[str, str, int]] = set()
         self._unbooked_done: set[tuple[str, str, int]] = set()
         self.windows_lost = 0
+        #: Started tasks' windows made non-preemptible (`hold_started`).
+        self.windows_held = 0
 
     async def producer_ended(self, run: PipelineRun, task_id: str) -> None:
         """A report that waited for this producer's end (`early`) is acted on now."""
@@ -82,6 +84,21 @@ class Displaced:
             early = self.early.pop((run.pipeline_id, task_id), None)
             if early is not None and early[1] == run.tasks[task_id].token:
                 await self.input_gone(early[0])  # the placement it was about ended
+
+    async def hold_started(self, run: PipelineRun, task_id: str) -> None:
+        """A started task of a preemptible pipeline keeps its window: an eviction never stops
+        a running task (its owner leaves it where it runs), so a higher-priority plan that
+        took the window would only queue behind it, its start and end wrong by what the task
+        has left to run, instead of planning around it."""
+        booked = run.windows.get(task_id)
+        if booked is None or not run.spec.preemptible:
+            return
+        key, start, end = booked
+        try:
+            if await self.o.store.hold(key, run.pipeline_id, task_id, start, end):
+                self.windows_held += 1
+        except Exception as exc:  # the key is written by others too: they may take it still
+            log.warning("holding %s/%s on %s: %r", run.pipeline_id, task_id, key, exc)
 
     def forget(self, pipeline_id: str) -> None:
         if self.early:

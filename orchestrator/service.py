@@ -527,10 +527,13 @@ class Orchestrator:
         new_state = run.apply(ev, self._now())
         if ev.state in TASK_ENDED_STATES and new_state is None:
             self._give_back_later(run, ev.task_id)
-        await self.recovery.after_event(run, ev, run.duplicate_events + run.stale_events == ignored)
-        if ev.state == "succeeded" and run.duplicate_events + run.stale_events == ignored:
+        fresh = run.duplicate_events + run.stale_events == ignored
+        await self.recovery.after_event(run, ev, fresh)
+        if ev.state == "succeeded" and fresh:
             self._learn(run, ev)
             await self.displaced.producer_ended(run, ev.task_id)
+        elif ev.state == "started" and fresh and run.spec.preemptible:
+            self._spawn(self.displaced.hold_started(run, ev.task_id))
         if new_state is not None:
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)

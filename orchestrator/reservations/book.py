@@ -158,6 +158,25 @@ def renew(
     return DeviceBookings(device=book.device, windows=windows)
 
 
+def hold(
+    book: DeviceBookings, pipeline_id: str, task_id: str, start: float, end: float
+) -> DeviceBookings:
+    """The task's window (`start`..`end`) made non-preemptible: the task has started, and a
+    started task is never stopped for a higher priority (its owner leaves it running), so a
+    plan that took its time would wait for it. `book` itself when there is nothing to do."""
+
+    def it(w: BookingWindow) -> bool:
+        return (
+            w.preemptible and w.pipeline_id == pipeline_id and w.task_id == task_id
+            and abs(w.start - start) <= EPS and abs(w.end - end) <= EPS
+        )  # fmt: skip
+
+    if not any(it(w) for w in book.windows):
+        return book
+    windows = [w.model_copy(update={"preemptible": False}) if it(w) else w for w in book.windows]
+    return DeviceBookings(device=book.device, windows=windows)
+
+
 def double_booked(windows: Sequence[BookingWindow], now: float | None = None) -> list[str]:
     """Pairs of live windows overlapping on one slot (the invariant every revision must keep)."""
     ws = list(windows) if now is None else live(windows, now)

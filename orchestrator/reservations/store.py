@@ -690,6 +690,15 @@ class BookingStore:
         rel = Release.of(pipeline_id, now, task_ids, exact)
         return (await self.transact(key, lambda b: rules.AddResult(True, rel.apply(b))))[1]
 
+    async def hold(self, key: str, pipeline_id: str, task_id: str, start: float, end: float) -> int:
+        """Make a started task's window non-preemptible (`book.hold`); nothing is written when
+        it is gone or already so."""
+
+        def fn(b: DeviceBookings) -> rules.AddResult:
+            return rules.AddResult(True, rules.hold(b, pipeline_id, task_id, start, end))
+
+        return (await self.transact(key, fn))[1]
+
     async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
         def fn(b: DeviceBookings) -> rules.AddResult:
             return rules.AddResult(True, rules.renew(b, pipeline_ids, expires, now))

@@ -278,6 +278,39 @@ async def test_preemption_evicts_only_preemptible_lower_priority_work(nats_url: 
         await stop_cluster(orch, agents)
 
 
+async def test_a_started_tasks_window_is_not_taken(nats_url: str) -> None:
+    """ "l", of a preemptible low-priority pipeline, has started on b (its start heard at
+    once); a running task is never stopped for a higher priority, so its window is made
+    non-preemptible, and "h" (priority 500, b only) is planned after it instead of taking
+    its time and then waiting for it on b."""
+    quiet = {"cpu_slots": 1, "started_event_after_s": 0.0}
+    orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", **quiet)})
+    try:
+        await orch.submit_spec(
+            spec("l", [sleep_task("l", 2.0)], priority=10, preemptible=True), "low"
+        )
+        low = orch.pipelines["low"]
+        key, _, end = low.windows["l"]
+
+        def held() -> bool:
+            cur = orch.store.cache.get(key)
+            return cur is not None and any(
+                w.task_id == "l" and not w.preemptible for w in cur.book.windows
+            )
+
+        await orch.store.wait_until(held, 10.0)  # its start heard, and the window rewritten
+        assert low.tasks["l"].state == "started" and orch.displaced.windows_held == 1
+        high = await orch.submit_spec(spec("h", [sleep_task("h", 0.1)], priority=500), "high")
+        assert orch.pipelines["high"].t0 + high.plan[0].start_s >= end - 1e-3  # after l
+        runs = {p: await orch.wait_terminal(p, 15) for p in ("low", "high")}
+        assert all(r.state == "succeeded" for r in runs.values())
+        assert orch.displaced.evictions_seen == 0
+        assert not any("evicted" in x for x in runs["low"].placement_log)
+        assert runs["low"].tasks["l"].token == low.tasks["l"].token  # never moved
+    finally:
+        await stop_cluster(orch, agents)
+
+
 async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str) -> None:
     """A window left on b's key by an earlier placement of "l" (now queued on a) is taken by
     a higher-priority pipeline: the notice names "l", but "l" was not displaced, so it keeps

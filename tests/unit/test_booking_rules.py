@@ -73,6 +73,22 @@ def test_eviction_only_where_allowed() -> None:
     assert not res.ok and res.conflicts == [firm]
 
 
+def test_a_held_window_is_no_longer_evictable_and_nothing_else_changes() -> None:
+    """`hold` (a started task) makes only that placement's window firm: not another task's,
+    another pipeline's, nor an older window of the same task at other times."""
+    mine = w("a", 0, 10, pipe="low", preemptible=True, prio=1)
+    older = w("a", 20, 30, pipe="low", preemptible=True, prio=1, slot=1)
+    sibling = w("b", 10, 20, pipe="low", preemptible=True, prio=1)
+    other = w("a", 0, 10, pipe="other", preemptible=True, prio=1, slot=2)
+    b = DeviceBookings(device="d", windows=[mine, older, sibling, other])
+    held = book.hold(b, "low", "a", 0, 10)
+    assert held.windows == [mine.model_copy(update={"preemptible": False}), older, sibling, other]
+    assert book.hold(held, "low", "a", 0, 10) is held  # once is enough: nothing to write
+    assert book.hold(b, "low", "gone", 0, 10) is b
+    res = book.add(held, [w("h", 2, 3, pipe="hi")], 0, may_evict=lambda x: x.preemptible)
+    assert not res.ok and res.conflicts == [held.windows[0]]
+
+
 def test_rebooking_a_task_replaces_its_window_and_release_renew_work() -> None:
     b = book.add(DeviceBookings(device="d"), [w("a", 0, 1)], 0).book
     b = book.add(b, [w("a", 5, 6)], 0).book
