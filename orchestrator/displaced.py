@@ -71,7 +71,8 @@ class Displaced:
         #: with the producer's token then.
         self.early: dict[tuple[str, str], tuple[InputGone, int]] = {}
         #: Tasks found unbooked (`audit_windows`): (pipeline, task, token) missing at the last
-        #: audit, those acted on, and how many were placed again.
+        #: audit, those acted on (or known started: `started_unheard`), and how many were
+        #: placed again.
         self._unbooked: set[tuple[str, str, int]] = set()
         self._unbooked_done: set[tuple[str, str, int]] = set()
         self.windows_lost = 0
@@ -84,6 +85,12 @@ class Displaced:
             early = self.early.pop((run.pipeline_id, task_id), None)
             if early is not None and early[1] == run.tasks[task_id].token:
                 await self.input_gone(early[0])  # the placement it was about ended
+
+    def started_unheard(self, pipeline_id: str, task_id: str, token: int) -> None:
+        """Its agent says this placement of the task has started (`already_ran`,
+        `already_running`), though its start is not heard yet: its window may be gone (it
+        was evicted), but it waits for nothing, and the audit leaves it be."""
+        self._unbooked_done.add((pipeline_id, task_id, token))
 
     async def hold_started(self, run: PipelineRun, task_id: str) -> None:
         """A started task of a preemptible pipeline keeps its window: an eviction never stops

@@ -318,6 +318,7 @@ class Placer:
                     st.fixed[t], st.tokens[t], _ = st.prior[t]
                     st.kept.add(t)
                     st.ended.add(t)
+                    o.displaced.started_unheard(run.pipeline_id, t, st.tokens[t])
                 continue
             # 3. routing may have changed for tasks accepted earlier: re-send what differs
             if only is None and not st.fixed:

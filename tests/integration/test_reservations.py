@@ -571,6 +571,8 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str) -> N
             run.placement_log
         )
         assert run.tasks["l"].token == token and run.placements["l"].device_id == "b:cpu0"
+        # its window went to "h", but it waits for nothing: the audit leaves it be
+        assert [await orch.displaced.audit_windows() for _ in range(3)] == [0, 0, 0]
         heard.set()
         done = await orch.wait_terminal("low", 15.0)
         assert done.state == "succeeded", done.reason
