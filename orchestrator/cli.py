@@ -271,6 +271,32 @@ def cmd_agents(args: argparse.Namespace) -> int:
         return _fail(exc)
 
 
+def cmd_bookings(args: argparse.Namespace) -> int:
+    import time
+
+    import nats
+
+    from orchestrator.report import bookings_table
+    from orchestrator.reservations.listing import read_bookings
+
+    async def go() -> int:
+        nc = await nats.connect(args.nats, name="mars-bookings", max_reconnect_attempts=0)
+        try:
+            keys = await read_bookings(nc.jetstream(), args.device, args.pipeline)
+        finally:
+            await nc.close()
+        if args.json:
+            print(json.dumps([k.as_json() for k in keys], indent=2))
+        else:
+            print(bookings_table(keys, time.time()))
+        return 0
+
+    try:
+        return eventloop.run(go())
+    except Exception as exc:
+        return _fail(exc)
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
         rep = await client.cancel(args.pipeline_id, args.reason)
@@ -472,6 +498,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ag = with_nats(sub.add_parser("agents", help="list agents the orchestrator sees"))
     ag.set_defaults(fn=cmd_agents)
+
+    bk = with_nats(
+        sub.add_parser("bookings", help="device time booked, read from the bookings bucket")
+    )
+    bk.add_argument("--device", help="one device: its key (dev.A.D) or its id (A:D)")
+    bk.add_argument("--pipeline", help="only this pipeline's windows")
+    bk.add_argument("--json", action="store_true")
+    bk.set_defaults(fn=cmd_bookings)
 
     c = with_nats(sub.add_parser("cancel", help="cancel a pipeline"))
     c.add_argument("pipeline_id")

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from schemas.api import StatusReply, SubmitReply
+
+if TYPE_CHECKING:
+    from orchestrator.reservations.listing import KeyBookings
 
 
 def plan_table(reply: SubmitReply | StatusReply) -> str:
@@ -32,4 +37,32 @@ def timeline_table(st: StatusReply) -> str:
         )
     if st.prediction_error_pct is not None:
         rows.append(f"predicted vs ran: mean error {st.prediction_error_pct:.1f}%")
+    return "\n".join(rows)
+
+
+def bookings_table(keys: list[KeyBookings], now: float) -> str:
+    """Each device key and its windows, in time order; instants in seconds from `now` (the
+    booking clock is the wall clock). An expired window stays until the key's next write."""
+    if not keys:
+        return "nothing booked"
+    rows: list[str] = []
+    for k in keys:
+        rows.append(
+            f"{k.key}  revision {k.revision}  {k.size} B  "
+            f"{len(k.windows)} window{'' if len(k.windows) == 1 else 's'}"
+            + (f"  ({k.problem})" if k.problem else "")
+        )
+        if not k.windows:
+            continue
+        rows.append(
+            f"  {'slot':>4}  {'pipeline/task':<40} {'start s':>9} {'end s':>9} {'expires s':>10}"
+            f" {'prio':>4}  {'preemptible':<11}  owner"
+        )
+        for w in sorted(k.windows, key=lambda w: (w.start, w.slot)):
+            left = w.expires - now
+            rows.append(
+                f"  {w.slot:>4}  {w.pipeline_id + '/' + w.task_id:<40} {w.start - now:>+9.3f} "
+                f"{w.end - now:>+9.3f} {'expired' if left <= 0 else f'{left:+.3f}':>10} "
+                f"{w.priority:>4}  {'yes' if w.preemptible else 'no':<11}  {w.owner}"
+            )
     return "\n".join(rows)

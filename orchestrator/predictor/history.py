@@ -18,8 +18,9 @@ import hashlib
 import logging
 from typing import Any
 
-from nats.js.errors import BucketNotFoundError, NoKeysError
+from nats.js.errors import BucketNotFoundError
 
+from orchestrator.kvwatch import all_keys
 from orchestrator.predictor.correction import Corrections, Track
 from schemas.codec import DecodeError, decode, encode
 from schemas.predictor import CorrectionRecord, CorrectionTrack
@@ -28,7 +29,6 @@ log = logging.getLogger("mars.predictor")
 BUCKET = "MARS_PREDICTOR"
 #: Longest a learned correction waits before it is written to KV.
 FLUSH_EVERY_S = 1.0
-KEYS_ATTEMPTS = 5
 #: Observations a track needs before it is written at all.
 MIN_SAVE_N = 2
 #: Track writes a flush keeps in flight at once.
@@ -152,18 +152,10 @@ class History:
         return len(held)
 
     async def _keys(self) -> list[str]:
-        """Every key; `kv.keys()` can come back empty on a busy server while the bucket holds
-        values (its watch may end before the values arrive), so an empty answer is checked
-        against the bucket's own count and asked again."""
-        keys: list[str] = []
-        for _ in range(KEYS_ATTEMPTS):
-            try:
-                keys = list(await self.kv.keys())
-            except NoKeysError:
-                keys = []
-            if keys or (await self.kv.status()).values == 0:
-                return keys
-        log.warning("correction history: the bucket has values but listing its keys failed")
+        keys = await all_keys(self.kv)
+        if keys is None:
+            log.warning("correction history: the bucket has values but listing its keys failed")
+            return []
         return keys
 
     async def save(self, sig: str, device: str) -> None:
