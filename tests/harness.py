@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Coroutine
@@ -118,3 +119,14 @@ async def one_device_agent(url: str, agent_id: str = "a1") -> RecordingAgent:
     )  # fmt: skip
     await agent.start()
     return agent
+
+
+async def mars_cli(*args: str) -> tuple[int, str, str]:
+    """`mars ARGS` as a process of its own: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrator.cli", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

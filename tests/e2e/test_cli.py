@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -10,19 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import agent_config, start_cluster, stop_cluster
+from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.e2e
-
-
-async def _mars(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_submit_wait_exit_codes(nats_url: str, tmp_path: Path) -> None:
@@ -40,16 +29,16 @@ async def test_submit_wait_exit_codes(nats_url: str, tmp_path: Path) -> None:
                 }
             )
         )
-        rc, out, err = await _mars("submit", str(ok), "--wait", "--nats", nats_url)
+        rc, out, err = await mars_cli("submit", str(ok), "--wait", "--nats", nats_url)
         assert rc == 0, out + err
         assert "succeeded" in out
         failing = tmp_path / "fails.yaml"
         failing.write_text("name: bad\ntasks:\n  - id: m\n    run: {kind: onnx, model: nope}\n")
-        rc, out, err = await _mars("submit", str(failing), "--wait", "--nats", nats_url)
+        rc, out, err = await mars_cli("submit", str(failing), "--wait", "--nats", nats_url)
         assert rc == 2 and "error unschedulable" in err and "m@a:cpu0: missing_model" in err
         broken = tmp_path / "broken.yaml"
         broken.write_text("name: bad\ntasks:\n  - id: a\n    deps: [zz]\n")
-        rc, out, err = await _mars("submit", str(broken), "--nats", nats_url)
+        rc, out, err = await mars_cli("submit", str(broken), "--nats", nats_url)
         assert rc == 2 and "error invalid" in err and "run" in err
     finally:
         await stop_cluster(orch, agents)

@@ -3,9 +3,7 @@ call and as the command an operator runs."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from typing import Any
 
 import nats
@@ -14,19 +12,9 @@ import pytest
 from orchestrator.reservations.listing import NoBookings, read_bookings
 from orchestrator.reservations.store import BUCKET
 from schemas import PipelineSpec
-from tests.harness import agent_config, start_cluster, stop_cluster
+from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
-
-
-async def mars(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60.0)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def pipeline(name: str, seconds: float, **kw: Any) -> PipelineSpec:
@@ -35,7 +23,7 @@ def pipeline(name: str, seconds: float, **kw: Any) -> PipelineSpec:
 
 
 async def test_bookings_are_listed_per_device_and_filtered(nats_url: str) -> None:
-    rc, _, err = await mars("bookings", "--nats", nats_url)
+    rc, _, err = await mars_cli("bookings", "--nats", nats_url)
     assert rc == 2 and f"no bucket {BUCKET}" in err  # nothing ever booked here: said so
     orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", cpu_slots=1)})
     nc = await nats.connect(nats_url)
@@ -63,11 +51,11 @@ async def test_bookings_are_listed_per_device_and_filtered(nats_url: str) -> Non
         with pytest.raises(NoBookings):
             await read_bookings(js, bucket="NO_SUCH_BUCKET")
 
-        rc, out, err = await mars("bookings", "--nats", nats_url, "--pipeline", "low")
+        rc, out, err = await mars_cli("bookings", "--nats", nats_url, "--pipeline", "low")
         assert rc == 0, err
         assert "dev.b.cpu0" in out and "low/t" in out and "firm/t" not in out
         assert "dev.x.cpu0" not in out
-        rc, out, err = await mars("bookings", "--nats", nats_url, "--json")
+        rc, out, err = await mars_cli("bookings", "--nats", nats_url, "--json")
         assert rc == 0, err
         listed = {k["key"]: k for k in json.loads(out)}
         assert listed["dev.x.cpu0"]["problem"].startswith("undecodable value")

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from asyncio import Event
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,22 @@ def spec(name: str, tasks: list[dict[str, Any]], **kw: Any) -> PipelineSpec:
 
 def sleep_task(tid: str, seconds: float, **kw: Any) -> dict[str, Any]:
     return {"id": tid, "run": {"kind": "synthetic", "seconds": seconds}, **kw}
+
+
+def hold_end(orch: Orchestrator, pipeline_id: str, task_id: str) -> tuple[Event, Event]:
+    """The task's end reaches its owner only when the test sets the second event (the first
+    is set as it arrives): a short task's end still on its way."""
+    ended, heard = asyncio.Event(), asyncio.Event()
+    real = orch._task_event
+
+    async def late(ev: TaskEvent) -> None:
+        if (ev.pipeline_id, ev.task_id, ev.state) == (pipeline_id, task_id, "succeeded"):
+            ended.set()
+            await heard.wait()
+        await real(ev)
+
+    orch._task_event = late  # type: ignore[method-assign]
+    return ended, heard
 
 
 #: A task only the slow agent can run: the fast one, which the plan prefers, lacks its model
@@ -480,16 +497,7 @@ async def test_an_evicted_task_that_already_ran_is_not_run_again(nats_url: str) 
         "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
     }  # fmt: skip
     orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", **quiet)})
-    ended, heard = asyncio.Event(), asyncio.Event()
-    real = orch._task_event
-
-    async def late(ev: TaskEvent) -> None:  # l's end reaches the owner when the test says
-        if (ev.pipeline_id, ev.task_id, ev.state) == ("low", "l", "succeeded"):
-            ended.set()
-            await heard.wait()
-        await real(ev)
-
-    orch._task_event = late  # type: ignore[method-assign]
+    ended, heard = hold_end(orch, "low", "l")
     try:
         quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}  # runs in ms
         low = spec("l", [{"id": "l", "run": quick, "profile": {"est_seconds": 3.0}}],
@@ -536,16 +544,7 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str) -> N
             "c": agent_config("s", "edge", devices=[dev(0.5)], **quiet),  # l takes twice as long
         },
     )
-    ended, heard = asyncio.Event(), asyncio.Event()
-    real = orch._task_event
-
-    async def late(ev: TaskEvent) -> None:  # p's end reaches the owner when the test says
-        if (ev.pipeline_id, ev.task_id, ev.state) == ("low", "p", "succeeded"):
-            ended.set()
-            await heard.wait()
-        await real(ev)
-
-    orch._task_event = late  # type: ignore[method-assign]
+    ended, heard = hold_end(orch, "low", "p")
     try:
         quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
         low = spec("l", [
