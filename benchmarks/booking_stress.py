@@ -629,6 +629,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             logged(statuses, lambda x: x.endswith("kept as it was") and "already ran" in x),
         ],
         [
+            "started tasks' windows made non-preemptible",
+            logged(statuses, lambda x: x.endswith("is no longer preemptible")),
+        ],
+        [
             "re-placed tasks their agent was running (kept as they were)",
             logged(statuses, lambda x: x.endswith("kept as it was") and "is running" in x),
         ],

@@ -104,6 +104,7 @@ class Displaced:
         try:
             if await self.o.store.hold(key, run.pipeline_id, task_id, start, end):
                 self.windows_held += 1
+                run.note(f"{task_id} started: its window on {key} is no longer preemptible")
         except Exception as exc:  # the key is written by others too: they may take it still
             log.warning("holding %s/%s on %s: %r", run.pipeline_id, task_id, key, exc)
 

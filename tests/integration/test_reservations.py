@@ -323,6 +323,9 @@ async def test_a_started_tasks_window_is_not_taken(nats_url: str) -> None:
         assert all(r.state == "succeeded" for r in runs.values())
         assert orch.displaced.evictions_seen == 0
         assert not any("evicted" in x for x in runs["low"].placement_log)
+        assert f"l started: its window on {key} is no longer preemptible" in (
+            runs["low"].placement_log
+        )
         assert runs["low"].tasks["l"].token == low.tasks["l"].token  # never moved
     finally:
         await stop_cluster(orch, agents)
