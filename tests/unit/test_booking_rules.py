@@ -89,6 +89,39 @@ def test_a_held_window_is_no_longer_evictable_and_nothing_else_changes() -> None
     assert not res.ok and res.conflicts == [held.windows[0]]
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.floats(0, 50), st.floats(0.01, 10), st.integers(1, 9)),
+        min_size=1, max_size=12,
+    ),
+    st.data(),
+)  # fmt: skip
+def test_no_booking_evicts_a_held_window(
+    reqs: list[tuple[int, float, float, int]], data: st.DataObject
+) -> None:
+    """Whatever is booked after it, at any priority, a held window (a started task's) stays;
+    holding changes that window's flag and nothing else."""
+    b = DeviceBookings(device="d")
+    for i, (slot, start, dur, prio) in enumerate(reqs):
+        ask = w(f"t{i}", start, start + dur, slot=slot, pipe=f"p{i}", prio=prio, preemptible=True)
+        b = book.add(b, [ask], 0, may_evict=lambda x, p=prio: x.preemptible and x.priority < p).book
+    target = data.draw(st.sampled_from(b.windows))
+    held = book.hold(b, target.pipeline_id, target.task_id, target.start, target.end)
+    assert [x.model_copy(update={"preemptible": True}) for x in held.windows] == b.windows
+    assert [x.preemptible for x in held.windows].count(False) == 1
+    slot, start, dur = data.draw(
+        st.tuples(st.integers(0, 2), st.floats(0, 50), st.floats(0.01, 10))
+    )
+    res = book.add(
+        held, [w("h", start, start + dur, slot=slot, pipe="hi", prio=1000)], 0,
+        may_evict=lambda x: x.preemptible,
+    )  # fmt: skip
+    kept = held.windows[[x.preemptible for x in held.windows].index(False)]
+    assert kept not in res.evicted
+    assert kept in res.book.windows
+
+
 def test_rebooking_a_task_replaces_its_window_and_release_renew_work() -> None:
     b = book.add(DeviceBookings(device="d"), [w("a", 0, 1)], 0).book
     b = book.add(b, [w("a", 5, 6)], 0).book
