@@ -105,7 +105,11 @@ def test_no_booking_evicts_a_held_window(
     b = DeviceBookings(device="d")
     for i, (slot, start, dur, prio) in enumerate(reqs):
         ask = w(f"t{i}", start, start + dur, slot=slot, pipe=f"p{i}", prio=prio, preemptible=True)
-        b = book.add(b, [ask], 0, may_evict=lambda x, p=prio: x.preemptible and x.priority < p).book
+
+        def lower(x: BookingWindow, than: int = prio) -> bool:
+            return x.preemptible and x.priority < than
+
+        b = book.add(b, [ask], 0, may_evict=lower).book
     target = data.draw(st.sampled_from(b.windows))
     held = book.hold(b, target.pipeline_id, target.task_id, target.start, target.end)
     assert [x.model_copy(update={"preemptible": True}) for x in held.windows] == b.windows
