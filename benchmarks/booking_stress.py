@@ -3,6 +3,7 @@ of every revision ever written to the reservation bucket.
 
     python -m benchmarks.booking_stress [--orchestrators 2] [--agents 50]
         [--submissions 10000] [--concurrency 64] [--seed 1] [--priorities same|mixed]
+        [--task-ms 1,5]
 
 1. An embedded nats-server. Before anything books, the KV bucket MARS_BOOKINGS (history 8) is
    created here, with a JetStream *mirror* of its backing stream `KV_MARS_BOOKINGS` that has no
@@ -11,13 +12,17 @@ of every revision ever written to the reservation bucket.
    orchestrators start.
 2. `--orchestrators` `mars orchestrator` processes (one API queue group) and one
    `mars sim agents` process with `--agents` agents whose devices are emulated.
-3. `--submissions` random small pipelines (1-4 synthetic sleep tasks of 1-5 ms, random DAG
-   shapes, seeded) through the API, at most `--concurrency` in flight (a slot is held from
-   submit until the pipeline is terminal); the queue group spreads them over the replicas.
+3. `--submissions` random small pipelines (1-4 synthetic sleep tasks of 1-5 ms, or of
+   `--task-ms`, random DAG shapes, seeded) through the API, at most `--concurrency` in
+   flight (a slot is held from submit until the pipeline is terminal); the queue group
+   spreads them over the replicas.
    Every failure is counted with its reason. `--priorities mixed` gives each pipeline, at
    random, a low preemptible priority (10), the default (100) or a high one (500), so
    higher-priority plans evict lower ones' windows while both replicas book: the same
    audit then covers evictions, and the report counts them and each class's outcomes.
+   Tasks longer than the agents' `started_event_after_s` (50 ms; `--task-ms 20,120`) report
+   their start, and their owners make a started task's window non-preemptible while the
+   other replica books: the audit covers those writes too.
 4. The services stop, and the mirror is read in order. Per key: (a) revisions (the stream
    sequence of each mirrored message, which a mirror keeps equal to the source's sequence, i.e.
    the KV revision) strictly increase; (b) no revision holds two windows that overlap on one slot
@@ -523,12 +528,15 @@ SLOW_S = 2.0
 PRIORITY_CLASSES = ((10, True), (100, False), (500, False))
 
 
-def make_specs(n: int, seed: int, priorities: str = "same") -> list[tuple[str, PipelineSpec]]:
+def make_specs(
+    n: int, seed: int, priorities: str = "same", task_ms: tuple[float, float] = (1.0, 5.0)
+) -> list[tuple[str, PipelineSpec]]:
     rng = random.Random(seed)
     classes = random.Random(f"{seed}-priorities")  # the same DAGs either way
+    secs = (task_ms[0] / 1e3, task_ms[1] / 1e3)
     out = []
     for i in range(n):
-        spec = synthetic_pipeline(rng, f"stress-{i}", tasks=(1, 4), seconds=(0.001, 0.005))
+        spec = synthetic_pipeline(rng, f"stress-{i}", tasks=(1, 4), seconds=secs)
         if priorities == "mixed":
             prio, pre = classes.choice(PRIORITY_CLASSES)
             spec = spec.model_copy(update={"priority": prio, "preemptible": pre})
@@ -551,7 +559,7 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
     client = await Client.connect(url, timeout=30.0)
     try:
         await wait_ready(client, services, args.orchestrators, args.agents)
-        specs = make_specs(args.submissions, args.seed, args.priorities)
+        specs = make_specs(args.submissions, args.seed, args.priorities, args.task_ms)
         progress(
             f"submitting {len(specs)} pipelines ({sum(len(s.tasks) for _, s in specs)} tasks), "
             f"{args.concurrency} in flight"
@@ -601,7 +609,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     done_ms = [o.done_s * 1e3 for o in outs if o.done_s == o.done_s]
     print(
         f"booking stress: {args.orchestrators} orchestrators, {args.agents} emulated agents, "
-        f"concurrency {args.concurrency}, seed {args.seed}, priorities {args.priorities}"
+        f"concurrency {args.concurrency}, seed {args.seed}, priorities {args.priorities}, "
+        f"tasks {args.task_ms[0]:g}-{args.task_ms[1]:g} ms"
     )
     rows: list[list[object]] = [
         ["submissions", len(outs)],
@@ -702,6 +711,17 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     return 1 if bad else 0
 
 
+def task_range(text: str) -> tuple[float, float]:
+    """`LO,HI` milliseconds, 0 < LO <= HI."""
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want LO,HI in ms, got {text!r}") from None
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"want 0 < LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--orchestrators", type=int, default=2)
@@ -715,6 +735,14 @@ def main(argv: list[str] | None = None) -> int:
         default="same",
         help="every pipeline at the default priority (default), or a third each low and "
         "preemptible, default, and high, so evictions happen while replicas book",
+    )
+    ap.add_argument(
+        "--task-ms",
+        type=task_range,
+        default=(1.0, 5.0),
+        metavar="LO,HI",
+        help="each task sleeps a random time in this range, ms (default 1,5); tasks over the "
+        "agents' 50 ms report their start, and a started task's window is made firm",
     )
     args = ap.parse_args(argv)
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:

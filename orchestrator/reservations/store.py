@@ -690,14 +690,20 @@ class BookingStore:
         rel = Release.of(pipeline_id, now, task_ids, exact)
         return (await self.transact(key, lambda b: rules.AddResult(True, rel.apply(b))))[1]
 
-    async def hold(self, key: str, pipeline_id: str, task_id: str, start: float, end: float) -> int:
-        """Make a started task's window non-preemptible (`book.hold`); nothing is written when
-        it is gone or already so."""
+    async def hold(
+        self, key: str, pipeline_id: str, task_id: str, start: float, end: float
+    ) -> bool:
+        """Make a started task's window non-preemptible (`book.hold`); whether this write made
+        it so (False: it is gone, or already firm, and nothing of it was written)."""
+        changed = False
 
         def fn(b: DeviceBookings) -> rules.AddResult:
-            return rules.AddResult(True, rules.hold(b, pipeline_id, task_id, start, end))
+            nonlocal changed  # of the last try: a lost CAS race applies it again
+            held = rules.hold(b, pipeline_id, task_id, start, end)
+            changed = held is not b
+            return rules.AddResult(True, held)
 
-        return (await self.transact(key, fn))[1]
+        return (await self.transact(key, fn))[1] > 0 and changed
 
     async def renew(self, key: str, pipeline_ids: set[str], expires: float, now: float) -> int:
         def fn(b: DeviceBookings) -> rules.AddResult:

@@ -53,3 +53,32 @@ async def test_a_prepared_booking_is_written_as_made_or_made_again(nats_url: str
         await mine.stop()
         await other.stop()
         await nc.close()
+
+
+async def test_holding_a_window_says_whether_it_made_it_firm(nats_url: str) -> None:
+    """`hold` is true only for the write that made the window firm: not for a window already
+    firm, nor for one another replica took meanwhile (its cached copy still shows it)."""
+    nc = await nats.connect(nats_url)
+    mine, other = BookingStore(nc.jetstream()), BookingStore(nc.jetstream())
+    await mine.start()
+    await other.start()
+    key, now = "dev.a.cpu0", time.time()
+    low = window("low", 0.0, now).model_copy(update={"preemptible": True, "priority": 10})
+    try:
+        assert (await mine.book(key, [low], now)).ok
+        firm = await mine.hold(key, "low", "t", low.start, low.end)
+        assert firm and not await mine.hold(key, "low", "t", low.start, low.end)
+        got = decode((await mine.kv.get(key)).value, DeviceBookings)
+        assert [(w.pipeline_id, w.preemptible) for w in got.windows] == [("low", False)]
+        # a second window, taken by another replica before this one's cache has heard of it
+        low2 = window("low2", 2.0, now).model_copy(update={"preemptible": True, "priority": 10})
+        assert (await mine.book(key, [low2], now)).ok
+        await other.refresh(key)
+        high = window("high", 2.0, now).model_copy(update={"priority": 500})
+        took = await other.book(key, [high], now, may_evict=lambda w: w.preemptible)
+        assert took.ok and [w.pipeline_id for w in took.evicted] == ["low2"]
+        assert not await mine.hold(key, "low2", "t", low2.start, low2.end)  # gone: not held
+    finally:
+        await mine.stop()
+        await other.stop()
+        await nc.close()
