@@ -28,7 +28,9 @@ of every revision ever written to the reservation bucket.
    the KV revision) strictly increase; (b) no revision holds two windows that overlap on one slot
    among the windows still live at the write's own timestamp (`double_booked(windows, now=ts)`;
    expired windows are dropped by the next writer, so liveness at the write's time counts).
-   Any violation, or any revision the mirror missed, makes the exit status 1.
+   Any violation, or any revision the mirror missed, makes the exit status 1; so does an
+   eviction notice, in a pipeline's placement log, naming a window its owner had made firm
+   (a started task's) before it.
 """
 
 from __future__ import annotations
@@ -544,6 +546,25 @@ def make_specs(
     return out
 
 
+HELD = re.compile(r"^(\S+) started: its window on (\S+) is no longer preemptible$")
+EVICTED = re.compile(r"^evicted from (\S+): (.+?) \(")
+
+
+def held_then_evicted(statuses: Iterable[StatusReply | None]) -> int:
+    """Eviction notices naming a window its owner had made firm before (a started task's,
+    which stays where it runs): none may come, as a firm window cannot be taken. Read from
+    each pipeline's placement log, in its order."""
+    bad = 0
+    for st in statuses:
+        held: set[tuple[str, str]] = set()
+        for line in st.placement_log if st is not None else ():
+            if m := HELD.match(line):
+                held.add((m[1], m[2]))
+            elif m := EVICTED.match(line):
+                bad += sum((t, m[1]) in held for t in m[2].split(", "))
+    return bad
+
+
 def logged(statuses: Iterable[StatusReply | None], match: Callable[[str], bool]) -> int:
     """Lines of these pipelines' placement logs that `match` (what their owners noted)."""
     return sum(1 for st in statuses if st is not None for x in st.placement_log if match(x))
@@ -605,6 +626,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     failed = [o for o in outs if o.state != "succeeded"]
     reasons = Counter(normalise_reason(o.reason) for o in failed)
     statuses = [o.status for o in outs if o.status is not None]
+    firm_lost = held_then_evicted(statuses)
     submit_ms = [o.submit_s * 1e3 for o in outs if o.submit_s == o.submit_s]
     done_ms = [o.done_s * 1e3 for o in outs if o.done_s == o.done_s]
     print(
@@ -640,6 +662,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         [
             "started tasks' windows made non-preemptible",
             logged(statuses, lambda x: x.endswith("is no longer preemptible")),
+        ],
+        [
+            "  of those, evicted after (must be 0)",
+            firm_lost,
         ],
         [
             "re-placed tasks their agent was running (kept as they were)",
@@ -708,6 +734,9 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
                 print(f"  {line}")
     bad = audit.violations or audit.undecodable or audit.missing or audit.revision_mismatches
     print("\ninvariants: " + ("VIOLATED or incomplete audit" if bad else "hold on every revision"))
+    if firm_lost:
+        print(f"and {firm_lost} evictions of windows made firm before: a firm window was taken")
+    bad = bad or firm_lost > 0
     return 1 if bad else 0
 
 
