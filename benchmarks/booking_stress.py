@@ -723,6 +723,11 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         if slowest.status is not None:
             for line in slowest.status.placement_log[-40:]:
                 print(f"  {line[:300]}")
+    rerun = next((st for st in statuses if any("re-running" in x for x in st.placement_log)), None)
+    if rerun is not None:  # a producer run twice: the first such pipeline's own account
+        print(f"\na pipeline that re-ran a producer: {rerun.pipeline_id}")
+        for line in rerun.placement_log[-40:]:
+            print(f"  {line[:300]}")
     for title, items in (
         ("violations", audit.violations),
         ("undecodable", audit.undecodable),

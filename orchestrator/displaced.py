@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from nats.aio.msg import Msg
 
-from orchestrator.placement import PlacementFailed
+from orchestrator.placement import PlacementFailed, descendants
 from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import Placement
 from schemas import subjects
@@ -261,29 +261,52 @@ class Displaced:
         if not movable:
             run.note(f"{', '.join(sorted(task_ids))} already have data in flight; they stay queued")
             return
-        old = {t: run.placements[t] for t in movable}
+        # What waits for them is booked again after them, where it is: left as it was, a
+        # consumer's window would come before its input (it would run late, outside it), and
+        # a moved task that stays on its device cannot be booked over its own consumer's
+        # window there (a pipeline's own window is no eviction's to take): round after round
+        # of conflicts with itself
+        later = {
+            d for d in descendants(run, movable) - movable
+            if run.tasks[d].state in ("offered", "accepted")
+        }  # fmt: skip
+        old = {t: run.placements[t] for t in movable | later}
+        keep = self.o.view.only_on({t: old[t].device_id for t in later})
         # A task with inputs stays on its device, booked after what took its place: a
         # producer whose end has not been heard here yet may have sent its output there, and
         # a move would lose it (found by the new agent's fetch: the producer runs again).
-        # Anywhere, if its device has no room left for it.
+        # Anywhere, if its device has no room left for it; and as before (the moved tasks
+        # alone, anywhere) if what waits for them has no room where it is.
         stay = self.o.view.only_on({t: old[t].device_id for t in movable if run.spec_by_id[t].deps})
-        try:
+        tries = [(movable | later, stay | keep)]
+        if stay:
+            tries.append((movable | later, keep))
+        if later:
+            tries.append((movable, set()))
+        failed: PlacementFailed | None = None
+        for only, exclude in tries:
             try:
-                await self.o.placer.place(run, only=movable, exclude=stay)
-            except PlacementFailed:
-                if not stay:
-                    raise
-                await self.o.placer.place(run, only=movable)
-        except PlacementFailed as exc:
-            run.note(f"re-placing {', '.join(sorted(movable))} after {after} failed: {exc}")
+                await self.o.placer.place(run, only=only, exclude=exclude)
+            except PlacementFailed as exc:
+                failed = exc
+                continue
+            break
+        else:
+            run.note(f"re-placing {', '.join(sorted(movable))} after {after} failed: {failed}")
             return
-        moved = {t: p for t, p in old.items() if run.placements[t].device_id != p.device_id}
+        moved = {
+            t: p for t, p in old.items() if t in only and run.placements[t].device_id != p.device_id
+        }  # fmt: skip
         await self.o.cancel_tasks(run, moved, why)
-        await self.o._commit_all(run, movable)
+        await self.o._commit_all(run, only)
         # a producer may have started while they were re-placed (their offers told it where
         # they were); one that ended meanwhile is found out by their agents' fetch (input gone)
         await self.reroute_producers(run, moved)
-        run.note(f"re-placed after {after}: {', '.join(sorted(movable))}")
+        again = sorted(only - movable)
+        run.note(
+            f"re-placed after {after}: {', '.join(sorted(movable))}"
+            + (f"; {', '.join(again)} booked again after" if again else "")
+        )
         await self.o.persist(run)
         async with self.o._changed:
             self.o._changed.notify_all()

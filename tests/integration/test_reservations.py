@@ -331,6 +331,35 @@ async def test_a_started_tasks_window_is_not_taken(nats_url: str) -> None:
         await stop_cluster(orch, agents)
 
 
+async def test_an_evicted_task_takes_what_waits_for_it_along(nats_url: str) -> None:
+    """ "p" and its consumer "c" queue on b behind a running task; "h" (priority 500) takes
+    p's window. p is booked again after h, and c, still waiting, after p: before, c's window
+    stayed where it was, so p's new one overlapped its own consumer's, which no eviction may
+    take, and the re-placement lost every round to itself and gave up."""
+    orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", cpu_slots=1)})
+    try:
+        await orch.submit_spec(spec("r", [sleep_task("r", 1.0)]), "busy")
+        low = spec("l", [sleep_task("p", 0.3), sleep_task("c", 0.3, deps=["p"])],
+                   priority=10, preemptible=True)  # fmt: skip
+        await orch.submit_spec(low, "low")
+        run = orch.pipelines["low"]
+        tokens = {t: run.tasks[t].token for t in ("p", "c")}
+        high = await orch.submit_spec(spec("h", [sleep_task("h", 0.2)], priority=500), "high")
+        moved = "re-placed after eviction: p; c booked again after"
+        await orch.wait_for(lambda: moved in run.placement_log, 10.0)
+        assert not any("conflict" in x or "failed" in x for x in run.placement_log), (
+            run.placement_log
+        )
+        assert all(run.tasks[t].token > tokens[t] for t in ("p", "c"))
+        p, c = run.windows["p"], run.windows["c"]
+        h_end = orch.pipelines["high"].t0 + high.plan[0].finish_s
+        assert h_end - 1e-3 <= p[1] < p[2] <= c[1] + 1e-3  # h, then p, then c
+        runs = {x: await orch.wait_terminal(x, 15) for x in ("busy", "low", "high")}
+        assert all(r.state == "succeeded" for r in runs.values())
+    finally:
+        await stop_cluster(orch, agents)
+
+
 async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str) -> None:
     """A window left on b's key by an earlier placement of "l" (now queued on a) is taken by
     a higher-priority pipeline: the notice names "l", but "l" was not displaced, so it keeps
