@@ -92,21 +92,28 @@ class Displaced:
         was evicted), but it waits for nothing, and the audit leaves it be."""
         self._unbooked_done.add((pipeline_id, task_id, token))
 
-    async def hold_started(self, run: PipelineRun, task_id: str) -> None:
+    async def hold_started(self, run: PipelineRun, task_id: str, token: int) -> None:
         """A started task of a preemptible pipeline keeps its window: an eviction never stops
         a running task (its owner leaves it where it runs), so a higher-priority plan that
         took the window would only queue behind it, its start and end wrong by what the task
-        has left to run, instead of planning around it."""
-        booked = run.windows.get(task_id)
-        if booked is None or not run.spec.preemptible:
+        has left to run, instead of planning around it. `token`: the placement that started.
+
+        Not beside a re-placement of the pipeline: one under way books the task's next
+        window before it knows whether the task stays (its agent may say it started), and the
+        window to hold is the started placement's, which the records name only after it."""
+        if not run.spec.preemptible:
             return
-        key, start, end = booked
-        try:
-            if await self.o.store.hold(key, run.pipeline_id, task_id, start, end):
-                self.windows_held += 1
-                run.note(f"{task_id} started: its window on {key} is no longer preemptible")
-        except Exception as exc:  # the key is written by others too: they may take it still
-            log.warning("holding %s/%s on %s: %r", run.pipeline_id, task_id, key, exc)
+        async with self.o.recovery.lock(run.pipeline_id):
+            tr, booked = run.tasks.get(task_id), run.windows.get(task_id)
+            if tr is None or tr.token != token or tr.state != "started" or booked is None:
+                return  # placed again since, or ended: its window is not the started one's
+            key, start, end = booked
+            try:
+                if await self.o.store.hold(key, run.pipeline_id, task_id, start, end):
+                    self.windows_held += 1
+                    run.note(f"{task_id} started: its window on {key} is no longer preemptible")
+            except Exception as exc:  # the key is written by others too: they may take it still
+                log.warning("holding %s/%s on %s: %r", run.pipeline_id, task_id, key, exc)
 
     def forget(self, pipeline_id: str) -> None:
         if self.early:

@@ -533,7 +533,7 @@ class Orchestrator:
             self._learn(run, ev)
             await self.displaced.producer_ended(run, ev.task_id)
         elif ev.state == "started" and fresh and run.spec.preemptible:
-            self._spawn(self.displaced.hold_started(run, ev.task_id))
+            self._spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
         if new_state is not None:
             if new_state == "failed":
                 await self._cancel_on_agents(run, run.reason)
