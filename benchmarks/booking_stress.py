@@ -550,18 +550,18 @@ HELD = re.compile(r"^(\S+) started: its window on (\S+) is no longer preemptible
 EVICTED = re.compile(r"^evicted from (\S+): (.+?) \(")
 
 
-def held_then_evicted(statuses: Iterable[StatusReply | None]) -> int:
-    """Eviction notices naming a window its owner had made firm before (a started task's,
-    which stays where it runs): none may come, as a firm window cannot be taken. Read from
-    each pipeline's placement log, in its order."""
-    bad = 0
+def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusReply]:
+    """Pipelines with an eviction notice naming a window their owner had made firm before
+    (a started task's, which stays where it runs), once per such window: none may come, as
+    a firm window cannot be taken. Read from each pipeline's placement log, in its order."""
+    bad: list[StatusReply] = []
     for st in statuses:
         held: set[tuple[str, str]] = set()
         for line in st.placement_log if st is not None else ():
             if m := HELD.match(line):
                 held.add((m[1], m[2]))
-            elif m := EVICTED.match(line):
-                bad += sum((t, m[1]) in held for t in m[2].split(", "))
+            elif st is not None and (m := EVICTED.match(line)):
+                bad += [st for t in m[2].split(", ") if (t, m[1]) in held]
     return bad
 
 
@@ -665,7 +665,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ],
         [
             "  of those, evicted after (must be 0)",
-            firm_lost,
+            len(firm_lost),
         ],
         [
             "re-placed tasks their agent was running (kept as they were)",
@@ -740,8 +740,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     bad = audit.violations or audit.undecodable or audit.missing or audit.revision_mismatches
     print("\ninvariants: " + ("VIOLATED or incomplete audit" if bad else "hold on every revision"))
     if firm_lost:
-        print(f"and {firm_lost} evictions of windows made firm before: a firm window was taken")
-    bad = bad or firm_lost > 0
+        print(f"and {len(firm_lost)} evictions of windows made firm before, as in:")
+        for line in firm_lost[0].placement_log[-40:]:
+            print(f"  {line[:300]}")
+    bad = bad or bool(firm_lost)
     return 1 if bad else 0
 
 

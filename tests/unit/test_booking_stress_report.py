@@ -15,10 +15,11 @@ HELD = "t1 started: its window on dev.a.cpu0 is no longer preemptible"
 
 def test_an_eviction_of_a_held_window_is_counted_and_nothing_else() -> None:
     taken = "evicted from dev.a.cpu0: t0, t1 (preempted by higher-priority hi)"
-    assert held_then_evicted([status(HELD, taken)]) == 1
-    assert held_then_evicted([status(taken, HELD)]) == 0  # evicted before it started
+    bad = status(HELD, taken)
+    assert held_then_evicted([bad]) == [bad]
+    assert held_then_evicted([status(taken, HELD)]) == []  # evicted before it started
     other_key = "evicted from dev.b.cpu0: t1 (preempted by higher-priority hi)"
     other_task = "evicted from dev.a.cpu0: t0 (preempted by higher-priority hi)"
-    assert held_then_evicted([status(HELD, other_key, other_task), None]) == 0
+    assert held_then_evicted([status(HELD, other_key, other_task), None]) == []
     # per pipeline: another pipeline's held task of the same name is not this one's
-    assert held_then_evicted([status(HELD), status(taken)]) == 0
+    assert held_then_evicted([status(HELD), status(taken)]) == []
