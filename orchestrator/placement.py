@@ -46,6 +46,18 @@ class PlacementFailed(Exception):
         self.details = details
 
 
+def ancestors(run: PipelineRun, roots: Iterable[str]) -> set[str]:
+    """Every task that feeds one of `roots`, directly or not (`roots` themselves left out)."""
+    out: set[str] = set()
+    stack = [d for t in roots for d in run.spec_by_id[t].deps]
+    while stack:
+        tid = stack.pop()
+        if tid not in out:
+            out.add(tid)
+            stack.extend(run.spec_by_id[tid].deps)
+    return out
+
+
 def descendants(run: PipelineRun, roots: Iterable[str]) -> set[str]:
     children: dict[str, list[str]] = {t.id: [] for t in run.spec.tasks}
     for t in run.spec.tasks:
@@ -284,6 +296,12 @@ class Placer:
                 did = "already ran" if code == "already_ran" else "is running"
                 run.note(f"round {rnd}: {t} {did} on {st.prior[t][2]}; kept as it was")
             ran = set(started)
+            # a task that has started had every input: what feeds it has ended, wherever this
+            # round placed it (an offer to another agent cannot be told it ran already)
+            for t in sorted(ancestors(run, started) & set(todo) - ran):
+                if t in st.prior:
+                    ran.add(t)
+                    run.note(f"round {rnd}: {t} has ended (what it feeds started); kept as it was")
             rejected = [rep for rep in rejected if rep.task_id not in ran]
             for rep in rejected:
                 run.rejections += 1

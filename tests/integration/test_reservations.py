@@ -555,12 +555,15 @@ async def test_an_evicted_task_that_already_ran_is_not_run_again(nats_url: str) 
         await stop_cluster(orch, agents)
 
 
-async def test_an_evicted_task_already_running_keeps_running(nats_url: str) -> None:
+@pytest.mark.parametrize("pinned", [True, False])
+async def test_an_evicted_task_already_running_keeps_running(nats_url: str, pinned: bool) -> None:
     """ "l" (fed by "p", both on b) is running, its start not reported yet, and "p"'s end has
     not reached the owner. Evicted, "l" is offered to b again (it has an input: it stays) naming
     the placement it replaces; b is running that one and refuses, so "l" keeps running there.
     Before, b's `duplicate` sent "l" to c, the run on b was killed, and "p", its output used up
-    by that run, ran again for the new one."""
+    by that run, ran again for the new one. "p", evicted too, is kept as it was: pinned to b,
+    because b says it ran it; free to go, offered to c and taken there, because "l" started,
+    so "p" had ended (before, it ran a second time on c)."""
 
     def dev(gflops: float) -> dict[str, Any]:
         return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
@@ -581,13 +584,13 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str) -> N
         quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
         low = spec("l", [
             {"id": "p", "run": quick, "profile": {"est_seconds": 0.5},
-             "requires": {"pinned_agent": "b"}},
+             "requires": {"pinned_agent": "b"} if pinned else {}},
             {"id": "l", "run": {"kind": "synthetic", "seconds": 1.5, "ref_gflops": 1.0},
              "deps": ["p"]},
         ], priority=10, preemptible=True)  # fmt: skip
         await orch.submit_spec(low, "low")
         run = orch.pipelines["low"]
-        assert run.placements["l"].device_id == "b:cpu0"
+        assert run.placements["l"].device_id == run.placements["p"].device_id == "b:cpu0"
         token = run.tasks["l"].token
         await asyncio.wait_for(ended.wait(), 10.0)
         job = agents[0].core.jobs.get(("low", "l"))
@@ -601,6 +604,8 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str) -> N
         assert any("l is running on b; kept as it was" in x for x in run.placement_log), (
             run.placement_log
         )
+        p_kept = "p already ran on b" if pinned else "p has ended (what it feeds started)"
+        assert any(f"{p_kept}; kept as it was" in x for x in run.placement_log), run.placement_log
         assert run.tasks["l"].token == token and run.placements["l"].device_id == "b:cpu0"
         # its window went to "h", but it waits for nothing: the audit leaves it be
         assert [await orch.displaced.audit_windows() for _ in range(3)] == [0, 0, 0]
