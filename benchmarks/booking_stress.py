@@ -548,6 +548,10 @@ def make_specs(
 
 HELD = re.compile(r"^(\S+) started: its window on (\S+) is no longer preemptible$")
 EVICTED = re.compile(r"^evicted from (\S+): (.+?) \(")
+#: Placement-log words saying tasks were placed again (re-runs, re-placements, moves), and
+#: the ids `synthetic_pipeline` gives tasks: a line with both forgets what it names.
+PLACED_AGAIN = ("re-placed", "re-running", "booked again", "moved")
+TASK_ID = re.compile(r"\bt\d+\b")
 
 
 def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusReply]:
@@ -562,6 +566,9 @@ def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusRepl
                 held.add((m[1], m[2]))
             elif st is not None and (m := EVICTED.match(line)):
                 bad += [st for t in m[2].split(", ") if (t, m[1]) in held]
+            elif any(w in line for w in PLACED_AGAIN):  # their next windows are new ones
+                named = set(TASK_ID.findall(line))
+                held = {h for h in held if h[0] not in named}
     return bad
 
 

@@ -23,3 +23,6 @@ def test_an_eviction_of_a_held_window_is_counted_and_nothing_else() -> None:
     assert held_then_evicted([status(HELD, other_key, other_task), None]) == []
     # per pipeline: another pipeline's held task of the same name is not this one's
     assert held_then_evicted([status(HELD), status(taken)]) == []
+    # run again since (a new placement, a new window): that one may be taken
+    again = "b: input t1 of t2 is gone from a: re-running t1 (outputs lost); t2 booked again after"
+    assert held_then_evicted([status(HELD, again, taken)]) == []
