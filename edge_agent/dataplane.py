@@ -159,8 +159,10 @@ class DataPlane:
             self.changed.notify_all()
 
     # -- producer side --------------------------------------------------------------------------
-    async def publish(self, offer: TaskOffer, data: bytes) -> None:
-        """Keep a finished task's output and send it to each consumer."""
+    def keep(self, offer: TaskOffer, data: bytes) -> Retained | None:
+        """Retain a finished task's output, before its job is let go: a fetch that finds
+        neither the job nor its output says the output is gone, and its producer is run
+        again (found when the output was kept only once its sending began)."""
         consumers = {c.task_id: c.agent_id for c in offer.consumers}
         consumers.update(self._routes.pop((offer.pipeline_id, offer.task.id), {}))
         entry, dropped = self.store.put(
@@ -172,6 +174,10 @@ class DataPlane:
             spill=not self.online,
         )
         self._forget(dropped)
+        return entry
+
+    async def send_kept(self, entry: Retained | None) -> None:
+        """Send a kept output (`keep`) to each consumer."""
         if entry is not None:
             await self.push_all(entry)
         await self._notify()

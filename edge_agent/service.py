@@ -516,9 +516,10 @@ class Agent:
         try:
             out = await self._run_reported(job, t0)
             duration = time.perf_counter() - t0
-            # kept until every consumer has it; shipped in the background, offline or not, to
-            # where the consumers are now (a routing update may have come while it ran)
-            self._spawn(self.data.publish(job.offer, out.data))
+            # kept until every consumer has it, from now on (its job is let go below);
+            # shipped in the background, offline or not, to where the consumers are now (a
+            # routing update may have come while it ran)
+            self._spawn(self.data.send_kept(self.data.keep(job.offer, out.data)))
             ok = True
             self._emit(job, "succeeded", duration=duration, output=out)
         except asyncio.CancelledError:

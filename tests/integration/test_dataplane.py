@@ -302,3 +302,34 @@ async def test_a_running_producer_sends_its_output_where_a_routing_update_says(
         await nc.close()
         for x in (a, b, c):
             await x.stop()
+
+
+async def test_a_finished_task_output_is_kept_before_its_job_is_let_go(nats_url: str) -> None:
+    """From the moment a finished job leaves its agent's jobs, its output is retained: a
+    fetch in between found neither, answered that the output was gone, and the producer was
+    run again (found in the mixed-priority stress with tasks of 20-120 ms)."""
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    (solo,) = await _agents(nats_url, "solo")
+    kept_at_finish: dict[str, bool] = {}
+    finish = solo.core.finish
+
+    def noting(key: tuple[str, str], ok: bool) -> Job | None:
+        kept_at_finish[key[1]] = solo.data.store.get(*key) is not None
+        return finish(key, ok)
+
+    solo.core.finish = noting  # type: ignore[method-assign]
+    await solo.start()
+    try:
+        assert await orch.wait_for_agents(1, 10.0) == 1
+        spec = PipelineSpec.model_validate({"name": "kept", "tasks": [
+            {"id": "a", "run": _syn(64)},
+            {"id": "b", "run": _syn(64), "deps": ["a"]},
+        ]})  # fmt: skip
+        await orch.submit_spec(spec, pipeline_id="kept-1")
+        assert (await orch.wait_terminal("kept-1", 10.0)).state == "succeeded"
+        # a's output has a consumer, b's none: only a's is kept, and kept before a goes
+        assert kept_at_finish == {"a": True, "b": False}
+    finally:
+        await solo.stop()
+        await orch.stop()
