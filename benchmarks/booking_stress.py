@@ -552,6 +552,7 @@ EVICTED = re.compile(r"^evicted from (\S+): (.+?) \(")
 #: the ids `synthetic_pipeline` gives tasks: a line with both forgets what it names.
 PLACED_AGAIN = ("re-placed", "re-running", "booked again", "moved")
 TASK_ID = re.compile(r"\bt\d+\b")
+NOT_TAKEN = re.compile(r" still booked on | were stale")
 
 
 def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusReply]:
@@ -560,12 +561,19 @@ def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusRepl
     a firm window cannot be taken. Read from each pipeline's placement log, in its order."""
     bad: list[StatusReply] = []
     for st in statuses:
+        if st is None:
+            continue
+        log = st.placement_log
         held: set[tuple[str, str]] = set()
-        for line in st.placement_log if st is not None else ():
+        for i, line in enumerate(log):
             if m := HELD.match(line):
                 held.add((m[1], m[2]))
-            elif st is not None and (m := EVICTED.match(line)):
-                bad += [st for t in m[2].split(", ") if (t, m[1]) in held]
+            elif m := EVICTED.match(line):
+                # a notice names tasks, not windows: one that found its window still on the
+                # key (`still booked`), or not placed there (`stale`), was about another one
+                answer = next((x for x in log[i + 1 :] if not x.startswith("round ")), "")
+                kept = set(TASK_ID.findall(answer)) if NOT_TAKEN.search(answer) else set()
+                bad += [st for t in m[2].split(", ") if (t, m[1]) in held and t not in kept]
             elif any(w in line for w in PLACED_AGAIN):  # their next windows are new ones
                 named = set(TASK_ID.findall(line))
                 held = {h for h in held if h[0] not in named}

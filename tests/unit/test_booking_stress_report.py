@@ -26,3 +26,9 @@ def test_an_eviction_of_a_held_window_is_counted_and_nothing_else() -> None:
     # run again since (a new placement, a new window): that one may be taken
     again = "b: input t1 of t2 is gone from a: re-running t1 (outputs lost); t2 booked again after"
     assert held_then_evicted([status(HELD, again, taken)]) == []
+    # a notice about another window of the task: the owner finds this one still there
+    still = "t1 still booked on dev.a.cpu0: not moved"
+    assert held_then_evicted([status(HELD, taken, still)]) == []
+    assert held_then_evicted([status(HELD, taken, "re-placed after eviction: t0")]) == [
+        status(HELD, taken, "re-placed after eviction: t0")
+    ]
