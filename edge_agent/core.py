@@ -308,6 +308,21 @@ class AgentCore:
         self._remember(key, job.offer.token, "ran")
         return job
 
+    def never_ran(self, job: Job) -> bool:
+        """A job marked running whose run never began (stopped before its first step, by a
+        withdrawal handled in the same turn as its start): nothing else frees its slot, which
+        stayed taken for good. Let go as a withdrawn job (its inputs kept for its next offer
+        here, which may name it: it did not run); whether it was still held."""
+        if self.jobs.get(job.key) is not job or job.state != "running":
+            return False
+        del self.jobs[job.key]
+        self.running[job.offer.device_id] -= 1
+        job.state = "cancelled"
+        self._remember(job.key, job.offer.token, "withdrawn")
+        if job.inputs:
+            _put_bounded(self._orphans, job.key, job.inputs, ORPHANS_KEPT)
+        return True
+
     def cancel(self, cmd: CancelCommand) -> list[Job]:
         """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""
         out: list[Job] = []

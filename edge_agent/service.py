@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import socket
@@ -503,8 +504,19 @@ class Agent:
     # -- execution ------------------------------------------------------------------------------
     def _start_ready(self) -> None:
         for job in self.core.take_ready():
-            self._running[job.key] = self._spawn(self._execute(job))
+            task = self._running[job.key] = self._spawn(self._execute(job))
+            task.add_done_callback(functools.partial(self._ended, job))
         self._jobs_changed.set()
+
+    def _ended(self, job: Job, task: asyncio.Task[None]) -> None:
+        """A run cancelled before its first step never enters `_execute`, whose `finally`
+        lets the job and its slot go: done here instead (found as a device that ran nothing
+        more, its slot held by a job withdrawn as it started)."""
+        if self.core.never_ran(job):
+            if self._running.get(job.key) is task:
+                del self._running[job.key]
+            log.debug("%s/%s withdrawn as it started", *job.key)
+            self._start_ready()
 
     def _device(self, job: Job) -> DeviceSpec:
         return self.core.devices[job.offer.device_id]
