@@ -315,13 +315,18 @@ class AgentCore:
         here, which may name it: it did not run); whether it was still held."""
         if self.jobs.get(job.key) is not job or job.state != "running":
             return False
-        del self.jobs[job.key]
         self.running[job.offer.device_id] -= 1
-        job.state = "cancelled"
-        self._remember(job.key, job.offer.token, "withdrawn")
-        if job.inputs:
-            _put_bounded(self._orphans, job.key, job.inputs, ORPHANS_KEPT)
+        self._let_go(job, "withdrawn")
         return True
+
+    def _let_go(self, job: Job, how: Ending) -> None:
+        """A job that will not run here: gone from `jobs`, remembered with how it went; a
+        withdrawn one's inputs kept for its task's next offer here."""
+        del self.jobs[job.key]
+        job.state = "cancelled"
+        self._remember(job.key, job.offer.token, how)
+        if how == "withdrawn" and job.inputs:
+            _put_bounded(self._orphans, job.key, job.inputs, ORPHANS_KEPT)
 
     def cancel(self, cmd: CancelCommand) -> list[Job]:
         """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""
@@ -338,12 +343,8 @@ class AgentCore:
             if job.state == "running":
                 out.append(job)
                 continue  # its slot is freed when the shell reports it finished
-            del self.jobs[key]
-            job.state = "cancelled"
-            replan = cmd.task_ids is not None  # a re-plan's withdrawal
-            self._remember(key, job.offer.token, "withdrawn" if replan else "cancelled")
-            if replan and job.inputs:
-                _put_bounded(self._orphans, key, job.inputs, ORPHANS_KEPT)
+            # a re-plan's withdrawal names tasks; a whole pipeline's cancel does not
+            self._let_go(job, "withdrawn" if cmd.task_ids is not None else "cancelled")
             out.append(job)
         if cmd.task_ids is None and self._orphans:  # the pipeline is over
             for key in [k for k in self._orphans if k[0] == pid]:
@@ -354,11 +355,9 @@ class AgentCore:
         """Give up every job (shutdown): queued ones are dropped as cancelled, running ones are
         returned with them so the shell can stop them and report each."""
         out: list[Job] = []
-        for key, job in list(self.jobs.items()):
+        for job in list(self.jobs.values()):
             if job.state != "running":
-                del self.jobs[key]
-                job.state = "cancelled"
-                self._remember(key, job.offer.token, "cancelled")
+                self._let_go(job, "cancelled")
             out.append(job)
         return out
 

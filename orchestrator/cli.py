@@ -274,17 +274,11 @@ def cmd_agents(args: argparse.Namespace) -> int:
 def cmd_bookings(args: argparse.Namespace) -> int:
     import time
 
-    import nats
-
     from orchestrator.report import bookings_table
     from orchestrator.reservations.listing import read_bookings
 
-    async def go() -> int:
-        nc = await nats.connect(args.nats, name="mars-bookings", max_reconnect_attempts=0)
-        try:
-            keys = await read_bookings(nc.jetstream(), args.device, args.pipeline)
-        finally:
-            await nc.close()
+    async def go(client: Any) -> int:  # the bucket itself, over the client's connection
+        keys = await read_bookings(client.nc.jetstream(), args.device, args.pipeline)
         if args.json:
             print(json.dumps([k.as_json() for k in keys], indent=2))
         else:
@@ -292,7 +286,7 @@ def cmd_bookings(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return eventloop.run(go())
+        return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc)
 

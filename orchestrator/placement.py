@@ -14,7 +14,7 @@ import logging
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,32 +46,27 @@ class PlacementFailed(Exception):
         self.details = details
 
 
-def ancestors(run: PipelineRun, roots: Iterable[str]) -> set[str]:
-    """Every task that feeds one of `roots`, directly or not (`roots` themselves left out)."""
-    out: set[str] = set()
-    stack = [d for t in roots for d in run.spec_by_id[t].deps]
-    while stack:
-        tid = stack.pop()
-        if tid not in out:
-            out.add(tid)
-            stack.extend(run.spec_by_id[tid].deps)
-    return out
-
-
-def descendants(run: PipelineRun, roots: Iterable[str]) -> set[str]:
-    children: dict[str, list[str]] = {t.id: [] for t in run.spec.tasks}
-    for t in run.spec.tasks:
-        for d in t.deps:
-            children[d].append(t.id)
+def _reach(roots: Iterable[str], step: Callable[[str], Iterable[str]]) -> set[str]:
+    """Every task reached from `roots` by `step`, `roots` included."""
     out: set[str] = set()
     stack = list(roots)
     while stack:
         tid = stack.pop()
-        if tid in out:
-            continue
-        out.add(tid)
-        stack.extend(children[tid])
+        if tid not in out:
+            out.add(tid)
+            stack.extend(step(tid))
     return out
+
+
+def ancestors(run: PipelineRun, roots: Iterable[str]) -> set[str]:
+    """Every task that feeds one of `roots`, directly or not (`roots` themselves left out)."""
+    roots = set(roots)
+    return _reach(roots, lambda t: run.spec_by_id[t].deps) - roots
+
+
+def descendants(run: PipelineRun, roots: Iterable[str]) -> set[str]:
+    """`roots` and every task that they feed, directly or not."""
+    return _reach(roots, run.children.__getitem__)
 
 
 @dataclass

@@ -532,7 +532,7 @@ class Orchestrator:
         if ev.state == "succeeded" and fresh:
             self._learn(run, ev)
             await self.displaced.producer_ended(run, ev.task_id)
-        elif ev.state == "started" and fresh and run.spec.preemptible:
+        elif ev.state == "started" and fresh:
             self._spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
         if new_state is not None:
             if new_state == "failed":

@@ -6,7 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    InvalidKeyError,
+    KeyDeletedError,
+    KeyNotFoundError,
+)
 
 from orchestrator.kvwatch import all_keys
 from orchestrator.reservations.store import BUCKET, device_key_of
@@ -15,7 +20,8 @@ from schemas.codec import DecodeError, decode
 
 
 class NoBookings(Exception):
-    """The bucket cannot be read as a whole (absent: no orchestrator has run here yet)."""
+    """What was asked cannot be read: the bucket (absent: no orchestrator has run here yet),
+    or a device name that cannot be one of its keys."""
 
 
 @dataclass
@@ -67,6 +73,11 @@ async def read_bookings(
             entry = await kv.get(key)
         except (KeyNotFoundError, KeyDeletedError):
             continue  # deleted since it was listed, or a device never booked
+        except InvalidKeyError as exc:  # only an operator's --device can be one
+            raise NoBookings(
+                f"not a device: {device!r} (give its key, dev.AGENT.DEVICE, or its id, "
+                "AGENT:DEVICE)"
+            ) from exc
         data = bytes(entry.value or b"")
         row = KeyBookings(key, entry.revision or 0, len(data))
         try:

@@ -25,6 +25,8 @@ def pipeline(name: str, seconds: float, **kw: Any) -> PipelineSpec:
 async def test_bookings_are_listed_per_device_and_filtered(nats_url: str) -> None:
     rc, _, err = await mars_cli("bookings", "--nats", nats_url)
     assert rc == 2 and f"no bucket {BUCKET}" in err  # nothing ever booked here: said so
+    rc, _, err = await mars_cli("bookings", "--nats", "nats://127.0.0.1:1")
+    assert rc == 2 and "no servers available" in err  # nobody there: said so, not waited on
     # starts not reported (a started task's window is made non-preemptible: not under test)
     quiet = agent_config("s", "edge", cpu_slots=1, started_event_after_s=60.0)
     orch, agents = await start_cluster(nats_url, {"b": quiet})
@@ -57,6 +59,8 @@ async def test_bookings_are_listed_per_device_and_filtered(nats_url: str) -> Non
         assert rc == 0, err
         assert "dev.b.cpu0" in out and "low/t" in out and "firm/t" not in out
         assert "dev.x.cpu0" not in out
+        rc, out, err = await mars_cli("bookings", "--nats", nats_url, "--device", "no such:dev*")
+        assert rc == 2 and "not a device: 'no such:dev*'" in err, err
         rc, out, err = await mars_cli("bookings", "--nats", nats_url, "--json")
         assert rc == 0, err
         listed = {k["key"]: k for k in json.loads(out)}

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import MIN_WINDOW_S, Placer, descendants, window_ends
+from orchestrator.placement import MIN_WINDOW_S, Placer, ancestors, descendants, window_ends
 from orchestrator.reservations.book import AGING_PER_S, Blocking, effective_priority
 from orchestrator.scheduling import Placement
 from schemas import PipelineSpec
@@ -52,7 +52,7 @@ def test_only_preemptible_lower_priority_windows_are_evictable() -> None:
     assert Blocking("me")(win(10, True))  # evicting nothing, it is in the way
 
 
-def test_descendants_follow_dependencies_only_downstream() -> None:
+def test_descendants_and_ancestors_follow_dependencies_one_way() -> None:
     spec = PipelineSpec.model_validate({"name": "d", "tasks": [
         {"id": "a", "run": {"kind": "synthetic"}},
         {"id": "b", "run": {"kind": "synthetic"}, "deps": ["a"]},
@@ -63,6 +63,9 @@ def test_descendants_follow_dependencies_only_downstream() -> None:
     assert descendants(run, {"b"}) == {"b", "c"}
     assert descendants(run, {"a"}) == {"a", "b", "c"}
     assert descendants(run, {"x"}) == {"x"}
+    assert ancestors(run, {"c"}) == {"a", "b"}  # the roots themselves left out
+    assert ancestors(run, {"b", "c"}) == {"a"}
+    assert ancestors(run, {"a", "x"}) == set()
 
 
 @settings(max_examples=200, deadline=None)
