@@ -555,6 +555,15 @@ TASK_ID = re.compile(r"\bt\d+\b")
 NOT_TAKEN = re.compile(r" still booked on | were stale")
 
 
+def taken(log: Sequence[str], i: int, named: str) -> list[str]:
+    """Of the tasks `named` by the eviction notice at `log[i]`, those whose window it took: a
+    notice names tasks, not windows, and one that found its window still on the key (`still
+    booked`), or not placed there (`stale`), was about another one."""
+    answer = next((x for x in log[i + 1 :] if not x.startswith("round ")), "")
+    kept = set(TASK_ID.findall(answer)) if NOT_TAKEN.search(answer) else set()
+    return [t for t in named.split(", ") if t not in kept]
+
+
 def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusReply]:
     """Pipelines with an eviction notice naming a window their owner had made firm before
     (a started task's, which stays where it runs), once per such window: none may come, as
@@ -569,15 +578,25 @@ def held_then_evicted(statuses: Iterable[StatusReply | None]) -> list[StatusRepl
             if m := HELD.match(line):
                 held.add((m[1], m[2]))
             elif m := EVICTED.match(line):
-                # a notice names tasks, not windows: one that found its window still on the
-                # key (`still booked`), or not placed there (`stale`), was about another one
-                answer = next((x for x in log[i + 1 :] if not x.startswith("round ")), "")
-                kept = set(TASK_ID.findall(answer)) if NOT_TAKEN.search(answer) else set()
-                bad += [st for t in m[2].split(", ") if (t, m[1]) in held and t not in kept]
+                bad += [st for t in taken(log, i, m[2]) if (t, m[1]) in held]
             elif any(w in line for w in PLACED_AGAIN):  # their next windows are new ones
                 named = set(TASK_ID.findall(line))
                 held = {h for h in held if h[0] not in named}
     return bad
+
+
+def evictions_per_task(statuses: Iterable[StatusReply | None]) -> Counter[tuple[str, str]]:
+    """Per (pipeline, task), how many eviction notices took its window (those whose owner
+    found the window still booked, or the task placed elsewhere, took nothing)."""
+    count: Counter[tuple[str, str]] = Counter()
+    for st in statuses:
+        if st is None:
+            continue
+        log = st.placement_log
+        for i, line in enumerate(log):
+            if m := EVICTED.match(line):
+                count.update((st.pipeline_id, t) for t in taken(log, i, m[2]))
+    return count
 
 
 def logged(statuses: Iterable[StatusReply | None], match: Callable[[str], bool]) -> int:
@@ -642,6 +661,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     reasons = Counter(normalise_reason(o.reason) for o in failed)
     statuses = [o.status for o in outs if o.status is not None]
     firm_lost = held_then_evicted(statuses)
+    per_task = evictions_per_task(statuses)
+    most = per_task.most_common(1)
     submit_ms = [o.submit_s * 1e3 for o in outs if o.submit_s == o.submit_s]
     done_ms = [o.done_s * 1e3 for o in outs if o.done_s == o.done_s]
     print(
@@ -671,6 +692,11 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             logged(statuses, lambda x: "were stale" in x or " still booked on " in x),
         ],
         [
+            "tasks evicted / evicted more than twice / most times one task was",
+            f"{len(per_task)} / {sum(1 for n in per_task.values() if n > 2)} / "
+            + (f"{most[0][1]} ({most[0][0][0]}/{most[0][0][1]})" if most else "0"),
+        ],
+        [
             "re-placed tasks their agent had already run (kept as they were)",
             logged(statuses, lambda x: x.endswith("kept as it was") and "already ran" in x),
         ],
@@ -685,6 +711,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         [
             "re-placed tasks their agent was running (kept as they were)",
             logged(statuses, lambda x: x.endswith("kept as it was") and "is running" in x),
+        ],
+        [
+            "ended producers whose place a re-placement's offer took (run again there)",
+            logged(statuses, lambda x: x.endswith("it runs there again")),
         ],
         [
             "producers re-run for an input gone (lines naming a re-run)",

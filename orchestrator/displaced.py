@@ -246,6 +246,8 @@ class Displaced:
                         run.note(f"{', '.join(kept)} still booked on {note.device}: not moved")
                         here = [t for t in here if t not in live]
             if here:
+                for t in here:  # its next window ranks higher for each one taken
+                    run.evictions[t] = min(1000, run.evictions.get(t, 0) + 1)
                 await self._move_unbooked(run, here, "eviction", f"preempted by {note.by_pipeline}")
 
     @staticmethod

@@ -363,6 +363,7 @@ def record_fields(
         "counters": {c: int(getattr(run, c)) for c in EXTRA_COUNTERS if hasattr(run, c)},
         "events_seq": events_seq,
         "adoptions": adoptions,
+        "evictions": dict(run.evictions),
     }  # fmt: skip
 
 
@@ -428,6 +429,7 @@ def from_record(
         conflicts=rec.conflicts,
         rejections=rec.rejections,
         cas_retries=rec.cas_retries,
+        evictions=dict(rec.evictions),
     )
     for name, value in rec.counters.items():
         if name in EXTRA_COUNTERS and hasattr(run, name):

@@ -103,6 +103,9 @@ class PipelineRun:
     #: Each task's reservation as booked by this replica: (device key, start, end). A task that
     #: ended gives exactly that window back (a later booking of it keeps its own).
     windows: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    #: Per task, how many of its windows evictions took: booked into its later windows,
+    #: each eviction ranks them higher (`reservations.book.EVICTION_POINTS`).
+    evictions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.tasks:

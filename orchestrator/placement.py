@@ -195,6 +195,7 @@ class Placer:
                         start=st.t0 + p.start, end=st.t0 + ends[tid],
                         expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
                         preemptible=spec.preemptible, submitted=run.submitted_wall,
+                        evictions=run.evictions.get(tid, 0),
                     ))  # fmt: skip
                 # A first placement is offered while its bookings are written (token 0, the
                 # commit brings each task's token): admission and CAS in one round trip. Any
@@ -293,10 +294,20 @@ class Placer:
             ran = set(started)
             # a task that has started had every input: what feeds it has ended, wherever this
             # round placed it (an offer to another agent cannot be told it ran already)
+            # (unless this round's offer took its place: accepted by the agent of its last
+            # placement, it replaced that job there, and withdrawn, nothing would be left to
+            # run or to end under the placement kept; it runs again where the round put it)
             for t in sorted(ancestors(run, started) & set(todo) - ran):
-                if t in st.prior:
-                    ran.add(t)
-                    run.note(f"round {rnd}: {t} has ended (what it feeds started); kept as it was")
+                if t not in st.prior:
+                    continue
+                if t in st.sent and offers[t].agent_id == st.prior[t][2]:
+                    run.note(
+                        f"round {rnd}: {t} has ended (what it feeds started), but this round's "
+                        f"offer took its place on {offers[t].agent_id}: it runs there again"
+                    )
+                    continue
+                ran.add(t)
+                run.note(f"round {rnd}: {t} has ended (what it feeds started); kept as it was")
             rejected = [rep for rep in rejected if rep.task_id not in ran]
             for rep in rejected:
                 run.rejections += 1

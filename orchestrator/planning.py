@@ -185,9 +185,9 @@ def with_bookings(
         # duration (released windows are gone; expired ones ignored).
         extra = [
             (slot, s, max(s, max(end, now + (end - start)) - t0))  # never ends before it starts
-            for slot, start, end, expires, pid, pre, prio, sub in cached.rows()
+            for slot, start, end, expires, pid, pre, prio, sub, evs in cached.rows()
             if expires > now and slot < d.slots and pid != own
-            and not (pre and blocks.evicts(pre, prio, sub))
+            and not (pre and blocks.evicts(pre, prio, sub, evs))
             for s in (max(0.0, start - t0),)
         ]  # fmt: skip
         if extra:

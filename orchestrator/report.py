@@ -56,13 +56,17 @@ def bookings_table(keys: list[KeyBookings], now: float) -> str:
             continue
         rows.append(
             f"  {'slot':>4}  {'pipeline/task':<40} {'start s':>9} {'end s':>9} {'expires s':>10}"
-            f" {'prio':>4}  {'preemptible':<11}  owner"
+            f" {'prio':>4}  {'preemptible':<18}  owner"
         )
         for w in sorted(k.windows, key=lambda w: (w.start, w.slot)):
             left = w.expires - now
+            # how many earlier windows of the task evictions took (each ranks this one higher)
+            pre = ("yes" if w.preemptible else "no") + (
+                f", evicted {w.evictions}x" if w.evictions else ""
+            )
             rows.append(
                 f"  {w.slot:>4}  {w.pipeline_id + '/' + w.task_id:<40} {w.start - now:>+9.3f} "
                 f"{w.end - now:>+9.3f} {'expired' if left <= 0 else f'{left:+.3f}':>10} "
-                f"{w.priority:>4}  {'yes' if w.preemptible else 'no':<11}  {w.owner}"
+                f"{w.priority:>4}  {pre:<18}  {w.owner}"
             )
     return "\n".join(rows)

@@ -26,6 +26,9 @@ class BookingWindow(WireModel):
     preemptible: bool = False
     #: When the pipeline was submitted (for aging).
     submitted: Instant = 0.0
+    #: How many of this task's earlier windows were taken by evictions (each one makes this
+    #: window rank higher against the next: a task is not evicted over and over).
+    evictions: Annotated[int, Field(ge=0, le=1000)] = 0
 
 
 class DeviceBookings(WireModel):

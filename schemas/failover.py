@@ -91,3 +91,7 @@ class PipelineRecord(WireModel):
     events_seq: Count = 0
     #: How many times another replica took this pipeline over.
     adoptions: Count = 0
+    #: Per task, how many of its windows evictions took (its next windows rank higher).
+    evictions: Annotated[
+        dict[Ident, Annotated[int, Field(ge=0, le=1000)]], Field(max_length=MAX_TASKS)
+    ] = Field(default_factory=dict)

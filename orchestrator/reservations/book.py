@@ -17,21 +17,29 @@ from schemas.bookings import BookingWindow, DeviceBookings
 EPS = 1e-6
 #: Priority points a waiting pipeline gains per second (aging against starvation).
 AGING_PER_S = 1.0
+#: Priority points a task's window gains for each earlier window of it an eviction took.
+#: Aging alone lets a steady stream of higher-priority work take a low-priority task's window
+#: again and again (priority 10 under priority-500 work: for 490 s); with this, work `gap`
+#: points above a task evicts it at most ceil(gap / EVICTION_POINTS) times.
+EVICTION_POINTS = 100.0
 
 #: A window as plain values, for loops that visit every booked window on every plan:
-#: (slot, start, end, expires, pipeline, preemptible, priority, submitted).
-Row = tuple[int, float, float, float, str, bool, int, float]
+#: (slot, start, end, expires, pipeline, preemptible, priority, submitted, evictions).
+Row = tuple[int, float, float, float, str, bool, int, float, int]
 
 
-def effective_priority(priority: int, submitted: float, now: float) -> float:
-    return priority + AGING_PER_S * max(0.0, now - submitted)
+def effective_priority(priority: int, submitted: float, now: float, evictions: int = 0) -> float:
+    return priority + AGING_PER_S * max(0.0, now - submitted) + EVICTION_POINTS * evictions
 
 
 def rows(book: DeviceBookings) -> tuple[Row, ...]:
     return tuple(
-        (w.slot, w.start, w.end, w.expires, w.pipeline_id, w.preemptible, w.priority, w.submitted)
+        (
+            w.slot, w.start, w.end, w.expires, w.pipeline_id, w.preemptible, w.priority,
+            w.submitted, w.evictions,
+        )
         for w in book.windows
-    )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -45,13 +53,13 @@ class Blocking:
     now: float = 0.0
 
     def evictable(self, w: BookingWindow) -> bool:
-        return self.evicts(w.preemptible, w.priority, w.submitted)
+        return self.evicts(w.preemptible, w.priority, w.submitted, w.evictions)
 
-    def evicts(self, preemptible: bool, priority: int, submitted: float) -> bool:
+    def evicts(self, preemptible: bool, priority: int, submitted: float, evictions: int) -> bool:
         return (
             self.eff is not None
             and preemptible
-            and effective_priority(priority, submitted, self.now) < self.eff
+            and effective_priority(priority, submitted, self.now, evictions) < self.eff
         )
 
     def __call__(self, w: BookingWindow) -> bool:

@@ -16,7 +16,9 @@ import pytest
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
 from orchestrator.client import Client
+from orchestrator.report import bookings_table
 from orchestrator.reservations.book import double_booked
+from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET, BookingStore, device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
@@ -360,6 +362,52 @@ async def test_an_evicted_task_takes_what_waits_for_it_along(nats_url: str) -> N
         await stop_cluster(orch, agents)
 
 
+async def test_each_eviction_makes_a_tasks_next_window_harder_to_take(nats_url: str) -> None:
+    """ "l" (priority 10, preemptible) queues on b behind a running task. "h1" (priority 500)
+    takes its window; l's next window carries that eviction, and ranks EVICTION_POINTS
+    higher: "m" (priority 100, above l's own 10 plus a second or two of aging) is planned
+    around it instead of taking it, while "h2" (priority 300) still may."""
+    orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", cpu_slots=1)})
+    try:
+        await orch.submit_spec(spec("r", [sleep_task("r", 1.5)]), "busy")
+        await orch.submit_spec(
+            spec("l", [sleep_task("l", 0.3)], priority=10, preemptible=True), "low"
+        )
+        run = orch.pipelines["low"]
+        key = run.windows["l"][0]
+
+        def booked_evictions() -> int | None:
+            cur = orch.store.cache.get(key)
+            return next(
+                (w.evictions for w in cur.book.windows if (w.pipeline_id, w.task_id)
+                 == ("low", "l") and w.expires > orch.wall()),
+                None,
+            ) if cur is not None else None  # fmt: skip
+
+        assert booked_evictions() == 0
+        await orch.submit_spec(spec("h1", [sleep_task("h1", 0.1)], priority=500), "h1")
+        await orch.wait_for(lambda: "re-placed after eviction: l" in run.placement_log, 10.0)
+        assert run.evictions == {"l": 1}
+        await orch.store.wait_until(lambda: booked_evictions() == 1, 5.0)
+        token = run.tasks["l"].token
+        await orch.submit_spec(spec("m", [sleep_task("m", 0.1)], priority=100), "mid")
+        assert run.tasks["l"].token == token and orch.displaced.evictions_seen == 1
+        assert orch.pipelines["mid"].windows["m"][1] >= run.windows["l"][2] - 1e-3  # after l
+        await orch.submit_spec(spec("h2", [sleep_task("h2", 0.1)], priority=300), "h2")
+        await orch.wait_for(lambda: run.evictions == {"l": 2}, 10.0)
+        await orch.store.wait_until(lambda: booked_evictions() == 2, 5.0)
+        assert orch.js is not None  # and `mars bookings` shows it
+        listed = bookings_table(await read_bookings(orch.js, pipeline="low"), orch.wall())
+        assert "low/l" in listed and "yes, evicted 2x" in listed, listed
+        runs = {p: await orch.wait_terminal(p, 15) for p in ("busy", "low", "h1", "mid", "h2")}
+        assert all(r.state == "succeeded" for r in runs.values()), {
+            p: r.reason for p, r in runs.items()
+        }
+        assert not any("evicted" in x for x in runs["mid"].placement_log)
+    finally:
+        await stop_cluster(orch, agents)
+
+
 async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str) -> None:
     """A window left on b's key by an earlier placement of "l" (now queued on a) is taken by
     a higher-priority pipeline: the notice names "l", but "l" was not displaced, so it keeps
@@ -619,6 +667,69 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str, pinn
         ]  # fmt: skip
         assert sorted(ran) == [("b", "l"), ("b", "p")]  # each once, on b
         assert (await orch.wait_terminal("high", 15.0)).state == "succeeded"
+    finally:
+        heard.set()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_producer_whose_place_a_round_took_runs_again_not_never(nats_url: str) -> None:
+    """ "p" ran on b (its end not heard) and "l" runs on b with its output (its start not
+    heard); p's record was then moved to c, where nothing ran it. A round that places both
+    again finds l running (kept), so p had ended; but the round's offer for p went to c and
+    replaced p's job there. Kept "as it was" (on c, under the replaced token) and the
+    round's offer withdrawn, p was left with no job anywhere: its pipeline waited for an end
+    that could not come, until the stall watchdog (seen once in the long-task stress: 22 s).
+    It stays where the round put it and runs there again."""
+
+    def dev(gflops: float) -> dict[str, Any]:
+        return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
+
+    quiet = {
+        "probe_cpu": False, "started_event_after_s": 60.0,
+        "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
+    }  # fmt: skip
+    orch, agents = await start_cluster(
+        nats_url,
+        {
+            "b": agent_config("s", "edge", devices=[dev(1.0)], **quiet),
+            "c": agent_config("s", "edge", devices=[dev(0.5)], **quiet),
+        },
+    )
+    ended, heard = hold_end(orch, "low", "p")
+    try:
+        quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
+        low = spec("l", [
+            {"id": "p", "run": quick, "profile": {"est_seconds": 0.2}},
+            {"id": "l", "run": {"kind": "synthetic", "seconds": 3.0, "ref_gflops": 1.0},
+             "deps": ["p"]},
+        ], priority=10, preemptible=True)  # fmt: skip
+        await orch.submit_spec(low, "low")
+        run = orch.pipelines["low"]
+        assert run.placements["l"].device_id == run.placements["p"].device_id == "b:cpu0"
+        await asyncio.wait_for(ended.wait(), 10.0)
+        job = agents[0].core.jobs.get(("low", "l"))
+        await orch.wait_for(lambda: job is not None and job.state == "running", 10.0)
+        # p's record moves to c (offered there, not committed: nothing runs it)
+        await orch.placer.place(run, only={"p"}, exclude={("p", "b:cpu0")})
+        assert run.placements["p"].device_id == "c:cpu0"
+        moved = run.tasks["p"].token
+        assert agents[1].core.jobs[("low", "p")].offer.token == moved
+        # both placed again: l stays on b (running: kept), p goes to c again
+        await orch.placer.place(run, only={"p", "l"}, exclude={("p", "b:cpu0"), ("l", "c:cpu0")})
+        job_p = agents[1].core.jobs.get(("low", "p"))  # the job its record names is there
+        assert job_p is not None and job_p.offer.token == run.tasks["p"].token
+        assert run.placements["p"].device_id == "c:cpu0" and run.tasks["p"].token > moved
+        assert any("l is running on b; kept as it was" in x for x in run.placement_log)
+        assert any(
+            "p has ended (what it feeds started), but this round's offer took its place "
+            "on c: it runs there again" in x
+            for x in run.placement_log
+        ), run.placement_log
+        await orch._commit_all(run, {"p", "l"})
+        heard.set()
+        done = await orch.wait_terminal("low", 15.0)
+        assert done.state == "succeeded", done.reason
+        assert [x[1] for x in agents[1].log if x[0] == "low"] == ["p"]  # run again on c
     finally:
         heard.set()
         await stop_cluster(orch, agents)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from benchmarks.booking_stress import held_then_evicted
+from benchmarks.booking_stress import evictions_per_task, held_then_evicted
 from schemas.api import StatusReply
 
 
-def status(*log: str) -> StatusReply:
-    return StatusReply(pipeline_id="p", name="p", state="succeeded", placement_log=list(log))
+def status(*log: str, pid: str = "p") -> StatusReply:
+    return StatusReply(pipeline_id=pid, name=pid, state="succeeded", placement_log=list(log))
 
 
 HELD = "t1 started: its window on dev.a.cpu0 is no longer preemptible"
@@ -32,3 +32,17 @@ def test_an_eviction_of_a_held_window_is_counted_and_nothing_else() -> None:
     assert held_then_evicted([status(HELD, taken, "re-placed after eviction: t0")]) == [
         status(HELD, taken, "re-placed after eviction: t0")
     ]
+
+
+def test_evictions_are_counted_per_task_and_only_those_that_took_a_window() -> None:
+    a = "evicted from dev.a.cpu0: t0, t1 (preempted by higher-priority hi)"
+    b = "evicted from dev.b.cpu0: t1 (preempted by higher-priority hi)"
+    still = "t1 still booked on dev.a.cpu0: not moved"
+    stale = "evicted windows of t0 were stale: not placed there now"
+    moved = "re-placed after eviction: t1"
+    logs = [
+        status(a, "round 0: conflict on dev.c.cpu0 with x/t2; re-planning", still, b, moved),
+        status(a, stale, b, pid="q"),
+        None,
+    ]
+    assert evictions_per_task(logs) == {("p", "t0"): 1, ("p", "t1"): 1, ("q", "t1"): 2}

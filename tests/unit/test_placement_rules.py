@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import MIN_WINDOW_S, Placer, ancestors, descendants, window_ends
-from orchestrator.reservations.book import AGING_PER_S, Blocking, effective_priority
+from orchestrator.reservations.book import (
+    AGING_PER_S,
+    EVICTION_POINTS,
+    Blocking,
+    effective_priority,
+)
 from orchestrator.scheduling import Placement
 from schemas import PipelineSpec
 from schemas.bookings import BookingWindow
@@ -50,6 +55,31 @@ def test_only_preemptible_lower_priority_windows_are_evictable() -> None:
     mine = win(600, False).model_copy(update={"pipeline_id": "me"})
     assert not blocks(mine)
     assert Blocking("me")(win(10, True))  # evicting nothing, it is in the way
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    low=st.integers(0, 1000), high=st.integers(0, 1000), age=st.floats(0.0, 1e4),
+)  # fmt: skip
+def test_a_task_is_evicted_at_most_once_per_eviction_points_of_the_gap(
+    low: int, high: int, age: float
+) -> None:
+    """However long it has waited, a preemptible task's window is taken by work `high` at
+    most ceil((high - low) / EVICTION_POINTS) times: each eviction is booked into its next
+    window, which ranks that much higher."""
+    now = 1e6
+    blocks = Blocking(eff=effective_priority(high, submitted=now, now=now), now=now)
+    times = 0
+    for evictions in range(1001):
+        w = BookingWindow(
+            pipeline_id="p", task_id="t", slot=0, start=0, end=1, expires=9e9,
+            priority=low, preemptible=True, submitted=now - age, evictions=evictions,
+        )  # fmt: skip
+        if not blocks.evictable(w):
+            break
+        times += 1
+    assert times <= max(0, math.ceil((high - low) / EVICTION_POINTS))
+    assert (times > 0) == (low + AGING_PER_S * age < high)  # the first one as before
 
 
 def test_descendants_and_ancestors_follow_dependencies_one_way() -> None:

@@ -10,7 +10,7 @@ import typing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.ownership import EXTRA_COUNTERS, record_fields
+from orchestrator.ownership import EXTRA_COUNTERS, from_record, record_fields
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import planned_view
 from orchestrator.scheduling import Placement
@@ -53,7 +53,7 @@ def reference(run: PipelineRun, **kw: typing.Any) -> PipelineRecord:
         rejections=run.rejections, cas_retries=run.cas_retries,
         stale_events=run.stale_events, duplicate_events=run.duplicate_events,
         counters={c: int(getattr(run, c)) for c in EXTRA_COUNTERS if hasattr(run, c)},
-        events_seq=kw["events_seq"], adoptions=kw["adoptions"],
+        events_seq=kw["events_seq"], adoptions=kw["adoptions"], evictions=run.evictions,
     )  # fmt: skip
 
 
@@ -87,6 +87,8 @@ def runs(draw: st.DrawFn) -> PipelineRun:
         tr.duration_s, tr.predicted_s = draw(maybe_seconds), draw(maybe_seconds)
         tr.output_bytes = draw(st.integers(0, 2**40))
         tr.result, tr.error = draw(st.text(max_size=256)), draw(st.text(max_size=2048))
+        if draw(st.booleans()):
+            run.evictions[t.id] = draw(st.integers(1, 1000))
     run.plan = planned_view(run.placements)
     for line in draw(st.lists(texts, max_size=3)):
         run.note(line)
@@ -111,3 +113,6 @@ def test_the_record_is_what_its_models_encode(
     assert encode_trusted(fields) == encode(want)  # byte for byte: field order and types
     assert decode(encode_trusted(fields), PipelineRecord) == want  # and valid when read
     assert PipelineRecord.model_validate(fields) == want
+    # and read back by the replica that adopts it, what it must carry on from
+    back = from_record(want, run.spec, owner="o", mono=50.0, wall=kw["wall"])
+    assert back.evictions == run.evictions
