@@ -676,6 +676,29 @@ class Adaptive:
         opt = evaluate(s, self.factor)
         todo = {t for t in descendants(run, opt.moved) if run.tasks[t].state != "succeeded"}
         todo -= {t for t in todo if t in s.running and t not in opt.moved}
+        # Never beside another re-placement of the pipeline (an eviction's, a recovery's):
+        # two would plan, offer and withdraw the same tasks over each other's records. One
+        # under way re-plans these tasks itself; and one that ran while this was priced
+        # (between its turns) leaves a decision made on placements that are gone.
+        lock = o.recovery.lock(run.pipeline_id)
+        if lock.locked():
+            run.note("adaptive: not moved: another re-placement of the pipeline is under way")
+            return
+        async with lock:  # free: taken without a turn of the loop in between
+            changed = sorted(
+                t for t in todo
+                if run.placements.get(t) != s.current.get(t)
+                or run.tasks[t].state not in (
+                    ("started",) if t in s.running else ("offered", "accepted")
+                )
+            )  # fmt: skip
+            if changed:
+                run.note(f"adaptive: not moved: {', '.join(changed)} changed while priced")
+                return
+            await self._move_now(run, s, opt, todo)
+
+    async def _move_now(self, run: PipelineRun, s: Situation, opt: Option, todo: set[str]) -> None:
+        o = self.o
         target = {t: (opt.moved.get(t) or s.current[t]).device_id for t in todo}
         exclude = {(t, dev.id) for t in todo for dev in s.cluster.devices if dev.id != target[t]}
         old = {t: run.placements[t] for t in todo}

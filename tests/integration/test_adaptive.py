@@ -3,11 +3,14 @@ its queued work moved away only when the gain rule says so, and never a non-migr
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from orchestrator.adaptive import GAIN_FACTOR, Decision
+from orchestrator.pipelines import PipelineRun
+from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
 from schemas.agent import CalibrationDrift
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
@@ -62,17 +65,51 @@ async def slow_down(agent: RecordingAgent, gflops: float) -> None:
     await agent._on_drift([(dev.model_copy(update={"gflops": gflops}), notice)])
 
 
-async def run_with_drift(nats_url: str, gflops: float, migratable: bool = True) -> Any:
+async def work_to_b(orch: Orchestrator) -> None:
+    """What an eviction's re-placement does, for "work", to b-cpu."""
+    run = orch.pipelines["p"]
+    async with orch.recovery.lock("p"):
+        old = {"work": run.placements["work"]}
+        away = {("work", "a-cpu:cpu0"), ("work", "c-npu:npu0")}
+        await orch.placer.place(run, only={"work"}, exclude=away)
+        await orch.cancel_tasks(run, old, "moved by the test")
+        await orch._commit_all(run, {"work"})
+        await orch.displaced.reroute_producers(run, old)
+
+
+async def run_with_drift(
+    nats_url: str,
+    gflops: float,
+    migratable: bool = True,
+    busy: bool = False,
+    meanwhile: Callable[[Orchestrator], Awaitable[None]] | None = None,
+) -> Any:
+    """`busy`: another re-placement of the pipeline holds its recovery lock meanwhile;
+    `meanwhile`: done while the drift is priced (in its first turn of the event loop)."""
     orch, agents = await start_cluster(nats_url, configs())
     by_id = {a.agent_id: a for a in agents}
     tap = EventTap()
+    if meanwhile is not None:
+        real, hook = orch.adaptive._turn, meanwhile
+
+        async def turn(run: PipelineRun) -> bool:
+            orch.adaptive._turn = real  # type: ignore[method-assign]
+            await hook(orch)
+            return await real(run)
+
+        orch.adaptive._turn = turn  # type: ignore[method-assign]
     try:
         await tap.start(nats_url, "p")
         reply = await orch.submit_spec(spec(migratable), "p")
         assert {t.task_id: t.agent_id for t in reply.plan}["work"] == "a-cpu"
         await tap.wait("gate", "started")  # work is queued on a-cpu, its input not made yet
+        lock = orch.recovery.lock("p")
+        if busy:
+            await lock.acquire()
         await slow_down(by_id["a-cpu"], gflops)
         await orch.wait_for(lambda: len(orch.adaptive.decisions) >= 1, 10.0)
+        if busy:
+            lock.release()
         run = await orch.wait_terminal("p", 30.0)
         assert run.state == "succeeded", run.reason
         where = {rec[1]: aid for aid, a in by_id.items() for rec in a.log}
@@ -93,6 +130,29 @@ async def test_a_much_slower_device_moves_its_queued_work(nats_url: str) -> None
     assert d.cost_s > 1.0  # gate's 1 MB must cross the WAN
     assert where["work"] == "b-cpu"
     assert d.line() in run.placement_log
+
+
+async def test_no_move_is_made_beside_another_re_placement(nats_url: str) -> None:
+    """The same gain, decided while an eviction's or a recovery's re-placement of the
+    pipeline holds its lock: two would re-place the same tasks over each other's records;
+    the move is left to that one (which plans on the cluster as it is now)."""
+    decisions, where, run = await run_with_drift(nats_url, 10.0, busy=True)
+    [d] = decisions
+    assert d.replan and d.moved == ("work",)  # decided as before
+    assert where["work"] == "a-cpu"  # and not carried out
+    assert "adaptive: not moved: another re-placement of the pipeline is under way" in (
+        run.placement_log
+    )
+
+
+async def test_a_move_priced_on_placements_gone_is_not_made(nats_url: str) -> None:
+    """While the drift is priced, "work" is re-placed by something else (as an eviction
+    would): the decision was made on placements that are gone, and is not carried out."""
+    decisions, where, run = await run_with_drift(nats_url, 10.0, meanwhile=work_to_b)
+    [d] = decisions
+    assert d.replan and d.moved == ("work",)
+    assert "adaptive: not moved: work changed while priced" in run.placement_log
+    assert where["work"] == "b-cpu"  # where the other re-placement put it, once
 
 
 async def test_a_small_gain_does_not_pay_for_the_move(nats_url: str) -> None:
