@@ -603,6 +603,38 @@ async def test_an_evicted_task_that_already_ran_is_not_run_again(nats_url: str) 
         await stop_cluster(orch, agents)
 
 
+#: A python task that runs in milliseconds, whatever its profile says.
+QUICK = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
+
+
+def p_feeds_l(p_est_s: float, l_s: float, pinned_p: bool = False) -> PipelineSpec:
+    """A low-priority preemptible pipeline: quick "p" (planned as `p_est_s`, on b if
+    `pinned_p`), then "l" sleeping `l_s` at 1 GFLOP/s."""
+    return spec("l", [
+        {"id": "p", "run": QUICK, "profile": {"est_seconds": p_est_s},
+         "requires": {"pinned_agent": "b"} if pinned_p else {}},
+        {"id": "l", "run": {"kind": "synthetic", "seconds": l_s, "ref_gflops": 1.0},
+         "deps": ["p"]},
+    ], priority=10, preemptible=True)  # fmt: skip
+
+
+def b_and_slower_c() -> dict[str, AgentConfig]:
+    """Agents "b" and "c", one slot each, c half as fast; starts not reported (60 s), and the
+    quick python task allowed."""
+
+    def dev(gflops: float) -> dict[str, Any]:
+        return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
+
+    quiet = {
+        "probe_cpu": False, "started_event_after_s": 60.0,
+        "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
+    }  # fmt: skip
+    return {
+        "b": agent_config("s", "edge", devices=[dev(1.0)], **quiet),
+        "c": agent_config("s", "edge", devices=[dev(0.5)], **quiet),
+    }
+
+
 @pytest.mark.parametrize("pinned", [True, False])
 async def test_an_evicted_task_already_running_keeps_running(nats_url: str, pinned: bool) -> None:
     """ "l" (fed by "p", both on b) is running, its start not reported yet, and "p"'s end has
@@ -613,30 +645,10 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str, pinn
     because b says it ran it; free to go, offered to c and taken there, because "l" started,
     so "p" had ended (before, it ran a second time on c)."""
 
-    def dev(gflops: float) -> dict[str, Any]:
-        return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
-
-    quiet = {
-        "probe_cpu": False, "started_event_after_s": 60.0,
-        "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
-    }  # fmt: skip
-    orch, agents = await start_cluster(
-        nats_url,
-        {
-            "b": agent_config("s", "edge", devices=[dev(1.0)], **quiet),
-            "c": agent_config("s", "edge", devices=[dev(0.5)], **quiet),  # l takes twice as long
-        },
-    )
+    orch, agents = await start_cluster(nats_url, b_and_slower_c())  # l takes twice as long on c
     ended, heard = hold_end(orch, "low", "p")
     try:
-        quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
-        low = spec("l", [
-            {"id": "p", "run": quick, "profile": {"est_seconds": 0.5},
-             "requires": {"pinned_agent": "b"} if pinned else {}},
-            {"id": "l", "run": {"kind": "synthetic", "seconds": 1.5, "ref_gflops": 1.0},
-             "deps": ["p"]},
-        ], priority=10, preemptible=True)  # fmt: skip
-        await orch.submit_spec(low, "low")
+        await orch.submit_spec(p_feeds_l(0.5, 1.5, pinned_p=pinned), "low")
         run = orch.pipelines["low"]
         assert run.placements["l"].device_id == run.placements["p"].device_id == "b:cpu0"
         token = run.tasks["l"].token
@@ -644,7 +656,7 @@ async def test_an_evicted_task_already_running_keeps_running(nats_url: str, pinn
         job = agents[0].core.jobs.get(("low", "l"))
         await orch.wait_for(lambda: job is not None and job.state == "running", 10.0)
         assert run.tasks["l"].state in ("offered", "accepted")  # as the owner knows it
-        high = spec("h", [{"id": "h", "run": quick, "profile": {"est_seconds": 1.0},
+        high = spec("h", [{"id": "h", "run": QUICK, "profile": {"est_seconds": 1.0},
                            "requires": {"pinned_agent": "b"}}], priority=500)  # fmt: skip
         await orch.submit_spec(high, "high")
         moved = "re-placed after eviction: l, p"  # p's window went too (it ran: kept)
@@ -681,29 +693,10 @@ async def test_a_producer_whose_place_a_round_took_runs_again_not_never(nats_url
     that could not come, until the stall watchdog (seen once in the long-task stress: 22 s).
     It stays where the round put it and runs there again."""
 
-    def dev(gflops: float) -> dict[str, Any]:
-        return {"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops, "emulated": True}
-
-    quiet = {
-        "probe_cpu": False, "started_event_after_s": 60.0,
-        "python_allow": ["edge_agent.builtin_tasks"], "allowed_kinds": ["synthetic", "python"],
-    }  # fmt: skip
-    orch, agents = await start_cluster(
-        nats_url,
-        {
-            "b": agent_config("s", "edge", devices=[dev(1.0)], **quiet),
-            "c": agent_config("s", "edge", devices=[dev(0.5)], **quiet),
-        },
-    )
+    orch, agents = await start_cluster(nats_url, b_and_slower_c())
     ended, heard = hold_end(orch, "low", "p")
     try:
-        quick = {"kind": "python", "entry": "edge_agent.builtin_tasks:checksum"}
-        low = spec("l", [
-            {"id": "p", "run": quick, "profile": {"est_seconds": 0.2}},
-            {"id": "l", "run": {"kind": "synthetic", "seconds": 3.0, "ref_gflops": 1.0},
-             "deps": ["p"]},
-        ], priority=10, preemptible=True)  # fmt: skip
-        await orch.submit_spec(low, "low")
+        await orch.submit_spec(p_feeds_l(0.2, 3.0), "low")
         run = orch.pipelines["low"]
         assert run.placements["l"].device_id == run.placements["p"].device_id == "b:cpu0"
         await asyncio.wait_for(ended.wait(), 10.0)
