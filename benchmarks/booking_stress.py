@@ -3,7 +3,7 @@ of every revision ever written to the reservation bucket.
 
     python -m benchmarks.booking_stress [--orchestrators 2] [--agents 50]
         [--submissions 10000] [--concurrency 64] [--seed 1] [--priorities same|mixed]
-        [--task-ms 1,5]
+        [--task-ms 1,5] [--kill-after S]
 
 1. An embedded nats-server. Before anything books, the KV bucket MARS_BOOKINGS (history 8) is
    created here, with a JetStream *mirror* of its backing stream `KV_MARS_BOOKINGS` that has no
@@ -23,7 +23,16 @@ of every revision ever written to the reservation bucket.
    Tasks longer than the agents' `started_event_after_s` (50 ms; `--task-ms 20,120`) report
    their start, and their owners make a started task's window non-preemptible while the
    other replica books: the audit covers those writes too.
-4. The services stop, and the mirror is read in order. Per key: (a) revisions (the stream
+   `--kill-after S` SIGKILLs orchestrator-0 S seconds into the load: the others adopt its
+   pipelines (their records) once its ownership leases lapse, and the client sends a submit
+   that got no answer again under the same id, as a client of a dead replica does (never
+   placed twice; a pipeline the dead replica claimed but never recorded is given up by its
+   adopter and placed anew). Every pipeline must still end.
+4. Once every pipeline has ended, with the services still up, the bucket is read until no
+   window in it is live: each is given back by its owner or, its owner dead and the pipeline
+   not adopted, expires with its lease. One still live `LEASE_S` + 5 s later is a lease
+   renewed for nothing (a leak), and fails the run; the report says how long it took.
+5. The services stop, and the mirror is read in order. Per key: (a) revisions (the stream
    sequence of each mirrored message, which a mirror keeps equal to the source's sequence, i.e.
    the KV revision) strictly increase; (b) no revision holds two windows that overlap on one slot
    among the windows still live at the write's own timestamp (`double_booked(windows, now=ts)`;
@@ -67,9 +76,11 @@ from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.procs import spawn, stop_all
 from orchestrator.reservations.book import double_booked
+from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET
+from orchestrator.service import LEASE_S
 from schemas import subjects
-from schemas.api import TERMINAL_STATES, StatusReply
+from schemas.api import TERMINAL_STATES, StatusReply, SubmitReply
 from schemas.bookings import DeviceBookings
 from schemas.codec import DecodeError, RemoteError, decode, encode
 from schemas.events import PipelineEvent
@@ -84,6 +95,14 @@ SENTINEL_KEY = "bench.mirror-ready"
 #: Waiting for the processes to come up, and for one pipeline to finish after its submit.
 READY_TIMEOUT_S = 60.0
 TERMINAL_TIMEOUT_S = 120.0
+#: `--kill-after`: how long a submit waits for its reply before it is sent again, how often,
+#: and the pause before asking again about an id a replica is placing.
+KILL_SUBMIT_TIMEOUT_S = 5.0
+MAX_RESUBMITS = 40
+RESUBMIT_PAUSE_S = 0.5
+#: After the load, how long every booked window may stay live: the booking lease (windows of
+#: a dead replica's pipelines that nobody adopted expire) and some.
+UNBOOKED_WITHIN_S = LEASE_S + 5.0
 #: How long a replica's persisted copy of a pipeline may lag its terminal event.
 STATUS_SETTLE_S = 10.0
 
@@ -99,6 +118,7 @@ class Services:
         self._logs: list[IO[bytes]] = []
         #: other processes whose CPU time is counted with the children's (not stopped here)
         self.watched: dict[str, int] = {}
+        self.killed: set[str] = set()
 
     def watch(self, name: str, pid: int) -> None:
         """Count `pid`'s CPU time too (the nats-server, the benchmark itself)."""
@@ -110,10 +130,15 @@ class Services:
         self.procs.append(spawn(args, log=fh, env=env))
         self.names.append(name)
 
+    def kill(self, name: str) -> None:
+        """SIGKILL a child (a replica that dies without a word); `check` expects it gone."""
+        self.procs[self.names.index(name)].kill()
+        self.killed.add(name)
+
     def check(self) -> None:
-        """Raise if a child has exited (they run until we stop them)."""
+        """Raise if a child has exited (they run until we stop them), unless it was killed."""
         for name, p in zip(self.names, self.procs, strict=True):
-            if p.poll() is not None:
+            if p.poll() is not None and name not in self.killed:
                 raise RuntimeError(
                     f"{name} exited with {p.returncode}; log tail:\n{self.tail(name)}"
                 )
@@ -312,6 +337,9 @@ class Outcome:
     priority: int = 100
     #: From the submit request to the pipeline's terminal event (nan: none seen).
     done_s: float = float("nan")
+    #: Submits sent again, with the same id, after one went unanswered or found the id being
+    #: placed by a replica (`--kill-after`: what a client does when a replica dies).
+    resubmits: int = 0
 
 
 def normalise_reason(reason: str) -> str:
@@ -327,12 +355,19 @@ class LoadResult:
     outcomes: list[Outcome]
     wall_s: float
     cpu_s: dict[str, float] = field(default_factory=dict)
+    #: After every pipeline ended: seconds until no booked window was live any more, and the
+    #: live windows left when the wait gave up (`wait_unbooked`).
+    unbooked_s: float = float("nan")
+    left_live: list[str] = field(default_factory=list)
+    #: When the killed replica was killed, seconds into the load (nan: none was).
+    killed_at_s: float = float("nan")
 
 
 async def run_load(
     client: Client,
     specs: list[tuple[str, PipelineSpec]],
     concurrency: int,
+    resubmit: bool = False,
 ) -> LoadResult:
     terminals = Terminals()
     await terminals.start(client.nc)
@@ -359,7 +394,7 @@ async def run_load(
         fut = terminals.expect(pid)
         t0 = time.perf_counter()
         try:
-            reply = await client.submit(spec, pipeline_id=pid)
+            reply = await submit(pid, spec, out)
             out.submit_s = time.perf_counter() - t0
             out.placed = len(reply.plan)
         except RemoteError as exc:
@@ -387,6 +422,23 @@ async def run_load(
         elif not out.reason:
             out.reason = "terminal event seen, but status never settled"
         return out
+
+    async def submit(pid: str, spec: PipelineSpec, out: Outcome) -> SubmitReply:
+        """The submit; with `resubmit`, sent again under the same id (never placed twice) while
+        unanswered (its replica died with it) or while the id is held by a replica placing it
+        (a dead one's claim lapses in seconds; adopted, or given up and placed anew)."""
+        while True:
+            try:
+                return await client.submit(spec, pipeline_id=pid)
+            except RemoteError as exc:
+                placing = exc.code == "conflict" and "is being placed by" in exc.envelope.message
+                if not (resubmit and placing and out.resubmits < MAX_RESUBMITS):
+                    raise
+                await asyncio.sleep(RESUBMIT_PAUSE_S)  # a client's back-off, not a wait on state
+            except (TimeoutError, nats.errors.Error):
+                if not (resubmit and out.resubmits < MAX_RESUBMITS):
+                    raise
+            out.resubmits += 1
 
     async def worker() -> None:
         for pid, spec in todo:
@@ -611,7 +663,9 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
         "sim-agents",
         ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"],
     )
-    client = await Client.connect(url, timeout=30.0)
+    kill = args.kill_after > 0
+    client = await Client.connect(url, timeout=KILL_SUBMIT_TIMEOUT_S if kill else 30.0)
+    killer: asyncio.Task[float] | None = None
     try:
         await wait_ready(client, services, args.orchestrators, args.agents)
         specs = make_specs(args.submissions, args.seed, args.priorities, args.task_ms)
@@ -620,19 +674,81 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
             f"{args.concurrency} in flight"
         )
         cpu0 = services.cpu_seconds()
-        result = await run_load(client, specs, args.concurrency)
+        if kill:
+            killer = asyncio.create_task(kill_later(services, args.kill_after))
+        result = await run_load(client, specs, args.concurrency, resubmit=kill)
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
+        if killer is not None:
+            result.killed_at_s = await killer if killer.done() else math.nan
+        services.check()
+        progress("every pipeline ended; waiting for no booked window to be live")
+        result.unbooked_s, result.left_live = await wait_unbooked(client, UNBOOKED_WITHIN_S)
         services.check()
         return result
     finally:
+        if killer is not None and not killer.done():
+            killer.cancel()
         await client.close()
+
+
+async def kill_later(services: Services, after_s: float) -> float:
+    """SIGKILL orchestrator-0 `after_s` into the load; returns when it did."""
+    t0 = time.perf_counter()
+    await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
+    services.kill("orchestrator-0")
+    progress(f"killed orchestrator-0 {time.perf_counter() - t0:.1f} s into the load")
+    return time.perf_counter() - t0
+
+
+async def wait_unbooked(client: Client, within_s: float) -> tuple[float, list[str]]:
+    """Every pipeline has ended: each window is given back by its owner, or, its owner dead
+    and the pipeline not adopted, expires with its lease. Seconds until the bucket holds no
+    live window, and those still live after `within_s` (a lease renewed for a pipeline that
+    has ended: a leak)."""
+    t0 = time.perf_counter()
+    js = client.nc.jetstream()
+    while True:
+        now = time.time()  # the booking clock is the wall clock
+        live = [
+            f"{k.key}: {w.pipeline_id}/{w.task_id} (expires in {w.expires - now:.1f} s)"
+            for k in await read_bookings(js) for w in k.windows if w.expires > now
+        ]  # fmt: skip
+        waited = time.perf_counter() - t0
+        if not live:
+            return waited, []
+        if waited > within_s:
+            return math.nan, live
+        await asyncio.sleep(0.25)  # polling the bucket: its values change by writes and by time
 
 
 def cpu_rows(load: LoadResult) -> list[list[object]]:
     return [
         [f"CPU {k} (s, % of one core)", f"{v:.1f} ({100 * v / load.wall_s:.0f}%)"]
         for k, v in sorted(load.cpu_s.items())
+    ]
+
+
+def kill_rows(
+    args: argparse.Namespace, load: LoadResult, statuses: list[StatusReply]
+) -> list[list[object]]:
+    """With `--kill-after`: when the replica died, the pipelines another adopted, and the
+    submits the client sent again."""
+    if args.kill_after <= 0:
+        return []
+    killed = load.killed_at_s
+    again = [o.resubmits for o in load.outcomes if o.resubmits]
+    return [
+        [
+            "orchestrator-0 SIGKILLed at (s into the load)",
+            f"{killed:.1f}" if killed == killed else "never (the load ended first)",
+        ],
+        ["pipelines adopted by another replica", logged(statuses, lambda x: "adopted by" in x)],
+        [
+            "  of those, answered but never recorded (placed anew)",
+            logged(statuses, lambda x: x.endswith("with no record: placed anew")),
+        ],
+        ["submits sent again (pipelines / sends)", f"{len(again)} / {sum(again)}"],
     ]
 
 
@@ -725,6 +841,11 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             logged(statuses, lambda x: x.startswith("windows gone")),
         ],
         ["pipelines with a status", len(statuses)],
+        *kill_rows(args, load, statuses),
+        [
+            "after the load: s until no booked window was live / windows still live (must be 0)",
+            f"{load.unbooked_s:.2f} / {len(load.left_live)}",
+        ],
         *priority_rows(args, outs),
         [
             "status stale right after terminal event",
@@ -788,7 +909,13 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         print(f"and {len(firm_lost)} evictions of windows made firm before, as in:")
         for line in firm_lost[0].placement_log[-40:]:
             print(f"  {line[:300]}")
-    bad = bad or bool(firm_lost)
+    if load.left_live:
+        print(f"\nwindows still live {UNBOOKED_WITHIN_S:.0f} s after every pipeline ended:")
+        for line in load.left_live[:20]:
+            print(f"  {line}")
+    if failed:
+        print(f"\n{len(failed)} pipelines did not succeed (every one must)")
+    bad = bad or bool(firm_lost) or bool(load.left_live) or bool(failed)
     return 1 if bad else 0
 
 
@@ -825,7 +952,17 @@ def main(argv: list[str] | None = None) -> int:
         help="each task sleeps a random time in this range, ms (default 1,5); tasks over the "
         "agents' 50 ms report their start, and a started task's window is made firm",
     )
+    ap.add_argument(
+        "--kill-after",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="SIGKILL orchestrator-0 S seconds into the load (0: never); the client then "
+        "sends unanswered submits again under the same id, as a client of a dead replica does",
+    )
     args = ap.parse_args(argv)
+    if args.kill_after > 0 and args.orchestrators < 2:
+        ap.error("--kill-after needs --orchestrators 2 or more (one must survive)")
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:
         ap.error("counts must be >= 1")
     t0 = time.perf_counter()

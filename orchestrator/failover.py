@@ -80,6 +80,13 @@ class Failover:
         self._seq: dict[str, int] = {}
         self._adoptions: dict[str, int] = {}
         self._spec_saved: set[str] = set()
+        #: A new pipeline's spec write, begun as its claim is won and awaited before its
+        #: reply (`save_spec`, `spec_saved`).
+        self._spec_writes: dict[str, asyncio.Future[None]] = {}
+        #: Pipelines adopted with no record: placed anew (answered, never recorded) or their
+        #: id freed (never answered).
+        self.placed_anew = 0
+        self.freed = 0
         #: Per live pipeline held here: when its spec, record and result chunks were last all
         #: written (monotonic), for `keep_fresh`.
         self._written: dict[str, float] = {}
@@ -155,6 +162,30 @@ class Failover:
         )
 
     # -- persistence ----------------------------------------------------------------------------
+    def save_spec(self, run: PipelineRun) -> None:
+        """Begin writing a new pipeline's spec, now its claim is ours: it is on the bucket
+        before the submit is answered (`spec_saved`), so a replica adopting the pipeline
+        before its first record knows it was answered and what to place (`_adopt`)."""
+        pid = run.pipeline_id
+        if pid not in self._spec_saved and pid not in self._spec_writes:
+            self._spec_writes[pid] = asyncio.ensure_future(self._save_spec(run))
+
+    async def _save_spec(self, run: PipelineRun) -> None:
+        pid = run.pipeline_id
+        try:
+            await self.runs.save_spec(pid, run.spec)
+        except Exception as exc:  # the first record's write tries again
+            log.warning("writing the spec of %s failed (written with its record): %r", pid, exc)
+            return
+        self._spec_saved.add(pid)
+        self._written.setdefault(pid, self.o.mono())
+
+    async def spec_saved(self, pid: str) -> None:
+        """The spec write `save_spec` began has ended (written, or left to the record's)."""
+        write = self._spec_writes.pop(pid, None)
+        if write is not None:
+            await write
+
     def progress(self, run: PipelineRun) -> None:
         """A finished task: persist the record at most once per PROGRESS_EVERY_S per pipeline.
 
@@ -432,8 +463,27 @@ class Failover:
             return  # another replica won the CAS
         found = await self.runs.record(pid)
         spec = await self.runs.spec(pid)
+        if found is None and spec is None:
+            # claimed, and its owner died before answering (a spec is written before every
+            # answer): nobody was told of it, and its id is freed for a submit to claim
+            # again (kept taken, every submit of it was refused as "being placed" for good)
+            log.warning("adopted %s, claimed by %s and never answered: id freed", pid, lease.owner)
+            self.freed += 1
+            await self.leases.free(pid)
+            async with o._changed:
+                o._changed.notify_all()
+            return
+        if found is None and spec is not None:
+            # answered (the spec is written first) and not recorded: nothing says where its
+            # tasks went or whether they were started; it is placed anew here, under the
+            # lease just taken (tasks its first owner started are refused, and go elsewhere)
+            self.placed_anew += 1
+            self._spec_saved.add(pid)
+            why = f"adopted by {o.owner} from {lease.owner} (epoch {epoch}) with no record: "
+            await o.place_anew(pid, spec, why + "placed anew")
+            return
         if found is None or spec is None:
-            log.warning("adopted %s but it has no resumable record; giving it up", pid)
+            log.warning("adopted %s but it has no spec; giving it up", pid)
             await self.leases.release(pid)
             return
         rec, rev = found

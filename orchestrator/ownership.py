@@ -18,7 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
 
 from orchestrator.kvwatch import follow
 from orchestrator.pipelines import PipelineRun, TaskRun
@@ -177,7 +182,7 @@ class Leases:
     async def read(self, pid: str) -> tuple[OwnerLease, int] | None:
         try:
             entry = await self.kv.get(pid)
-        except KeyNotFoundError:
+        except (KeyNotFoundError, KeyDeletedError):  # never claimed, or freed (`free`)
             return None
         try:
             return decode(entry.value, OwnerLease), int(entry.revision)
@@ -260,6 +265,15 @@ class Leases:
         done = OwnerLease(pipeline_id=pid, owner=self.owner[:256], expires=0.0, epoch=h.epoch)
         with contextlib.suppress(Exception):
             await self.kv.update(pid, encode(done), last=h.revision)
+
+    async def free(self, pid: str) -> None:
+        """Give the id up unowned (its lease deleted at the revision held): the next submit of
+        it claims it anew. For a pipeline nobody was told of (`Failover._adopt`)."""
+        h = self.held.pop(pid, None)
+        if h is None:
+            return
+        with contextlib.suppress(Exception):  # lost to a write since: that one decides
+            await self.kv.delete(pid, last=h.revision)
 
     def expired(self) -> list[tuple[str, OwnerLease, int]]:
         """Leases of others (or of a previous life of ours) past expiry plus grace."""

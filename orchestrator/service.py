@@ -630,22 +630,54 @@ class Orchestrator:
         claim = asyncio.ensure_future(self._own(run))
         await let_sends_out()
         try:
-            await self.placer.place(run, gate=claim)
+            return await self._place_new(run, claim, t_in, t0)
+        except OwnedElsewhere as other:
+            return other.reply  # lost the claim: nothing was booked or offered
+        finally:
+            await self.failover.spec_saved(pid)  # a write begun is never left behind
+
+    async def place_anew(self, pid: str, spec: PipelineSpec, why: str) -> None:
+        """Place a pipeline this replica has just taken over with no record of it (answered
+        by a replica that died before recording it), as a new submission under the lease
+        already held: `note` says why, a failure is the pipeline's end (recorded and
+        published, as a submission's)."""
+        t = time.perf_counter()
+        run = PipelineRun(pid, spec, self._now(), submitted_wall=self.wall(), owner=self.owner)
+        run.state = "placing"
+        run.note(why)
+        self._remember(run)
+        try:
+            await self._place_new(run, None, t, t, anew=True)
+        except ServiceError as exc:
+            log.warning("pipeline %s, placed anew, not placed: %s", pid, exc.message)
+
+    async def _place_new(
+        self,
+        run: PipelineRun,
+        claim: asyncio.Future[None] | None,
+        t_in: float,
+        t0: float,
+        anew: bool = False,
+    ) -> SubmitReply:
+        """Plan, book, offer and commit a new pipeline (`claim`: its ownership claim, awaited
+        before anything is booked; None: its lease is held already) and answer for it.
+        `anew`: a replica that died placed it before: each of its tasks is placed as moving
+        (the windows booked for it then are dropped from every key its new plan writes, and
+        not in its way), and offered under a token (replacing what is queued for it)."""
+        pid = run.pipeline_id
+        try:
+            await self.placer.place(run, only=set(run.tasks) if anew else None, gate=claim)
             failed: PlacementFailed | None = None
         except PlacementFailed as exc:
             failed = exc
-        except OwnedElsewhere as other:
-            return other.reply  # lost the claim at the gate: nothing was booked or offered
         except BaseException:
-            if not claim.done():
+            if claim is not None and not claim.done():
                 claim.cancel()
-            with contextlib.suppress(BaseException):
-                await claim
+                with contextlib.suppress(BaseException):
+                    await claim
             raise
-        try:
+        if claim is not None:
             await claim  # a plan can fail before the gate: whose pipeline is it?
-        except OwnedElsewhere as other:
-            return other.reply
         if failed is not None:
             unsched = isinstance(failed.__cause__, Unschedulable)
             # a pipeline that does not fit the fleet is the submitter's news (info); one lost
@@ -670,6 +702,9 @@ class Orchestrator:
         self._spawn(_after_reply(self._commit_all(run, set(run.tasks), unanswered=True)))
         await self._publish_pipeline(run)
         self._spawn(_after_reply(self.persist(run)))  # status falls back to memory meanwhile
+        # its spec is on the bucket before anyone is told of it (begun with the claim, long
+        # written by now): an adopter that finds no record places it anew (`Failover._adopt`)
+        await self.failover.spec_saved(pid)
         reply = self._submit_reply(run)
         if timing_log.isEnabledFor(logging.DEBUG):
             st = run.step_s
@@ -688,6 +723,7 @@ class Orchestrator:
         elsewhere = await self.failover.claim(run.pipeline_id, run.spec)
         if elsewhere is not None:
             raise OwnedElsewhere(elsewhere)
+        self.failover.save_spec(run)
         self._remember(run)
 
     async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:

@@ -23,7 +23,14 @@ from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.api import CancelRequest, StatusRequest
 from schemas.codec import decode
 from schemas.events import PipelineEvent
-from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, PipelineRecord, run_key
+from schemas.failover import (
+    OWNERS_BUCKET,
+    RUNS_BUCKET,
+    OwnerLease,
+    PipelineRecord,
+    run_key,
+    spec_key,
+)
 from schemas.rpc import ServiceError, settle
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
 
@@ -360,3 +367,80 @@ async def test_a_pipeline_that_ends_while_its_record_is_written_is_recorded_ende
     finally:
         gate.set()
         await stop_cluster(orch, agents)
+
+
+async def test_a_pipeline_answered_but_never_recorded_is_placed_anew_by_its_adopter(
+    nats_url: str,
+) -> None:
+    """Its owner answered the submit and died before its first record (and before its
+    commits went out): the spec is on the bucket before any answer, so the replica that
+    adopts the pipeline finds it with no record, knows it was answered, and places it anew.
+    Before, it was given up: a pipeline its client had been told was placed never ended."""
+    first, agents = await start_cluster(nats_url, configs())
+    second = Orchestrator(nats_url, name="second")
+    await second.start()
+    hold = asyncio.Event()
+    persist, commit = first.persist, first._commit_all
+
+    async def held_persist(run: PipelineRun) -> None:
+        await hold.wait()
+        await persist(run)
+
+    async def held_commit(run: PipelineRun, task_ids: set[str], **kw: Any) -> None:
+        await hold.wait()
+        await commit(run, task_ids, **kw)
+
+    first.persist = held_persist  # type: ignore[method-assign]
+    first._commit_all = held_commit  # type: ignore[method-assign]
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        spec = chain("anew", [0.2, 0.2])
+        reply = await first.submit_spec(spec, "anew-1")
+        assert reply.state == "running"
+        # answered: its spec was written before the answer, its record not
+        assert decode(await kv_value(nats_url, RUNS_BUCKET, spec_key("anew-1")), PipelineSpec) == (
+            spec
+        )
+        assert await first.failover.runs.record("anew-1") is None
+        first.failover.suspend()  # it dies here: nothing more from it
+        await second.wait_for(lambda: "anew-1" in second.pipelines, 20.0)
+        run = await second.wait_terminal("anew-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert second.failover.placed_anew == 1
+        assert any(x.endswith("with no record: placed anew") for x in run.placement_log)
+        ran_once(agents, "anew-1", spec)  # the first owner's commits never went out
+        rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("anew-1")), PipelineRecord)
+        assert rec.owner == "second" and rec.state == "succeeded"
+    finally:
+        hold.set()
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
+
+
+async def test_an_id_claimed_by_a_replica_that_died_before_answering_is_freed(
+    nats_url: str,
+) -> None:
+    """A replica claimed an id and died before writing anything else: nobody was told of the
+    pipeline. Its adopter frees the id, and the client's submit of it again is placed. Before,
+    the id stayed taken for good: every submit of it was refused, "being placed" by the dead."""
+    first, agents = await start_cluster(nats_url, configs())
+    second = Orchestrator(nats_url, name="second")
+    await second.start()
+    try:
+        await first.failover.leases.claim("lost-1")
+        first.failover.suspend()
+        with pytest.raises(ServiceError) as err:  # while its claim holds: ask again later
+            await second.submit_spec(chain("lost", [0.1]), "lost-1")
+        assert err.value.code == "conflict" and "being placed by" in err.value.message
+        await second.wait_for(lambda: second.failover.freed == 1, 20.0)
+        reply = await second.submit_spec(chain("lost", [0.1]), "lost-1")
+        assert reply.state == "running"
+        run = await second.wait_terminal("lost-1", 20.0)
+        assert run.state == "succeeded", run.reason
+        lease = decode(await kv_value(nats_url, OWNERS_BUCKET, "lost-1"), OwnerLease)
+        assert lease.owner == "second"
+    finally:
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)

@@ -139,8 +139,9 @@ async def test_a_first_round_conflict_withdraws_the_provisional_offer(nats_url: 
 async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: str) -> None:
     """Read off the wire by a second client (NATS keeps one publisher's order for each
     subscriber): the ownership claim, then the offers (an agent's answer is the longer round
-    trip), then the CAS bookings; the reply before the commits and the pipeline's record.
-    The client's submit and the offers travel as JSON."""
+    trip), then the CAS bookings; the reply before the commits and the pipeline's record, and
+    after its spec (begun once the claim is won: an adopter that finds the spec and no record
+    knows the pipeline was answered). The client's submit and the offers travel as JSON."""
     from orchestrator.client import Client
     from orchestrator.reservations.store import BUCKET
     from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET
@@ -157,7 +158,8 @@ async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: 
     kinds = {
         "claim": [f"$KV.{OWNERS_BUCKET}.>"], "offer": [subjects.offers("*"), subjects.offer("*")],
         "book": [f"$KV.{BUCKET}.>"], "commit": [subjects.commit("*")],
-        "record": [f"$KV.{RUNS_BUCKET}.>"], "reply": ["clientbox.>"], "submit": [subjects.SUBMIT],
+        "record": [f"$KV.{RUNS_BUCKET}.run.>"], "spec": [f"$KV.{RUNS_BUCKET}.spec.>"],
+        "reply": ["clientbox.>"], "submit": [subjects.SUBMIT],
     }  # fmt: skip
     try:
         for patterns in kinds.values():
@@ -187,6 +189,7 @@ async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: 
 
         assert first("submit") < first("claim") < first("offer") < first("book")
         assert first("reply") < first("commit") and first("reply") < first("record")
+        assert first("claim") < first("spec") < first("reply")
         json = "application/json"
         assert seen[first("submit")][1] == json and seen[first("offer")][1] == json
         assert seen[first("commit")][1] == json
