@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import uuid
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import nats.errors
@@ -58,6 +59,8 @@ PERSIST_RETRIES = 40
 KEEP_FRESH_SHARE = 1 / 3
 #: ... looked for this often (or more often under a short `--keep-hours`: `keep_fresh_every`).
 KEEP_FRESH_CHECK_S = 60.0
+#: Dead owners remembered as swept (`Failover._give_back_ended`), at most.
+MAX_SWEPT = 256
 
 
 class Failover:
@@ -111,6 +114,8 @@ class Failover:
         self._finished: dict[str, None] = {}
         self._loop: asyncio.Task[Any] | None = None
         self.adopted = 0
+        #: Dead owners whose ended pipelines' windows were looked for (`_give_back_ended`).
+        self._swept: dict[str, None] = {}
         self.lost = 0
         self.fenced_writes = 0
         #: Resumable records written (the progress ones rate-limited per pipeline).
@@ -461,6 +466,11 @@ class Failover:
         epoch = await self.leases.take(pid, lease, revision)
         if epoch is None:
             return  # another replica won the CAS
+        if lease.owner not in self._swept and lease.owner != o.owner:
+            self._swept[lease.owner] = None
+            while len(self._swept) > MAX_SWEPT:
+                self._swept.pop(next(iter(self._swept)))
+            o._spawn(self._give_back_ended(lease.owner))
         found = await self.runs.record(pid)
         spec = await self.runs.spec(pid)
         if found is None and spec is None:
@@ -470,6 +480,7 @@ class Failover:
             log.warning("adopted %s, claimed by %s and never answered: id freed", pid, lease.owner)
             self.freed += 1
             await self.leases.free(pid)
+            self.give_back_strays(pid, keep=())  # what it booked is nobody's
             async with o._changed:
                 o._changed.notify_all()
             return
@@ -481,6 +492,9 @@ class Failover:
             self._spec_saved.add(pid)
             why = f"adopted by {o.owner} from {lease.owner} (epoch {epoch}) with no record: "
             await o.place_anew(pid, spec, why + "placed anew")
+            run = o.pipelines.get(pid)
+            if run is not None and not run.terminal:  # (a pipeline that ended gave all back)
+                self.give_back_strays(pid, keep=run.devices())
             return
         if found is None or spec is None:
             log.warning("adopted %s but it has no spec; giving it up", pid)
@@ -501,11 +515,46 @@ class Failover:
         n = await self.replay(run)
         log.info("adopted pipeline %s from %s (epoch %d, %d events)", pid, lease.owner, epoch, n)
         await self._renew_bookings(run)
+        self.give_back_strays(pid, keep=run.devices())
         if not run.terminal:
             await self.replace_lost(run)
             await o.persist(run)
         async with o._changed:
             o._changed.notify_all()
+
+    async def _give_back_ended(self, owner: str) -> None:
+        """A dead owner's windows of pipelines that have ended (their lease kept as done) or
+        that nobody holds (an id freed): it gave such windows back lazily, with a key's next
+        write or a moment later, and what it had not written yet died with it. They go now,
+        not when their lease runs out. Its live pipelines' windows stay: their adopters keep
+        them. Once per dead owner, on its first pipeline adopted here."""
+        o = self.o
+        pids = sorted({
+            w.pipeline_id for cur in list(o.store.cache.values()) for w in cur.book.windows
+            if w.owner == owner
+        })  # fmt: skip
+        for pid in pids:
+            run = o.pipelines.get(pid)
+            if run is not None and not run.terminal:
+                continue  # ours now
+            try:
+                got = await self.leases.read(pid)
+            except Exception as exc:
+                log.debug("reading the lease of %s failed: %r", pid, exc)
+                continue
+            if got is None or got[0].expires <= 0.0:  # freed, or ended
+                self.give_back_strays(pid, keep=())
+
+    def give_back_strays(self, pid: str, keep: Collection[str]) -> None:
+        """A pipeline changing hands: its windows on keys of devices other than `keep`'s
+        (scheduler ids) are no placement's (booked by the dead owner in a round it never
+        finished, or left by an earlier placement not given back yet) and go now, not when
+        the dead owner's lease on them runs out (up to `Orchestrator.lease_s`)."""
+        o = self.o
+        mine = {device_key_of(d) for d in keep}
+        for key in o.store.keys_holding(pid):
+            if key not in mine:
+                o.store.defer_release(key, pid, o.wall())
 
     async def _renew_bookings(self, run: PipelineRun) -> None:
         """The dead owner's last renewal may be old: extend the windows at once."""

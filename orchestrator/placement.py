@@ -149,6 +149,8 @@ class Placer:
         }  # fmt: skip
         clock = time.perf_counter
         for rnd in range(MAX_ROUNDS):
+            if only is not None and run.terminal:
+                raise PlacementFailed(f"the pipeline has ended ({run.state})", {})
             now = o.wall()
             eff = effective_priority(spec.priority, run.submitted_wall, now)
             async with self._booking:
@@ -267,6 +269,13 @@ class Placer:
                     who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))
                     run.note(f"round {rnd}: conflict on {r.key} with {who}; re-planning")
                     reasons[f"conflict@{r.key}"] = f"round {rnd}: lost to {who}"[:2048]
+            if only is not None and run.terminal:
+                # it ended while this round booked (its last task's end heard meanwhile: the
+                # end gave back what it held then, not this): nothing is offered, and what
+                # was booked goes back now, not when its lease runs out
+                for key in sorted(r.key for r in results if r.ok):
+                    o.store.defer_release(key, run.pipeline_id, o.wall())
+                raise PlacementFailed(f"the pipeline ended while placed ({run.state})", {})
             # 2. offer every new placement to its agent (admission), unless already offered
             t_offer = clock()
             if offered is None:

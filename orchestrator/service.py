@@ -953,7 +953,10 @@ class Orchestrator:
         """A terminal pipeline gives its reservations back at once (written with each key's
         next booking, or alone soon after: `BookingStore.defer_release`)."""
         now = self.wall()
-        for key in sorted({device_key_of(d) for d in run.devices()}):
+        # where its tasks are, and every window this replica booked for it (a re-placement
+        # under way may have booked one its placements do not show yet)
+        keys = {device_key_of(d) for d in run.devices()} | {k for k, _, _ in run.windows.values()}
+        for key in sorted(keys):
             self.store.defer_release(key, run.pipeline_id, now)
         self.displaced.forget(run.pipeline_id)
         await self.persist(run)

@@ -640,6 +640,14 @@ class BookingStore:
         self.stats.evictions += len(res.evicted)
         return BookResult(True, key, rev, evicted=res.evicted, cas_retries=retries)
 
+    def keys_holding(self, pipeline_id: str) -> list[str]:
+        """Keys whose cached value holds a window of `pipeline_id` (a walk over every
+        window: for a pipeline changing hands, not for a placement)."""
+        return sorted(
+            key for key, cur in self.cache.items()
+            if any(w.pipeline_id == pipeline_id for w in cur.book.windows)
+        )  # fmt: skip
+
     def stale_keys(self, now: float, live: Collection[str]) -> list[str]:
         """Keys whose every window has expired, with no release of this replica's waiting,
         of devices not in `live` (scheduler ids): what a departed device leaves behind."""

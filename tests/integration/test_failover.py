@@ -18,9 +18,11 @@ from orchestrator import procs
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun
+from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.api import CancelRequest, StatusRequest
+from schemas.bookings import BookingWindow
 from schemas.codec import decode
 from schemas.events import PipelineEvent
 from schemas.failover import (
@@ -423,17 +425,41 @@ async def test_an_id_claimed_by_a_replica_that_died_before_answering_is_freed(
 ) -> None:
     """A replica claimed an id and died before writing anything else: nobody was told of the
     pipeline. Its adopter frees the id, and the client's submit of it again is placed. Before,
-    the id stayed taken for good: every submit of it was refused, "being placed" by the dead."""
+    the id stayed taken for good: every submit of it was refused, "being placed" by the dead.
+    The window it had booked for it goes at once, and so does one of a pipeline it had ended
+    (its release not written yet): before, both held their device until their lease ran out."""
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
     await second.start()
     try:
         await first.failover.leases.claim("lost-1")
+        # and booked a window for it, lasting a minute unless given back
+        key, now = device_key("ag0", "cpu0"), first.wall()
+        window = BookingWindow(
+            pipeline_id="lost-1", task_id="t0", slot=0, start=now + 30, end=now + 31,
+            expires=now + 60, owner=first.owner,
+        )  # fmt: skip
+        assert (await first.store.book(key, [window], now)).ok
+        # and ended "done-1" there, its window's release not written yet when it died
+        await first.failover.leases.claim("done-1")
+        await first.failover.leases.release("done-1")  # the lease kept as done
+        ended = window.model_copy(update={"pipeline_id": "done-1", "start": now + 40,
+                                          "end": now + 41})  # fmt: skip
+        assert (await first.store.book(key, [ended], now)).ok
         first.failover.suspend()
         with pytest.raises(ServiceError) as err:  # while its claim holds: ask again later
             await second.submit_spec(chain("lost", [0.1]), "lost-1")
         assert err.value.code == "conflict" and "being placed by" in err.value.message
         await second.wait_for(lambda: second.failover.freed == 1, 20.0)
+
+        def stray() -> bool:
+            cur = second.store.cache.get(key)
+            return cur is not None and any(
+                w.pipeline_id in ("lost-1", "done-1") for w in cur.book.windows
+            )
+
+        # its window goes with it, and the ended pipeline's too, now (not in a minute)
+        await second.store.wait_until(lambda: not stray(), 5.0)
         reply = await second.submit_spec(chain("lost", [0.1]), "lost-1")
         assert reply.state == "running"
         run = await second.wait_terminal("lost-1", 20.0)

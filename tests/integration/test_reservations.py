@@ -16,6 +16,7 @@ import pytest
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
 from orchestrator.client import Client
+from orchestrator.placement import PlacementFailed
 from orchestrator.report import bookings_table
 from orchestrator.reservations.book import double_booked
 from orchestrator.reservations.listing import read_bookings
@@ -725,6 +726,43 @@ async def test_a_producer_whose_place_a_round_took_runs_again_not_never(nats_url
         assert [x[1] for x in agents[1].log if x[0] == "low"] == ["p"]  # run again on c
     finally:
         heard.set()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_re_placement_the_pipeline_ends_under_gives_back_what_it_booked(
+    nats_url: str,
+) -> None:
+    """A re-placement of "t" (to the agent it is not on) books after the pipeline has ended
+    (its end heard while the round waited): it offers nothing, and what it booked goes back
+    at once. Before, the round went on, offered "t" to the other agent (which ran it again)
+    and its window stayed on that key until its lease ran out (found by the stress with a
+    replica killed: windows live 15 s after the last pipeline ended)."""
+    one = {"cpu_slots": 1}
+    orch, agents = await start_cluster(
+        nats_url, {"b": agent_config("s", "edge", **one), "c": agent_config("s", "edge", **one)}
+    )
+    try:
+        await orch.submit_spec(spec("p", [sleep_task("t", 0.2)]), "p1")
+        run = orch.pipelines["p1"]
+        here = run.placements["t"].device_id
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        placing = asyncio.ensure_future(
+            orch.placer.place(run, only={"t"}, exclude={("t", here)}, gate=gate)
+        )
+        await orch.wait_terminal("p1", 10.0)  # it ends while the round waits to book
+        gate.set_result(None)
+        with pytest.raises(PlacementFailed, match="ended while placed"):
+            await placing
+
+        def booked() -> bool:
+            return any(
+                w.pipeline_id == "p1" for cur in orch.store.cache.values() for w in cur.book.windows
+            )
+
+        await orch.store.wait_until(lambda: not booked(), 5.0)
+        assert all(("p1", "t") not in a.core.jobs for a in agents)  # nothing offered
+        assert run.state == "succeeded" and run.placements["t"].device_id == here
+    finally:
         await stop_cluster(orch, agents)
 
 
