@@ -119,16 +119,33 @@ class Services:
         #: other processes whose CPU time is counted with the children's (not stopped here)
         self.watched: dict[str, int] = {}
         self.killed: set[str] = set()
+        self._args: dict[str, tuple[list[str], dict[str, str] | None]] = {}
+        #: CPU seconds of a child's earlier lives (`restart`), added to its count.
+        self.cpu_before: dict[str, float] = {}
 
     def watch(self, name: str, pid: int) -> None:
         """Count `pid`'s CPU time too (the nats-server, the benchmark itself)."""
         self.watched[name] = pid
 
     def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> None:
-        fh = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 (closed in stop())
+        fh = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop())
         self._logs.append(fh)
         self.procs.append(spawn(args, log=fh, env=env))
         self.names.append(name)
+        self._args[name] = (list(args), env)
+
+    def restart(self, name: str) -> None:
+        """SIGKILL a child and start it again with the same arguments (a host that lost
+        power and came back: the same agent ids, each with a new incarnation)."""
+        i = self.names.index(name)
+        used = self.cpu_seconds().get(name, 0.0)  # its life so far, counted on
+        self.procs[i].kill()
+        self.procs[i].wait()
+        self.cpu_before[name] = used
+        args, env = self._args[name]
+        fh = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop())
+        self._logs.append(fh)
+        self.procs[i] = spawn(args, log=fh, env=env)
 
     def kill(self, name: str) -> None:
         """SIGKILL a child (a replica that dies without a word); `check` expects it gone."""
@@ -151,7 +168,7 @@ class Services:
         for name, pid in pids:
             with contextlib.suppress(psutil.Error):
                 t = psutil.Process(pid).cpu_times()
-                out[name] = t.user + t.system
+                out[name] = self.cpu_before.get(name, 0.0) + t.user + t.system
         return out
 
     def tail(self, name: str, n: int = 2000) -> str:
@@ -676,6 +693,10 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
         cpu0 = services.cpu_seconds()
         if kill:
             killer = asyncio.create_task(kill_later(services, args.kill_after))
+        elif args.restart_agents_after > 0:
+            killer = asyncio.create_task(
+                kill_later(services, args.restart_agents_after, restart="sim-agents")
+            )
         result = await run_load(client, specs, args.concurrency, resubmit=kill)
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
@@ -692,12 +713,17 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
         await client.close()
 
 
-async def kill_later(services: Services, after_s: float) -> float:
-    """SIGKILL orchestrator-0 `after_s` into the load; returns when it did."""
+async def kill_later(services: Services, after_s: float, restart: str | None = None) -> float:
+    """SIGKILL orchestrator-0 `after_s` into the load (`restart`: that child instead, started
+    again at once); returns when it did."""
     t0 = time.perf_counter()
     await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
-    services.kill("orchestrator-0")
-    progress(f"killed orchestrator-0 {time.perf_counter() - t0:.1f} s into the load")
+    if restart is None:
+        services.kill("orchestrator-0")
+        progress(f"killed orchestrator-0 {time.perf_counter() - t0:.1f} s into the load")
+    else:
+        services.restart(restart)
+        progress(f"killed and restarted {restart} {time.perf_counter() - t0:.1f} s into the load")
     return time.perf_counter() - t0
 
 
@@ -749,6 +775,27 @@ def kill_rows(
             logged(statuses, lambda x: x.endswith("with no record: placed anew")),
         ],
         ["submits sent again (pipelines / sends)", f"{len(again)} / {sum(again)}"],
+    ]
+
+
+def restart_rows(
+    args: argparse.Namespace, load: LoadResult, statuses: list[StatusReply]
+) -> list[list[object]]:
+    """With `--restart-agents-after`: when the fleet went, and what recovery noted."""
+    if args.restart_agents_after <= 0:
+        return []
+    at = load.killed_at_s
+    return [
+        [
+            "agents' process SIGKILLed and restarted at (s into the load)",
+            f"{at:.1f}" if at == at else "never (the load ended first)",
+        ],
+        ["pipelines told of a suspected partition", logged(statuses, lambda x: "partition" in x)],
+        [
+            "recovery re-placements (log lines)",
+            logged(statuses, lambda x: ": re-placed " in x or "(outputs lost)" in x),
+        ],
+        ["recoveries that could not place at once", logged(statuses, lambda x: "cannot re" in x)],
     ]
 
 
@@ -842,6 +889,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ],
         ["pipelines with a status", len(statuses)],
         *kill_rows(args, load, statuses),
+        *restart_rows(args, load, statuses),
         [
             "after the load: s until no booked window was live / windows still live (must be 0)",
             f"{load.unbooked_s:.2f} / {len(load.left_live)}",
@@ -951,6 +999,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="LO,HI",
         help="each task sleeps a random time in this range, ms (default 1,5); tasks over the "
         "agents' 50 ms report their start, and a started task's window is made firm",
+    )
+    ap.add_argument(
+        "--restart-agents-after",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="SIGKILL the emulated agents' process S seconds into the load and start it again "
+        "at once (every agent back under a new incarnation; 0: never)",
     )
     ap.add_argument(
         "--kill-after",

@@ -17,9 +17,9 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import nats
 from nats.aio.msg import Msg
@@ -66,12 +66,24 @@ STUCK_RETRY_S = 5.0
 STUCK_TIMEOUT_S = 300.0
 
 
+#: What a re-placement re-places, and so how it is retried: the unfinished tasks of agents
+#: gone ("gone"), every task its agent gave up ("cancelled"), tasks starved of inputs
+#: ("starved"), finished producers whose outputs are lost ("lost").
+StuckKind = Literal["gone", "cancelled", "starved", "lost"]
+
+
 @dataclass
 class Stuck:
-    cancelled: bool
+    """A pipeline's re-placement that found no capacity, retried as the kind it is. One per
+    pipeline and kind: a second of the same kind adds to it (the agents gone, the tasks), it
+    does not replace it (two dead agents' tasks, both waiting for room)."""
+
+    kind: StuckKind
     gone: set[str]
     why: str
-    incarnation: str | None
+    #: The dead incarnation of each agent in `gone` where known: one that comes back under it
+    #: (a partition healed) still holds its tasks, and leaves `gone`.
+    incarnations: dict[str, str]
     since: float
     tried: float
     #: A starved re-placement's tasks (`Recovery.rerun_starved`), or producers to run again
@@ -112,7 +124,7 @@ class Recovery:
         #: agent -> (server, client id) of its newest connection, from CONNECT advisories.
         self._conns: dict[str, tuple[str, int]] = {}
         #: Pipelines whose re-placement found no capacity, retried every STUCK_RETRY_S.
-        self._stuck: dict[str, Stuck] = {}
+        self._stuck: dict[tuple[str, StuckKind], Stuck] = {}
         self.stuck_timeout_s = STUCK_TIMEOUT_S
         #: agent -> incarnations superseded by a newer one (a zombie behind a healed partition
         #: must not take the agent id back).
@@ -291,7 +303,10 @@ class Recovery:
         why = f"agent {rec.agent_id} dead ({rec.cause})"
         self.o._spawn(self._release_agent(rec.agent_id, runs))
         await asyncio.gather(
-            *(self._recover_run(r, None, {rec.agent_id}, why, rec.incarnation) for r in runs)
+            *(
+                self._recover_run(r, None, {rec.agent_id}, why, {rec.agent_id: rec.incarnation})
+                for r in runs
+            )
         )
 
     async def _release_agent(self, agent_id: str, runs: list[PipelineRun]) -> None:
@@ -329,7 +344,7 @@ class Recovery:
         seeds: set[str] | None,
         gone: set[str],
         why: str,
-        incarnation: str | None = None,
+        incarnations: Mapping[str, str] | None = None,
         starved: set[str] | None = None,
         lost: set[str] | None = None,
         still: Callable[[], bool] | None = None,
@@ -341,9 +356,16 @@ class Recovery:
         When nothing can take them, the tasks stay where they were (an agent that comes back,
         or a new incarnation replaying its journal, may still finish them) and the attempt is
         repeated now and then."""
+        kind: StuckKind = (
+            "starved" if starved is not None
+            else "lost" if lost is not None
+            else "gone" if seeds is None
+            else "cancelled"
+        )  # fmt: skip
         async with self.lock(run.pipeline_id):
             if run.terminal or not self.o.failover.may_act(run.pipeline_id):
-                self._stuck.pop(run.pipeline_id, None)
+                for k in [k for k in self._stuck if k[0] == run.pipeline_id]:
+                    del self._stuck[k]
                 return  # finished, or another replica owns it now
             if still is not None and not still():
                 return  # what asked for it is out of date (a re-placement came first)
@@ -372,7 +394,7 @@ class Recovery:
             else:
                 redo = await self._closure(run, seeds, gone)
             if not redo:
-                self._stuck.pop(run.pipeline_id, None)
+                self._stuck.pop((run.pipeline_id, kind), None)
                 return
             exclude = self.o.view.only_on({c: run.placements[c].device_id for c in waiting})
             saved = {
@@ -390,14 +412,15 @@ class Recovery:
                     tr = run.tasks[t]
                     tr.state, tr.agent_id, tr.token = state, agent, token
                 self._wait_for_capacity(
-                    run, redo, seeds is not None, gone, why, incarnation, exc,
+                    run, redo, kind, gone, why, dict(incarnations or {}), exc,
                     frozenset(starved) if starved is not None else None,
                     frozenset(lost) if lost is not None else None,
                 )  # fmt: skip
             else:
-                self._stuck.pop(run.pipeline_id, None)
-                if incarnation is not None:
-                    for agent in gone:
+                self._stuck.pop((run.pipeline_id, kind), None)
+                for agent in gone:
+                    incarnation = (incarnations or {}).get(agent)
+                    if incarnation is not None:
                         moved = self.moved.setdefault((agent, incarnation), {})
                         moved.setdefault(run.pipeline_id, set()).update(
                             t for t, (_, a, _) in saved.items() if a == agent
@@ -461,20 +484,28 @@ class Recovery:
         self,
         run: PipelineRun,
         redo: set[str],
-        cancelled: bool,
+        kind: StuckKind,
         gone: set[str],
         why: str,
-        incarnation: str | None,
+        incarnations: dict[str, str],
         exc: Exception,
         starved: frozenset[str] | None = None,
         lost: frozenset[str] | None = None,
     ) -> None:
         now = self.o.mono()
-        first = self._stuck.get(run.pipeline_id)
+        key = (run.pipeline_id, kind)
+        first = self._stuck.get(key)
+        if first is not None:  # what waited already waits on, with this
+            gone = first.gone | gone
+            incarnations = {**first.incarnations, **incarnations}
+            if first.starved is not None and starved is not None:
+                starved = first.starved | starved
+            if first.lost is not None and lost is not None:
+                lost = first.lost | lost
+            if first.why != why and why not in first.why:
+                why = f"{first.why}; {why}"[:2048]
         since = first.since if first is not None else now
-        self._stuck[run.pipeline_id] = Stuck(
-            cancelled, gone, why, incarnation, since, now, starved, lost
-        )
+        self._stuck[key] = Stuck(kind, gone, why, incarnations, since, now, starved, lost)
         if first is None:
             run.note(
                 f"{why}: cannot re-place {', '.join(sorted(redo))} now "
@@ -484,37 +515,44 @@ class Recovery:
         self._wake.set()
 
     def _still_gone(self, st: Stuck) -> bool:
-        if st.incarnation is None:
-            return True
-        for agent in st.gone:
+        """Whether the re-placement still has something to do: an agent gone that came back
+        under the incarnation that died (a partition healed) holds its tasks again, and
+        leaves `gone`; a "gone" re-placement with none left is over."""
+        for agent, inc in list(st.incarnations.items()):
             m = self.health.members.get(agent)
-            if m is not None and m.incarnation == st.incarnation and m.state != "dead":
-                return False  # it came back: its tasks are fine where they are
-        return True
+            if m is not None and m.incarnation == inc and m.state != "dead":
+                st.gone.discard(agent)
+                del st.incarnations[agent]
+        return st.kind != "gone" or bool(st.gone)
 
     def _retry_stuck(self, now: float) -> float:
         """Retry re-placements that found no capacity; returns when the next one is due."""
         due = math.inf
-        for pid, st in list(self._stuck.items()):
-            run = self.o.pipelines.get(pid)
+        for key, st in list(self._stuck.items()):
+            run = self.o.pipelines.get(key[0])
             if run is None or run.terminal or not self._still_gone(st):
-                del self._stuck[pid]
+                del self._stuck[key]
                 continue
             if now - st.since > self.stuck_timeout_s:
-                del self._stuck[pid]
+                del self._stuck[key]
                 why = f"{st.why}; no agent could take its tasks for {self.stuck_timeout_s:.0f} s"
                 self.o._spawn(self._fail(run, why))
                 continue
             at = st.tried + STUCK_RETRY_S
             if now >= at:
                 st.tried = now
+                # as the kind it is (a dead agent's retried as "every task its agent gave up"
+                # found none and re-placed nothing: the pipeline never ended)
                 if st.starved is not None:  # its tasks are not cancelled: name them again
                     self.o._spawn(self.rerun_starved(run, set(st.starved)))
                 elif st.lost is not None:
                     self.o._spawn(self.rerun_lost(run, set(st.lost), st.why))
+                elif st.kind == "cancelled":
+                    self.o._spawn(self._recover_run(run, set(), set(st.gone), st.why))
                 else:
-                    seeds: set[str] | None = set() if st.cancelled else None
-                    self.o._spawn(self._recover_run(run, seeds, st.gone, st.why, st.incarnation))
+                    self.o._spawn(
+                        self._recover_run(run, None, set(st.gone), st.why, dict(st.incarnations))
+                    )
                 at = now + STUCK_RETRY_S
             due = min(due, at)
         return due

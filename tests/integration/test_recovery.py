@@ -16,6 +16,7 @@ import pytest
 import yaml
 from nats.aio.msg import Msg
 
+from orchestrator import recovery
 from orchestrator.pipelines import PipelineRun
 from orchestrator.procs import spawn
 from orchestrator.results import revisions
@@ -285,3 +286,60 @@ async def test_task_the_agent_cancels_itself_is_placed_again(nats_url: str) -> N
         assert any("cancelled" in line and "itself" in line for line in run.placement_log)
     finally:
         await stop_cluster(orch, agents)
+
+
+async def test_two_dead_agents_tasks_wait_for_room_and_are_placed_when_it_comes(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both agents running a pipeline die (kill -9) and no other is up: each death's
+    re-placement finds no room and waits. When an agent joins, the retry re-places the tasks
+    of both. Before, the second wait replaced the first (one per pipeline: the first agent's
+    tasks were never placed again), and a retry looked for tasks their agents had given up
+    instead of the dead agents' unfinished ones, and re-placed nothing: the pipeline never
+    ended (found by `booking_stress --restart-agents-after`: 5 of 3,000 pipelines)."""
+    monkeypatch.setattr(recovery, "STUCK_RETRY_S", 0.2)
+    orch = Orchestrator(nats_url, name="orch")
+    await orch.start()
+    one_slot = [device(200.0, 1)]
+    procs = {a: start_victim(nats_url, tmp_path, a, devices=one_slot) for a in ("v1", "v2")}
+    late: subprocess.Popen[bytes] | None = None
+    try:
+        assert await orch.wait_for_agents(2, timeout=30.0) == 2
+        syn = {"kind": "synthetic", "seconds": 2.0, "ref_gflops": 200.0}
+        spec = PipelineSpec.model_validate(
+            {"name": "two", "tasks": [{"id": "x", "run": syn}, {"id": "y", "run": syn}]}
+        )
+        await orch.submit_spec(spec, "two")
+        run = orch.pipelines["two"]
+        assert {tr.agent_id for tr in run.tasks.values()} == {"v1", "v2"}
+        # running (the stall watchdog moves tasks that never started; not these)
+        await orch.wait_for(
+            lambda: all(tr.state == "started" for tr in run.tasks.values()), timeout=10.0
+        )
+        # both dead before either death's re-placement looks for room
+        async with orch.recovery.lock("two"):
+            for p in procs.values():
+                os.kill(p.pid, signal.SIGKILL)
+            async with asyncio.timeout(10.0):  # each verdict sets cluster_changed
+                while True:
+                    orch.cluster_changed.clear()
+                    if all(orch.recovery.health.is_dead(a) for a in procs):
+                        break
+                    await orch.cluster_changed.wait()
+        await orch.wait_for(
+            lambda: sum("cannot re-place" in x for x in run.placement_log) == 1, timeout=10.0
+        )
+        assert len(orch.recovery._stuck) == 1  # one wait, for both agents' tasks
+        [stuck] = orch.recovery._stuck.values()
+        assert stuck.kind == "gone" and stuck.gone == {"v1", "v2"}
+        late = start_victim(nats_url, tmp_path, "v3", devices=[device(200.0, 2)])
+        done = await orch.wait_terminal("two", timeout=15.0)
+        assert done.state == "succeeded", done.reason
+        assert {tr.agent_id for tr in done.tasks.values()} == {"v3"}
+        assert not orch.recovery._stuck
+    finally:
+        for p in [*procs.values(), *([late] if late is not None else [])]:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        await orch.stop()
