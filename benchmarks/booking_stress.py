@@ -442,14 +442,16 @@ async def run_load(
 
     async def submit(pid: str, spec: PipelineSpec, out: Outcome) -> SubmitReply:
         """The submit; with `resubmit`, sent again under the same id (never placed twice) while
-        unanswered (its replica died with it) or while the id is held by a replica placing it
-        (a dead one's claim lapses in seconds; adopted, or given up and placed anew)."""
+        unanswered (its replica died with it), while the id is held by a replica placing it
+        (a dead one's claim lapses in seconds; adopted, or given up and placed anew), or while
+        the service is unavailable (no agent up: the fleet restarting)."""
         while True:
             try:
                 return await client.submit(spec, pipeline_id=pid)
             except RemoteError as exc:
                 placing = exc.code == "conflict" and "is being placed by" in exc.envelope.message
-                if not (resubmit and placing and out.resubmits < MAX_RESUBMITS):
+                later = placing or exc.code == "unavailable"  # e.g. no agent up: ask again
+                if not (resubmit and later and out.resubmits < MAX_RESUBMITS):
                     raise
                 await asyncio.sleep(RESUBMIT_PAUSE_S)  # a client's back-off, not a wait on state
             except (TimeoutError, nats.errors.Error):
@@ -697,7 +699,9 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
             killer = asyncio.create_task(
                 kill_later(services, args.restart_agents_after, restart="sim-agents")
             )
-        result = await run_load(client, specs, args.concurrency, resubmit=kill)
+        result = await run_load(
+            client, specs, args.concurrency, resubmit=kill or args.restart_agents_after > 0
+        )
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
         if killer is not None:

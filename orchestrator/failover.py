@@ -35,6 +35,7 @@ from schemas.api import (
     StatusRequest,
     SubmitReply,
 )
+from schemas.failover import spec_key
 from schemas.pipeline import PipelineSpec
 from schemas.rpc import ServiceError
 
@@ -190,6 +191,17 @@ class Failover:
         write = self._spec_writes.pop(pid, None)
         if write is not None:
             await write
+
+    async def forget_unplaced(self, pid: str) -> None:
+        """A new pipeline refused before anything was booked or offered, its id left free:
+        its spec is deleted, then its lease (a submit that claims the id next writes its
+        own spec, which may differ)."""
+        await self.spec_saved(pid)
+        self._spec_saved.discard(pid)
+        self._written.pop(pid, None)
+        with contextlib.suppress(Exception):
+            await self.runs.kv.delete(spec_key(pid))
+        await self.leases.free(pid)
 
     def progress(self, run: PipelineRun) -> None:
         """A finished task: persist the record at most once per PROGRESS_EVERY_S per pipeline.

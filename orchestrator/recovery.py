@@ -394,7 +394,7 @@ class Recovery:
             else:
                 redo = await self._closure(run, seeds, gone)
             if not redo:
-                self._stuck.pop((run.pipeline_id, kind), None)
+                self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
                 return
             exclude = self.o.view.only_on({c: run.placements[c].device_id for c in waiting})
             saved = {
@@ -417,7 +417,7 @@ class Recovery:
                     frozenset(lost) if lost is not None else None,
                 )  # fmt: skip
             else:
-                self._stuck.pop((run.pipeline_id, kind), None)
+                self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
                 for agent in gone:
                     incarnation = (incarnations or {}).get(agent)
                     if incarnation is not None:
@@ -513,6 +513,37 @@ class Recovery:
             )
             log.warning("%s: %s; cannot re-place %s: %s", run.pipeline_id, why, sorted(redo), exc)
         self._wake.set()
+
+    def _done_waiting(
+        self,
+        pid: str,
+        kind: StuckKind,
+        gone: set[str],
+        starved: set[str] | None,
+        lost: set[str] | None,
+    ) -> None:
+        """A re-placement of `kind` is done (placed, or nothing left to place): what it
+        covered no longer waits. Only that: another dead agent's tasks, or other starved
+        tasks, gathered into the same wait, still do."""
+        key = (pid, kind)
+        st = self._stuck.get(key)
+        if st is None:
+            return
+        if kind == "gone":
+            st.gone -= gone
+            for agent in gone:
+                st.incarnations.pop(agent, None)
+            left = bool(st.gone)
+        elif kind == "starved" and st.starved is not None and starved is not None:
+            st.starved = st.starved - starved
+            left = bool(st.starved)
+        elif kind == "lost" and st.lost is not None and lost is not None:
+            st.lost = st.lost - lost
+            left = bool(st.lost)
+        else:
+            left = False
+        if not left:
+            del self._stuck[key]
 
     def _still_gone(self, st: Stuck) -> bool:
         """Whether the re-placement still has something to do: an agent gone that came back

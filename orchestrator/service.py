@@ -680,6 +680,18 @@ class Orchestrator:
             await claim  # a plan can fail before the gate: whose pipeline is it?
         if failed is not None:
             unsched = isinstance(failed.__cause__, Unschedulable)
+            if unsched and claim is not None and not self.view.alive(self._now()):
+                # no agent up at all (a site restarting, a fleet not back yet): not this
+                # pipeline's fault, and nothing was placed; the id is left free for a retry
+                # (refused as unschedulable, it was ended, and every resubmit of it answered
+                # with that end)
+                self.pipelines.pop(pid, None)
+                await self.failover.forget_unplaced(pid)
+                raise ServiceError(
+                    "unavailable",
+                    "no agent is up: nothing was placed, and the pipeline id is free; "
+                    "submit it again once agents are back",
+                ) from failed
             # a pipeline that does not fit the fleet is the submitter's news (info); one lost
             # to conflicts or rejections round after round is the operator's (warning)
             log.log(

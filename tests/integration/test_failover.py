@@ -470,3 +470,33 @@ async def test_an_id_claimed_by_a_replica_that_died_before_answering_is_freed(
         with contextlib.suppress(Exception):
             await second.stop()
         await stop_cluster(first, agents)
+
+
+async def test_a_submit_with_no_agent_up_is_unavailable_and_its_id_stays_free(
+    nats_url: str,
+) -> None:
+    """No agent is up (a site restarting): a submit is refused as `unavailable`, nothing is
+    kept of it, and the same id submitted once agents are back is placed. Before, it was
+    refused as unschedulable and ended: every later submit of the id got that end back."""
+    orch = Orchestrator(nats_url, name="lonely")
+    await orch.start()
+    agents: list[RecordingAgent] = []
+    try:
+        spec = chain("early", [0.1])
+        with pytest.raises(ServiceError) as err:
+            await orch.submit_spec(spec, "early-1")
+        assert err.value.code == "unavailable" and "no agent is up" in err.value.message
+        assert "early-1" not in orch.pipelines
+        assert await orch.failover.runs.spec("early-1") is None
+        assert await orch.failover.leases.read("early-1") is None
+        agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
+        await agent.start()
+        agents.append(agent)
+        assert await orch.wait_for_agents(1, 10.0) == 1
+        reply = await orch.submit_spec(spec, "early-1")
+        assert reply.state == "running"
+        assert (await orch.wait_terminal("early-1", 10.0)).state == "succeeded"
+    finally:
+        for a in agents:
+            await a.stop()
+        await orch.stop()

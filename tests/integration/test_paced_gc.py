@@ -27,13 +27,13 @@ async def test_the_orchestrator_process_paces_its_collector_while_it_serves(
         await asyncio.wait_for(started.wait(), 15.0)
         assert not gc.isenabled() and gc.get_freeze_count() > 0
         client = await Client.connect(nats_url, timeout=10.0)
-        try:  # it serves (no agents: the pipeline cannot be placed, and says so)
+        try:  # it serves (no agent is up: nothing can be placed, and it says so)
             spec = PipelineSpec.model_validate(
                 {"name": "p", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0}}]}
             )
             with pytest.raises(RemoteError) as failed:
                 await client.submit(spec)
-            assert failed.value.code == "unschedulable"
+            assert failed.value.code == "unavailable"
         finally:
             await client.close()
     finally:
