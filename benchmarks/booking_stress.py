@@ -767,7 +767,6 @@ def kill_rows(
     if args.kill_after <= 0:
         return []
     killed = load.killed_at_s
-    again = [o.resubmits for o in load.outcomes if o.resubmits]
     return [
         [
             "orchestrator-0 SIGKILLed at (s into the load)",
@@ -778,7 +777,7 @@ def kill_rows(
             "  of those, answered but never recorded (placed anew)",
             logged(statuses, lambda x: x.endswith("with no record: placed anew")),
         ],
-        ["submits sent again (pipelines / sends)", f"{len(again)} / {sum(again)}"],
+        resubmit_row(load),
     ]
 
 
@@ -800,7 +799,13 @@ def restart_rows(
             logged(statuses, lambda x: ": re-placed " in x or "(outputs lost)" in x),
         ],
         ["recoveries that could not place at once", logged(statuses, lambda x: "cannot re" in x)],
+        resubmit_row(load),
     ]
+
+
+def resubmit_row(load: LoadResult) -> list[object]:
+    again = [o.resubmits for o in load.outcomes if o.resubmits]
+    return ["submits sent again (pipelines / sends)", f"{len(again)} / {sum(again)}"]
 
 
 def priority_rows(args: argparse.Namespace, outs: list[Outcome]) -> list[list[object]]:
