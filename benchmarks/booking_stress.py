@@ -766,12 +766,8 @@ def kill_rows(
     submits the client sent again."""
     if args.kill_after <= 0:
         return []
-    killed = load.killed_at_s
     return [
-        [
-            "orchestrator-0 SIGKILLed at (s into the load)",
-            f"{killed:.1f}" if killed == killed else "never (the load ended first)",
-        ],
+        when_row("orchestrator-0 SIGKILLed", load.killed_at_s),
         ["pipelines adopted by another replica", logged(statuses, lambda x: "adopted by" in x)],
         [
             "  of those, answered but never recorded (placed anew)",
@@ -787,12 +783,8 @@ def restart_rows(
     """With `--restart-agents-after`: when the fleet went, and what recovery noted."""
     if args.restart_agents_after <= 0:
         return []
-    at = load.killed_at_s
     return [
-        [
-            "agents' process SIGKILLed and restarted at (s into the load)",
-            f"{at:.1f}" if at == at else "never (the load ended first)",
-        ],
+        when_row("agents' process SIGKILLed and restarted", load.killed_at_s),
         ["pipelines told of a suspected partition", logged(statuses, lambda x: "partition" in x)],
         [
             "recovery re-placements (log lines)",
@@ -801,6 +793,11 @@ def restart_rows(
         ["recoveries that could not place at once", logged(statuses, lambda x: "cannot re" in x)],
         resubmit_row(load),
     ]
+
+
+def when_row(what: str, at_s: float) -> list[object]:
+    when = f"{at_s:.1f}" if at_s == at_s else "never (the load ended first)"
+    return [f"{what} at (s into the load)", when]
 
 
 def resubmit_row(load: LoadResult) -> list[object]:
