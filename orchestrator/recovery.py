@@ -449,10 +449,10 @@ class Recovery:
                         + (f"; {', '.join(sorted(waiting))} booked again after" if waiting else "")
                     )
                 else:
-                    run.note(
-                        f"{why}: re-placed {', '.join(sorted(seeds))}"
-                        + (f"; re-running {', '.join(reruns)} (outputs lost)" if reruns else "")
-                    )
+                    did = [f"re-placed {', '.join(sorted(seeds))}"] if seeds else []
+                    if reruns:  # (none of its own tasks left: only outputs it held)
+                        did.append(f"re-running {', '.join(reruns)} (outputs lost)")
+                    run.note(f"{why}: {'; '.join(did)}")
                 log.info("%s: %s re-placed %s", run.pipeline_id, why, sorted(redo))
         await self.o.persist(run)
         async with self.o._changed:
