@@ -411,6 +411,9 @@ class Recovery:
                 for t, (state, agent, token) in saved.items():
                     tr = run.tasks[t]
                     tr.state, tr.agent_id, tr.token = state, agent, token
+                if run.terminal:  # it ended meanwhile (the placer gave back what it booked)
+                    self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
+                    return
                 self._wait_for_capacity(
                     run, redo, kind, gone, why, dict(incarnations or {}), exc,
                     frozenset(starved) if starved is not None else None,
