@@ -100,6 +100,8 @@ TERMINAL_TIMEOUT_S = 120.0
 KILL_SUBMIT_TIMEOUT_S = 5.0
 MAX_RESUBMITS = 40
 RESUBMIT_PAUSE_S = 0.5
+#: With a failure injected, a pipeline whose end was not heard is asked after this long.
+STATUS_POLL_S = 5.0
 #: After the load, how long every booked window may stay live: the booking lease (windows of
 #: a dead replica's pipelines that nobody adopted expire) and some.
 UNBOOKED_WITHIN_S = LEASE_S + 5.0
@@ -425,7 +427,7 @@ async def run_load(
             # the placement may still have happened: follow the pipeline like any other
             out.reason = f"submit got no reply: {type(exc).__name__}"
         try:
-            await asyncio.wait_for(fut, TERMINAL_TIMEOUT_S)
+            await ended(pid, fut)
             out.done_s = time.perf_counter() - t0
         except TimeoutError:
             terminals.forget(pid)
@@ -458,6 +460,21 @@ async def run_load(
                 if not (resubmit and out.resubmits < MAX_RESUBMITS):
                     raise
             out.resubmits += 1
+
+    async def ended(pid: str, fut: asyncio.Future[PipelineEvent]) -> None:
+        """Its terminal event; with `resubmit`, also its status asked every few seconds
+        without one (an event published while the server restarted is not kept)."""
+        if not resubmit:
+            await asyncio.wait_for(fut, TERMINAL_TIMEOUT_S)
+            return
+        async with asyncio.timeout(TERMINAL_TIMEOUT_S):
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(fut), STATUS_POLL_S)
+                    return
+                with contextlib.suppress(Exception):
+                    if (await client.status(pid)).state in TERMINAL_STATES:
+                        return
 
     async def worker() -> None:
         for pid, spec in todo:
@@ -675,7 +692,9 @@ def logged(statuses: Iterable[StatusReply | None], match: Callable[[str], bool])
     return sum(1 for st in statuses if st is not None for x in st.placement_log if match(x))
 
 
-async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadResult:
+async def drive(
+    url: str, args: argparse.Namespace, services: Services, srv: EmbeddedNats | None = None
+) -> LoadResult:
     for i in range(args.orchestrators):
         services.spawn(f"orchestrator-{i}", ["orchestrator", "--nats", url])
     services.spawn(
@@ -693,15 +712,16 @@ async def drive(url: str, args: argparse.Namespace, services: Services) -> LoadR
             f"{args.concurrency} in flight"
         )
         cpu0 = services.cpu_seconds()
-        if kill:
+        if args.restart_server_after > 0 and srv is not None:
+            killer = asyncio.create_task(restart_server_later(srv, args.restart_server_after))
+        elif kill:
             killer = asyncio.create_task(kill_later(services, args.kill_after))
         elif args.restart_agents_after > 0:
             killer = asyncio.create_task(
                 kill_later(services, args.restart_agents_after, restart="sim-agents")
             )
-        result = await run_load(
-            client, specs, args.concurrency, resubmit=kill or args.restart_agents_after > 0
-        )
+        injected = kill or args.restart_agents_after > 0 or args.restart_server_after > 0
+        result = await run_load(client, specs, args.concurrency, resubmit=injected)
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
         if killer is not None:
@@ -728,6 +748,18 @@ async def kill_later(services: Services, after_s: float, restart: str | None = N
     else:
         services.restart(restart)
         progress(f"killed and restarted {restart} {time.perf_counter() - t0:.1f} s into the load")
+    return time.perf_counter() - t0
+
+
+async def restart_server_later(srv: EmbeddedNats, after_s: float) -> float:
+    """Stop the nats-server `after_s` into the load and start it again on the same port and
+    store (every connection drops and comes back; JetStream keeps its streams on disk)."""
+    t0 = time.perf_counter()
+    await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
+    await asyncio.to_thread(srv.stop)
+    (Path(srv.store_dir) / "nats-server.log").unlink(missing_ok=True)  # "ready" is read there
+    await asyncio.to_thread(srv.start)
+    progress(f"restarted the nats-server {time.perf_counter() - t0:.1f} s into the load")
     return time.perf_counter() - t0
 
 
@@ -793,6 +825,12 @@ def restart_rows(
         ["recoveries that could not place at once", logged(statuses, lambda x: "cannot re" in x)],
         resubmit_row(load),
     ]
+
+
+def server_rows(args: argparse.Namespace, load: LoadResult) -> list[list[object]]:
+    if args.restart_server_after <= 0:
+        return []
+    return [when_row("nats-server restarted", load.killed_at_s), resubmit_row(load)]
 
 
 def when_row(what: str, at_s: float) -> list[object]:
@@ -896,6 +934,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["pipelines with a status", len(statuses)],
         *kill_rows(args, load, statuses),
         *restart_rows(args, load, statuses),
+        *server_rows(args, load),
         [
             "after the load: s until no booked window was live / windows still live (must be 0)",
             f"{load.unbooked_s:.2f} / {len(load.left_live)}",
@@ -1007,6 +1046,14 @@ def main(argv: list[str] | None = None) -> int:
         "agents' 50 ms report their start, and a started task's window is made firm",
     )
     ap.add_argument(
+        "--restart-server-after",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop the nats-server S seconds into the load and start it again at once, on the "
+        "same port and store (0: never)",
+    )
+    ap.add_argument(
         "--restart-agents-after",
         type=float,
         default=0.0,
@@ -1028,11 +1075,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:
         ap.error("counts must be >= 1")
     t0 = time.perf_counter()
-    with log_dir("mars-booking-stress-") as logs, EmbeddedNats() as srv:
+    # the server's store outlives a restart (`--restart-server-after`): one it made itself
+    # would be deleted when it stops
+    with (
+        log_dir("mars-booking-stress-") as logs,
+        tempfile.TemporaryDirectory(prefix="mars-booking-stress-nats-") as store,
+        EmbeddedNats(store_dir=store) as srv,
+    ):
         progress(f"nats-server on {srv.url}; creating {BUCKET} and its audit mirror")
         eventloop.run(prepare_audit(srv.url))
         with Services(logs) as services:
-            load = eventloop.run(drive(srv.url, args, services))
+            load = eventloop.run(drive(srv.url, args, services, srv))
         progress("services stopped; auditing every mirrored revision")
         audit = eventloop.run(audit_mirror(srv.url))
     return report(args, load, audit, time.perf_counter() - t0)

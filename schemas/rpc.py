@@ -11,6 +11,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from nats.errors import Error as NatsError
+
 from schemas.base import WireModel
 from schemas.codec import (
     DecodeError,
@@ -58,6 +60,12 @@ async def _answer(
         return ServiceError(exc.code, exc.message, exc.details)
     except ServiceError as exc:
         return exc
+    except (TimeoutError, NatsError) as exc:
+        # the messaging under it failed (a server restarting, a stream not answering): a
+        # retry may well succeed, so the caller is told to try again, not of a bug here
+        log.warning("handler for %s: NATS failed: %r", model.__name__, exc)
+        why = f"NATS failed ({type(exc).__name__}: {exc}); try again"
+        return ServiceError("unavailable", why[:500])
     except Exception as exc:  # the service must stay up
         log.exception("handler for %s failed", model.__name__)
         return ServiceError("internal", f"{type(exc).__name__}: {exc}"[:500])
