@@ -183,8 +183,11 @@ class Failover:
         except Exception as exc:  # the first record's write tries again
             log.warning("writing the spec of %s failed (written with its record): %r", pid, exc)
             return
+        self._spec_written(pid)
+
+    def _spec_written(self, pid: str) -> None:
         self._spec_saved.add(pid)
-        self._written.setdefault(pid, self.o.mono())
+        self._written[pid] = self.o.mono()
 
     async def spec_saved(self, pid: str) -> None:
         """The spec write `save_spec` began has ended (written, or left to the record's)."""
@@ -197,8 +200,7 @@ class Failover:
         its spec is deleted, then its lease (a submit that claims the id next writes its
         own spec, which may differ)."""
         await self.spec_saved(pid)
-        self._spec_saved.discard(pid)
-        self._written.pop(pid, None)
+        self._forget(pid)
         with contextlib.suppress(Exception):
             await self.runs.kv.delete(spec_key(pid))
         await self.leases.free(pid)
@@ -291,8 +293,7 @@ class Failover:
             return  # its final state is written already
         if pid not in self._spec_saved:
             await self.runs.save_spec(pid, run.spec)
-            self._spec_saved.add(pid)
-            self._written[pid] = o.mono()
+            self._spec_written(pid)
         for _ in range(RECORD_CAS_TRIES):
             if not self.may_act(pid):
                 self.fenced_writes += 1

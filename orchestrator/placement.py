@@ -301,11 +301,12 @@ class Placer:
                 did = "already ran" if code == "already_ran" else "is running"
                 run.note(f"round {rnd}: {t} {did} on {st.prior[t][2]}; kept as it was")
             ran = set(started)
-            # a task that has started had every input: what feeds it has ended, wherever this
-            # round placed it (an offer to another agent cannot be told it ran already)
-            # (unless this round's offer took its place: accepted by the agent of its last
-            # placement, it replaced that job there, and withdrawn, nothing would be left to
-            # run or to end under the placement kept; it runs again where the round put it)
+            # A task that has started had every input: what feeds it has ended, and is kept
+            # as it was wherever this round placed it (an offer to another agent cannot be
+            # told it ran already). Not when this round's offer took its place: accepted by
+            # the agent of its last placement, it replaced that job, and once withdrawn
+            # nothing would be left to run or end under the kept placement; it runs again
+            # where the round put it.
             for t in sorted(ancestors(run, started) & set(todo) - ran):
                 if t not in st.prior:
                     continue

@@ -639,7 +639,7 @@ class Orchestrator:
     async def place_anew(self, pid: str, spec: PipelineSpec, why: str) -> None:
         """Place a pipeline this replica has just taken over with no record of it (answered
         by a replica that died before recording it), as a new submission under the lease
-        already held: `note` says why, a failure is the pipeline's end (recorded and
+        already held: `why` goes to its log first, a failure is the pipeline's end (recorded and
         published, as a submission's)."""
         t = time.perf_counter()
         run = PipelineRun(pid, spec, self._now(), submitted_wall=self.wall(), owner=self.owner)
