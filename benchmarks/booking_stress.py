@@ -697,10 +697,11 @@ async def drive(
 ) -> LoadResult:
     for i in range(args.orchestrators):
         services.spawn(f"orchestrator-{i}", ["orchestrator", "--nats", url])
-    services.spawn(
-        "sim-agents",
-        ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"],
-    )
+    # journals and outputs beside the logs: a restarted fleet replays what it journaled, and
+    # a killed one leaves nothing behind in /tmp
+    state = str(services.logdir / "agent-state")
+    fleet = ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"]
+    services.spawn("sim-agents", [*fleet, "--state-dir", state])
     kill = args.kill_after > 0
     client = await Client.connect(url, timeout=KILL_SUBMIT_TIMEOUT_S if kill else 30.0)
     killer: asyncio.Task[float] | None = None

@@ -225,6 +225,7 @@ async def drive(
         services.spawn(
             agents_names(args.agent_procs)[k],
             ["sim", "agents", "--nats", url, "--count", str(count), "--prefix", f"pl{k}"]
+            + ["--state-dir", str(services.logdir / "agent-state")]
             + (["--shared-connection"] if args.agent_connections == "shared" else []),
             env=timing,
         )

@@ -360,6 +360,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
                 site_count=args.site_count,
                 heartbeat_s=args.heartbeat,
                 shared_connection=args.shared_connection,
+                state_dir=args.state_dir,
                 stop=stop,
                 started=started,
             )
@@ -531,6 +532,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="all agents on one NATS connection (their messages unchanged; judged by "
         "heartbeats only, no per-agent disconnect advisory)",
+    )
+    sa.add_argument(
+        "--state-dir",
+        help="keep each agent's event journal and outputs under DIR/<agent-id>, across "
+        "restarts (default: a temp directory per agent, removed when it stops)",
     )
     sa.set_defaults(fn=cmd_sim_agents)
     sr = sim_sub.add_parser("run", help="discrete-event simulation scenario (docs/sim.md)")

@@ -54,8 +54,11 @@ def fleet_configs(
     gflops: float = 50.0,
     site_count: int = 4,
     heartbeat_s: float = 0.5,
+    state_dir: str | None = None,
 ) -> dict[str, AgentConfig]:
-    """Agent id -> config, each with one emulated cpu device and no probing."""
+    """Agent id -> config, each with one emulated cpu device and no probing. `state_dir`:
+    each agent's journal and outputs under `state_dir/<id>`, kept when it stops (else a
+    temp directory of its own, removed when it stops cleanly, left behind if it is killed)."""
     if count < 1:
         raise ValueError("count must be >= 1")
     if site_count < 1:
@@ -92,6 +95,7 @@ def fleet_configs(
             probe_accelerators=False,
             link_probe_every_s=0.0,
             recalibrate_every_s=0.0,
+            buffer_dir=state_dir,
         )
     return out
 
@@ -148,6 +152,7 @@ async def run_fleet(
     site_count: int = 4,
     heartbeat_s: float = 0.5,
     shared_connection: bool = False,
+    state_dir: str | None = None,
     stop: asyncio.Event,
     started: asyncio.Event | None = None,
 ) -> None:
@@ -160,6 +165,7 @@ async def run_fleet(
         gflops=gflops,
         site_count=site_count,
         heartbeat_s=heartbeat_s,
+        state_dir=state_dir,
     )
     agents = await start_fleet(url, configs, shared=prefix if shared_connection else None)
     log.info(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
@@ -40,8 +41,13 @@ def test_synthetic_pipeline_is_seeded_and_acyclic() -> None:
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["own-connections", "shared-connection"])
-async def test_fleet_joins_and_runs_a_pipeline(nats_server: EmbeddedNats, shared: bool) -> None:
+async def test_fleet_joins_and_runs_a_pipeline(
+    nats_server: EmbeddedNats, shared: bool, tmp_path: Path
+) -> None:
+    """Own connections: state under a directory we name (kept on stop); shared: the
+    default temp directory per agent."""
     url = nats_server.url
+    state = tmp_path / "state"
     orch = Orchestrator(url)
     await orch.start()
     stop = asyncio.Event()
@@ -53,6 +59,7 @@ async def test_fleet_joins_and_runs_a_pipeline(nats_server: EmbeddedNats, shared
             prefix="fleet",
             heartbeat_s=0.2,
             shared_connection=shared,
+            state_dir=None if shared else str(state),
             stop=stop,
             started=started,
         )
@@ -86,3 +93,8 @@ async def test_fleet_joins_and_runs_a_pipeline(nats_server: EmbeddedNats, shared
         stop.set()
         await asyncio.wait_for(fleet, 20)
         await orch.stop()
+    if shared:
+        assert not state.exists()
+    else:  # each agent's journal (its lock at least) under state/<id>, kept for its next start
+        assert {d.name for d in state.iterdir()} == fleet_ids
+        assert all((state / a / "events.lock").exists() for a in fleet_ids)

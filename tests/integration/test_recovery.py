@@ -121,7 +121,8 @@ async def assert_exactly_once(url: str, run: PipelineRun) -> None:
 
 def start_victim(url: str, tmp: Path, agent_id: str, **kw: Any) -> subprocess.Popen[bytes]:
     cfg = tmp / f"{agent_id}.yaml"
-    cfg.write_text(yaml.safe_dump(victim_config(**kw)))
+    # its journal under the test's directory: a SIGKILLed agent cannot remove its own
+    cfg.write_text(yaml.safe_dump({"buffer_dir": str(tmp / "agent-state"), **victim_config(**kw)}))
     log = open(tmp / f"{agent_id}.log", "ab")  # noqa: SIM115  # the child holds it
     return spawn(["agent", "--nats", url, "--config", str(cfg), "--id", agent_id], log=log)
 
