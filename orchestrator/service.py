@@ -679,12 +679,13 @@ class Orchestrator:
         if claim is not None:
             await claim  # a plan can fail before the gate: whose pipeline is it?
         if failed is not None:
-            unsched = isinstance(failed.__cause__, Unschedulable)
-            if unsched and claim is not None and not self.view.alive(self._now()):
-                # no agent up at all (a site restarting, a fleet not back yet): not this
-                # pipeline's fault, and nothing was placed; the id is left free for a retry
-                # (refused as unschedulable, it was ended, and every resubmit of it answered
-                # with that end)
+            cause = failed.__cause__
+            unsched = isinstance(cause, Unschedulable)
+            if isinstance(cause, Unschedulable) and cause.no_devices and claim is not None:
+                # no agent up when it was planned (a site restarting, a fleet not back yet;
+                # judged by what the plan saw: one may be back by now): not this pipeline's
+                # fault, and nothing was placed; the id is left free for a retry (refused as
+                # unschedulable, it was ended, and every resubmit of it answered with that end)
                 self.pipelines.pop(pid, None)
                 await self.failover.forget_unplaced(pid)
                 raise ServiceError(

@@ -98,6 +98,11 @@ class Unschedulable(Exception):
         self.reasons: dict[str, dict[str, str]] = {t: dict(r) for t, r in reasons.items()}
         super().__init__(self._describe())
 
+    @property
+    def no_devices(self) -> bool:
+        """The cluster had no device at all (no agent up), not one that said no."""
+        return bool(self.reasons) and not any(self.reasons.values())
+
     def _describe(self, per_task: int = 5) -> str:
         lines = [f"{len(self.reasons)} task(s) have no eligible device:"]
         for task_id, by_device in self.reasons.items():

@@ -18,6 +18,7 @@ from orchestrator import procs
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun
+from orchestrator.placement import PlacementFailed
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
@@ -499,4 +500,46 @@ async def test_a_submit_with_no_agent_up_is_unavailable_and_its_id_stays_free(
     finally:
         for a in agents:
             await a.stop()
+        await orch.stop()
+
+
+async def test_an_agent_back_while_the_claim_is_awaited_still_makes_it_unavailable(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan found no device at all, and an agent advertised before the claim's answer:
+    the refusal is still `unavailable` (the id free), judged by what the plan saw. Before,
+    it was judged by the view after the claim: refused as unschedulable, and ended."""
+    orch = Orchestrator(nats_url, name="racing")
+    await orch.start()
+    agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
+    plan_failed = asyncio.Event()
+    place, own = orch.placer.place, orch._own
+
+    async def failing_place(*a: Any, **kw: Any) -> None:
+        try:
+            await place(*a, **kw)
+        except PlacementFailed:
+            plan_failed.set()
+            raise
+
+    async def late_own(run: PipelineRun) -> None:
+        await own(run)
+        await plan_failed.wait()
+        await agent.start()  # back before the claim is answered
+        assert await orch.wait_for_agents(1, 10.0) == 1
+
+    monkeypatch.setattr(orch.placer, "place", failing_place)
+    monkeypatch.setattr(orch, "_own", late_own)
+    try:
+        spec = chain("race", [0.1])
+        with pytest.raises(ServiceError) as err:
+            await orch.submit_spec(spec, "race-1")
+        assert err.value.code == "unavailable" and "no agent is up" in err.value.message
+        assert "race-1" not in orch.pipelines
+        monkeypatch.undo()
+        reply = await orch.submit_spec(spec, "race-1")
+        assert reply.state == "running"
+        assert (await orch.wait_terminal("race-1", 10.0)).state == "succeeded"
+    finally:
+        await agent.stop()
         await orch.stop()
