@@ -457,14 +457,17 @@ class Failover:
             self._loop.cancel()
 
     async def catch_up(self, pid: str) -> None:
-        """Apply task events this replica may have missed while disconnected."""
+        """Apply task events this replica may have missed while disconnected, and write the
+        record: while the lease had lapsed no write was made (fenced), an end's included, and
+        nothing else writes that end again (nor gives its lease back)."""
         run = self.o.pipelines.get(pid)
-        if run is None or run.terminal:
+        if run is None:
             return
-        n = await self.replay(run)
-        if n:
-            run.note(f"caught up on {n} task events from the stream after a reconnect")
-            await self.o.persist(run)
+        if not run.terminal:
+            n = await self.replay(run)
+            if n:
+                run.note(f"caught up on {n} task events from the stream after a reconnect")
+        await self.o.persist(run)
 
     async def adopt(self, pid: str, lease: Any, revision: int) -> None:
         try:

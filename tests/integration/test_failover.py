@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import pytest
@@ -21,7 +21,7 @@ from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
-from schemas import PipelineSpec, TaskEvent, subjects
+from schemas import PipelineSpec, TaskEvent, WireModel, subjects
 from schemas.api import CancelRequest, StatusRequest
 from schemas.bookings import BookingWindow
 from schemas.codec import decode
@@ -104,22 +104,35 @@ async def kv_value(url: str, bucket: str, key: str) -> bytes:
         await nc.close()
 
 
+M = TypeVar("M", bound=WireModel)
+
+
 async def settled_record(url: str, pid: str, timeout: float = 15.0) -> PipelineRecord:
     """The pipeline's record once it says the pipeline ended (records are written after the
     in-memory state changes, and retried while JetStream is still coming back)."""
+    ended = ("succeeded", "failed", "cancelled")
+    return await kv_until(
+        url, RUNS_BUCKET, run_key(pid), PipelineRecord, lambda r: r.state in ended, timeout
+    )
+
+
+async def kv_until(
+    url: str, bucket: str, key: str, cls: type[M], ok: Callable[[M], bool], timeout: float
+) -> M:
+    """The first value of a key (now or written later) that is `ok`."""
     nc = await nats.connect(url)
     try:
-        kv = await nc.jetstream().key_value(RUNS_BUCKET)
-        watch = await kv.watch(run_key(pid))
+        kv = await nc.jetstream().key_value(bucket)
+        watch = await kv.watch(key)
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     entry = await watch.updates(timeout=timeout)
                     if entry is None or entry.value is None:
                         continue  # the end-of-history marker, or a delete
-                    rec = decode(bytes(entry.value), PipelineRecord)
-                    if rec.state in ("succeeded", "failed", "cancelled"):
-                        return rec
+                    value = decode(bytes(entry.value), cls)
+                    if ok(value):
+                        return value
         finally:
             await watch.stop()
     finally:
@@ -543,3 +556,40 @@ async def test_an_agent_back_while_the_claim_is_awaited_still_makes_it_unavailab
     finally:
         await agent.stop()
         await orch.stop()
+
+
+async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_resumed(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It ended while its lease had lapsed (a server restart longer than the lease; here a
+    cancel, or an end whose write failed as the server went): the end is not written then
+    (fenced), and once the lease is renewed the record says it ended and the lease is given
+    back. Before, a pipeline that had ended was skipped on resuming: other replicas answered
+    `status` from its last running record, and its lease was renewed for ever."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    leases = orch.failover.leases
+    renewing = asyncio.Event()
+    renew_all = leases.renew_all
+
+    async def held_back() -> tuple[list[str], list[str]]:
+        await renewing.wait()  # the server away: no renewal gets through
+        return await renew_all()
+
+    monkeypatch.setattr(leases, "renew_all", held_back)
+    try:
+        reply = await orch.submit_spec(chain("lapse", [0.05, 5.0]), "lapse-1")
+        assert reply.state == "running"
+        leases.held["lapse-1"].valid_until = orch.mono()  # what an unrenewed lease comes to
+        assert not orch.failover.may_act("lapse-1")
+        await orch.cancel(CancelRequest(pipeline_id="lapse-1", reason="lapsed"))
+        assert (await orch.wait_terminal("lapse-1", 10.0)).state == "cancelled"
+        found = await orch.failover.runs.record("lapse-1")
+        assert found is None or found[0].state == "running"  # fenced: its end not written
+        renewing.set()
+        rec = await settled_record(nats_url, "lapse-1")
+        assert rec.state == "cancelled" and rec.owner == orch.owner
+        # given back as done (not renewed for ever)
+        await kv_until(nats_url, OWNERS_BUCKET, "lapse-1", OwnerLease, lambda x: not x.expires, 5)
+        assert "lapse-1" not in leases.held
+    finally:
+        await stop_cluster(orch, agents)
