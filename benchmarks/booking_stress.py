@@ -80,7 +80,7 @@ from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET
 from orchestrator.service import LEASE_S
 from schemas import subjects
-from schemas.api import TERMINAL_STATES, StatusReply, SubmitReply
+from schemas.api import TERMINAL_STATES, StatusReply, SubmitReply, TaskStatus
 from schemas.bookings import DeviceBookings
 from schemas.codec import DecodeError, RemoteError, decode, encode
 from schemas.events import PipelineEvent
@@ -687,6 +687,21 @@ def evictions_per_task(statuses: Iterable[StatusReply | None]) -> Counter[tuple[
     return count
 
 
+def timeline(st: StatusReply) -> str:
+    """When its owner saw each task start and end (seconds after the commit): a pipeline
+    that ended late shows where; one heard of late (its end event lost, its status asked
+    every few seconds) ended well before the client's count."""
+
+    def span(t: TaskStatus) -> str:
+        if t.started_s is None:
+            return f"not started ({t.state})"
+        end = "running" if t.finished_s is None else f"{t.finished_s:.2f}"
+        return f"{t.started_s:.2f}-{end}"
+
+    tasks = "; ".join(f"{t.task_id}@{t.agent_id} {span(t)}" for t in st.tasks)
+    return f"  its owner's account: {st.elapsed_s:.2f} s elapsed; tasks (start-end, s): {tasks}"
+
+
 def logged(statuses: Iterable[StatusReply | None], match: Callable[[str], bool]) -> int:
     """Lines of these pipelines' placement logs that `match` (what their owners noted)."""
     return sum(1 for st in statuses if st is not None for x in st.placement_log if match(x))
@@ -983,6 +998,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         if slowest.status is not None:
             for line in slowest.status.placement_log[-40:]:
                 print(f"  {line[:300]}")
+            print(timeline(slowest.status))
     rerun = next((st for st in statuses if any("re-running" in x for x in st.placement_log)), None)
     if rerun is not None:  # a producer run twice: the first such pipeline's own account
         print(f"\na pipeline that re-ran a producer: {rerun.pipeline_id}")

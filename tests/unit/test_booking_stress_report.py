@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.booking_stress import evictions_per_task, held_then_evicted
-from schemas.api import StatusReply
+from benchmarks.booking_stress import evictions_per_task, held_then_evicted, timeline
+from schemas.api import StatusReply, TaskStatus
 
 
 def status(*log: str, pid: str = "p") -> StatusReply:
@@ -46,3 +46,22 @@ def test_evictions_are_counted_per_task_and_only_those_that_took_a_window() -> N
         None,
     ]
     assert evictions_per_task(logs) == {("p", "t0"): 1, ("p", "t1"): 1, ("q", "t1"): 2}
+
+
+def test_the_slowest_pipelines_timeline_says_when_each_task_ran() -> None:
+    st = StatusReply(
+        pipeline_id="p",
+        name="p",
+        state="succeeded",
+        elapsed_s=31.5,
+        tasks=[
+            TaskStatus(
+                task_id="t0", state="succeeded", agent_id="a", started_s=0.0, finished_s=0.1
+            ),
+            TaskStatus(task_id="t1", state="pending", agent_id="b"),
+        ],
+    )
+    assert timeline(st) == (
+        "  its owner's account: 31.50 s elapsed; tasks (start-end, s): "
+        "t0@a 0.00-0.10; t1@b not started (pending)"
+    )
