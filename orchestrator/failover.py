@@ -205,6 +205,12 @@ class Failover:
             await self.runs.kv.delete(spec_key(pid))
         await self.leases.free(pid)
 
+    def let_go(self, pid: str) -> None:
+        """Hold a pipeline's lease no more, and write nothing of it: it lapses, and the
+        pipeline is adopted as its record and spec say."""
+        self.leases.held.pop(pid, None)
+        self._forget(pid)
+
     def progress(self, run: PipelineRun) -> None:
         """A finished task: persist the record at most once per PROGRESS_EVERY_S per pipeline.
 

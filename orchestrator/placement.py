@@ -10,6 +10,7 @@ every conflict and rejection is logged on the pipeline with its reason.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -100,6 +101,8 @@ class Placer:
         self._booking = asyncio.Lock()
         #: placements under way in this process
         self.placing = 0
+        #: pipeline -> the withdrawal of its provisional offers under way (`withdrawn`)
+        self._withdrawals: dict[str, asyncio.Task[None]] = {}
 
     def budget_s(self) -> float:
         """The portfolio's time beyond HEFT for the next plan: all of it when this placement
@@ -246,7 +249,9 @@ class Placer:
                     results: list[BookResult] = await booking
                 except BaseException:
                     if offered is not None:  # withdraw what was admitted for nothing
-                        self.o._spawn(self._withdraw(run, todo, offered))
+                        self._withdrawals[run.pipeline_id] = self.o._spawn(
+                            self._withdraw(run, todo, offered)
+                        )
                     raise
                 steps["book"] += clock() - t_book
             run.cas_retries += sum(r.cas_retries for r in results)
@@ -455,9 +460,20 @@ class Placer:
         offered: asyncio.Future[list[OfferReply]],
     ) -> None:
         """Cancel the provisional offers of a placement whose booking failed outright."""
-        took = {r.task_id: todo[r.task_id] for r in await offered if r.accepted}
-        if took:
-            await self.o.cancel_tasks(run, took, "placement failed", max_token=0)
+        try:
+            took = {r.task_id: todo[r.task_id] for r in await offered if r.accepted}
+            if took:
+                await self.o.cancel_tasks(run, took, "placement failed", max_token=0)
+        finally:
+            self._withdrawals.pop(run.pipeline_id, None)
+
+    async def withdrawn(self, pid: str) -> None:
+        """The withdrawal of a failed placement's offers has been sent (or failed): a new
+        placement of the id offered after it is not withdrawn with it."""
+        pending = self._withdrawals.get(pid)
+        if pending is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(pending)
 
     async def _release(
         self,

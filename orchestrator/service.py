@@ -670,11 +670,18 @@ class Orchestrator:
             failed: PlacementFailed | None = None
         except PlacementFailed as exc:
             failed = exc
-        except BaseException:
+        except BaseException as exc:
             if claim is not None and not claim.done():
                 claim.cancel()
                 with contextlib.suppress(BaseException):
                     await claim
+            if isinstance(exc, Exception) and self.pipelines.get(pid) is run:
+                await self._abandon(run, anew)
+                raise ServiceError(
+                    "unavailable",
+                    f"placing {pid} failed part-way ({type(exc).__name__}: {exc}); nothing of "
+                    "it was kept: submit it again",
+                ) from exc
             raise
         if claim is not None:
             await claim  # a plan can fail before the gate: whose pipeline is it?
@@ -729,6 +736,26 @@ class Orchestrator:
                 run.rejections, 1e3 * (t0 - t_in), t_in,
             )  # fmt: skip
         return reply
+
+    async def _abandon(self, run: PipelineRun, anew: bool) -> None:
+        """A placement that failed part-way (NATS or JetStream going away mid-booking): not
+        left "placing" for ever (its lease renewed, every resubmit answered with it). What it
+        booked goes back (or expires, renewed no more), agents drop what they were offered
+        (never committed, its status unknown). A new submission frees its id: its client is
+        told `unavailable` and submits again. One placed anew (its client answered long ago)
+        is let go unrecorded: its lease lapses and a replica adopts it, placing it anew."""
+        pid = run.pipeline_id
+        log.warning("placing %s failed part-way: nothing kept", pid)
+        await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
+        self.pipelines.pop(pid, None)
+        self.failover.give_back_strays(pid, keep=())
+        if anew:
+            self.failover.let_go(pid)
+        else:
+            with contextlib.suppress(Exception):
+                await self.failover.forget_unplaced(pid)
+        async with self._changed:
+            self._changed.notify_all()
 
     async def _own(self, run: PipelineRun) -> None:
         """Claim a new pipeline's ownership lease and remember the run; OwnedElsewhere when

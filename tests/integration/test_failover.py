@@ -593,3 +593,34 @@ async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_res
         assert "lapse-1" not in leases.held
     finally:
         await stop_cluster(orch, agents)
+
+
+async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_stays_free(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A booking write fails mid-placement (the server going away; here one injected into
+    the store's write): the submit is `unavailable`, nothing is kept of the pipeline, and
+    the same id submitted again is placed. Before, the run stayed "placing" for ever, its
+    lease renewed, and every resubmit was answered with it."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    book = orch.store.book
+
+    async def failing_book(*a: Any, **kw: Any) -> Any:
+        raise nats.errors.NoRespondersError  # what a JetStream write gets with no server
+
+    monkeypatch.setattr(orch.store, "book", failing_book)
+    try:
+        spec = chain("partway", [0.1])
+        with pytest.raises(ServiceError) as err:
+            await orch.submit_spec(spec, "partway-1")
+        assert err.value.code == "unavailable" and "failed part-way" in err.value.message
+        assert "partway-1" not in orch.pipelines
+        assert "partway-1" not in orch.failover.leases.held
+        assert await orch.failover.runs.spec("partway-1") is None
+        assert await orch.failover.leases.read("partway-1") is None
+        monkeypatch.setattr(orch.store, "book", book)
+        reply = await orch.submit_spec(spec, "partway-1")
+        assert reply.state == "running"
+        assert (await orch.wait_terminal("partway-1", 10.0)).state == "succeeded"
+    finally:
+        await stop_cluster(orch, agents)

@@ -157,7 +157,6 @@ def test_cancel_leaves_a_later_placement_alone() -> None:
     assert c.admit(offer("a", token=0)).accepted
     c.cancel(CancelCommand(pipeline_id="p", task_ids=["a"], max_token=0))
     assert ("p", "a") not in c.jobs
-    assert c.admit(offer("a", token=0)).code == "duplicate"  # a withdrawn provisional offer
     assert c.admit(offer("a", token=9)).accepted  # its next placement has a real token
     # a late withdrawal of the provisional offer does not touch the new placement
     c.cancel(CancelCommand(pipeline_id="p", task_ids=["a"], max_token=0))
@@ -260,3 +259,24 @@ def test_an_offer_replacing_a_placement_running_here_is_refused() -> None:
         reply = c.admit(other)
         assert not reply.accepted and reply.code == "duplicate"
     assert c.jobs[("p", "a")].offer.token == 5 and c.jobs[("p", "a")].state == "running"
+
+
+def test_a_provisional_offer_withdrawn_uncommitted_does_not_refuse_the_next_one() -> None:
+    """A placement that failed part-way withdraws its provisional offers (token 0); the same
+    pipeline id placed again offers provisionally too, and is taken. A provisional job that
+    was cancelled with its pipeline, or one withdrawn under a token, still refuses a token-0
+    offer (a late copy of an old one)."""
+    c = core()
+    assert c.admit(offer("t", token=0)).accepted
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["t"], max_token=0))
+    assert c.admit(offer("t", token=0)).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["t"], tokens=[3]))
+    assert [j.offer.token for j in c.take_ready()] == [3]
+    cancelled = core()
+    assert cancelled.admit(offer("t", token=0)).accepted
+    cancelled.cancel(CancelCommand(pipeline_id="p"))
+    assert cancelled.admit(offer("t", token=0)).code == "duplicate"
+    moved = core()
+    assert moved.admit(offer("t", token=4)).accepted
+    moved.cancel(CancelCommand(pipeline_id="p", task_ids=["t"], max_token=4))
+    assert moved.admit(offer("t", token=0)).code == "duplicate"
