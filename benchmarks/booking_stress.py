@@ -95,8 +95,9 @@ SENTINEL_KEY = "bench.mirror-ready"
 #: Waiting for the processes to come up, and for one pipeline to finish after its submit.
 READY_TIMEOUT_S = 60.0
 TERMINAL_TIMEOUT_S = 120.0
-#: `--kill-after`: how long a submit waits for its reply before it is sent again, how often,
-#: and the pause before asking again about an id a replica is placing.
+#: With a failure injected (`--kill-after`, `--restart-*-after`): how long a request waits for
+#: its reply before it is sent again, how often, and the pause before asking again about an id
+#: a replica is placing.
 KILL_SUBMIT_TIMEOUT_S = 5.0
 MAX_RESUBMITS = 40
 RESUBMIT_PAUSE_S = 0.5
@@ -718,7 +719,10 @@ async def drive(
     fleet = ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"]
     services.spawn("sim-agents", [*fleet, "--state-dir", state])
     kill = args.kill_after > 0
-    client = await Client.connect(url, timeout=KILL_SUBMIT_TIMEOUT_S if kill else 30.0)
+    injected = kill or args.restart_agents_after > 0 or args.restart_server_after > 0
+    # a request lost to the failure (its replica dead, the server restarting) is sent again
+    # after a few seconds, not waited on for half a minute
+    client = await Client.connect(url, timeout=KILL_SUBMIT_TIMEOUT_S if injected else 30.0)
     killer: asyncio.Task[float] | None = None
     try:
         await wait_ready(client, services, args.orchestrators, args.agents)
@@ -736,7 +740,6 @@ async def drive(
             killer = asyncio.create_task(
                 kill_later(services, args.restart_agents_after, restart="sim-agents")
             )
-        injected = kill or args.restart_agents_after > 0 or args.restart_server_after > 0
         result = await run_load(client, specs, args.concurrency, resubmit=injected)
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
@@ -994,7 +997,11 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     slowest = max((o for o in outs if o.done_s == o.done_s), key=lambda o: o.done_s, default=None)
     if slowest is not None and slowest.done_s > SLOW_S:
         # the slowest pipeline's own account of what held it (the tail is where bugs hide)
-        print(f"\nslowest pipeline: {slowest.pipeline_id}, {slowest.done_s:.1f} s to its end")
+        print(
+            f"\nslowest pipeline: {slowest.pipeline_id}, {slowest.done_s:.1f} s to its end "
+            f"(its submit answered after {slowest.submit_s:.2f} s, "
+            f"{slowest.resubmits} time(s) sent again)"
+        )
         if slowest.status is not None:
             for line in slowest.status.placement_log[-40:]:
                 print(f"  {line[:300]}")
