@@ -676,7 +676,7 @@ class Orchestrator:
                 with contextlib.suppress(BaseException):
                     await claim
             if isinstance(exc, Exception) and self.pipelines.get(pid) is run:
-                await self._abandon(run, anew)
+                await self._abandon(run, anew, exc)
                 raise ServiceError(
                     "unavailable",
                     f"placing {pid} failed part-way ({type(exc).__name__}: {exc}); nothing of "
@@ -737,7 +737,7 @@ class Orchestrator:
             )  # fmt: skip
         return reply
 
-    async def _abandon(self, run: PipelineRun, anew: bool) -> None:
+    async def _abandon(self, run: PipelineRun, anew: bool, why: Exception) -> None:
         """A placement that failed part-way (NATS or JetStream going away mid-booking): not
         left "placing" for ever (its lease renewed, every resubmit answered with it). What it
         booked goes back (or expires, renewed no more), agents drop what they were offered
@@ -745,7 +745,7 @@ class Orchestrator:
         told `unavailable` and submits again. One placed anew (its client answered long ago)
         is let go unrecorded: its lease lapses and a replica adopts it, placing it anew."""
         pid = run.pipeline_id
-        log.warning("placing %s failed part-way: nothing kept", pid)
+        log.warning("placing %s failed part-way (%r): nothing of it kept", pid, why)
         await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
         self.pipelines.pop(pid, None)
         self.failover.give_back_strays(pid, keep=())
