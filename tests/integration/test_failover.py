@@ -486,6 +486,24 @@ async def test_an_id_claimed_by_a_replica_that_died_before_answering_is_freed(
         await stop_cluster(first, agents)
 
 
+async def refused_and_free(orch: Orchestrator, spec: PipelineSpec, pid: str, says: str) -> None:
+    """Its submit is `unavailable` (saying `says`) and nothing is kept of it: no run, no
+    spec, no lease (the id is free for the submit again)."""
+    with pytest.raises(ServiceError) as err:
+        await orch.submit_spec(spec, pid)
+    assert err.value.code == "unavailable" and says in err.value.message
+    assert pid not in orch.pipelines and pid not in orch.failover.leases.held
+    assert await orch.failover.runs.spec(pid) is None
+    assert await orch.failover.leases.read(pid) is None
+
+
+async def placed(orch: Orchestrator, spec: PipelineSpec, pid: str) -> None:
+    """Submitted (again), it is placed and succeeds."""
+    reply = await orch.submit_spec(spec, pid)
+    assert reply.state == "running"
+    assert (await orch.wait_terminal(pid, 10.0)).state == "succeeded"
+
+
 async def test_a_submit_with_no_agent_up_is_unavailable_and_its_id_stays_free(
     nats_url: str,
 ) -> None:
@@ -497,19 +515,12 @@ async def test_a_submit_with_no_agent_up_is_unavailable_and_its_id_stays_free(
     agents: list[RecordingAgent] = []
     try:
         spec = chain("early", [0.1])
-        with pytest.raises(ServiceError) as err:
-            await orch.submit_spec(spec, "early-1")
-        assert err.value.code == "unavailable" and "no agent is up" in err.value.message
-        assert "early-1" not in orch.pipelines
-        assert await orch.failover.runs.spec("early-1") is None
-        assert await orch.failover.leases.read("early-1") is None
+        await refused_and_free(orch, spec, "early-1", "no agent is up")
         agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
         await agent.start()
         agents.append(agent)
         assert await orch.wait_for_agents(1, 10.0) == 1
-        reply = await orch.submit_spec(spec, "early-1")
-        assert reply.state == "running"
-        assert (await orch.wait_terminal("early-1", 10.0)).state == "succeeded"
+        await placed(orch, spec, "early-1")
     finally:
         for a in agents:
             await a.stop()
@@ -545,14 +556,9 @@ async def test_an_agent_back_while_the_claim_is_awaited_still_makes_it_unavailab
     monkeypatch.setattr(orch, "_own", late_own)
     try:
         spec = chain("race", [0.1])
-        with pytest.raises(ServiceError) as err:
-            await orch.submit_spec(spec, "race-1")
-        assert err.value.code == "unavailable" and "no agent is up" in err.value.message
-        assert "race-1" not in orch.pipelines
+        await refused_and_free(orch, spec, "race-1", "no agent is up")
         monkeypatch.undo()
-        reply = await orch.submit_spec(spec, "race-1")
-        assert reply.state == "running"
-        assert (await orch.wait_terminal("race-1", 10.0)).state == "succeeded"
+        await placed(orch, spec, "race-1")
     finally:
         await agent.stop()
         await orch.stop()
@@ -611,16 +617,8 @@ async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_sta
     monkeypatch.setattr(orch.store, "book", failing_book)
     try:
         spec = chain("partway", [0.1])
-        with pytest.raises(ServiceError) as err:
-            await orch.submit_spec(spec, "partway-1")
-        assert err.value.code == "unavailable" and "failed part-way" in err.value.message
-        assert "partway-1" not in orch.pipelines
-        assert "partway-1" not in orch.failover.leases.held
-        assert await orch.failover.runs.spec("partway-1") is None
-        assert await orch.failover.leases.read("partway-1") is None
+        await refused_and_free(orch, spec, "partway-1", "failed part-way")
         monkeypatch.setattr(orch.store, "book", book)
-        reply = await orch.submit_spec(spec, "partway-1")
-        assert reply.state == "running"
-        assert (await orch.wait_terminal("partway-1", 10.0)).state == "succeeded"
+        await placed(orch, spec, "partway-1")
     finally:
         await stop_cluster(orch, agents)
