@@ -722,7 +722,11 @@ async def drive(
     injected = kill or args.restart_agents_after > 0 or args.restart_server_after > 0
     # a request lost to the failure (its replica dead, the server restarting) is sent again
     # after a few seconds, not waited on for half a minute
-    client = await Client.connect(url, timeout=KILL_SUBMIT_TIMEOUT_S if injected else 30.0)
+    # and the client outlasts a server restart of any length (by default it gives up after
+    # three attempts to reconnect: about 6 s)
+    client = await Client.connect(
+        url, timeout=KILL_SUBMIT_TIMEOUT_S if injected else 30.0, reconnects=-1
+    )
     killer: asyncio.Task[float] | None = None
     try:
         await wait_ready(client, services, args.orchestrators, args.agents)
@@ -733,7 +737,9 @@ async def drive(
         )
         cpu0 = services.cpu_seconds()
         if args.restart_server_after > 0 and srv is not None:
-            killer = asyncio.create_task(restart_server_later(srv, args.restart_server_after))
+            killer = asyncio.create_task(
+                restart_server_later(srv, args.restart_server_after, args.server_down)
+            )
         elif kill:
             killer = asyncio.create_task(kill_later(services, args.kill_after))
         elif args.restart_agents_after > 0:
@@ -770,12 +776,14 @@ async def kill_later(services: Services, after_s: float, restart: str | None = N
     return time.perf_counter() - t0
 
 
-async def restart_server_later(srv: EmbeddedNats, after_s: float) -> float:
-    """Stop the nats-server `after_s` into the load and start it again on the same port and
-    store (every connection drops and comes back; JetStream keeps its streams on disk)."""
+async def restart_server_later(srv: EmbeddedNats, after_s: float, down_s: float = 0.0) -> float:
+    """Stop the nats-server `after_s` into the load and start it again `down_s` later on the
+    same port and store (every connection drops and comes back; JetStream keeps its streams
+    on disk)."""
     t0 = time.perf_counter()
     await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
     await asyncio.to_thread(srv.stop)
+    await asyncio.sleep(down_s)  # the outage's length, chosen by the operator
     (Path(srv.store_dir) / "nats-server.log").unlink(missing_ok=True)  # "ready" is read there
     await asyncio.to_thread(srv.start)
     progress(f"restarted the nats-server {time.perf_counter() - t0:.1f} s into the load")
@@ -1074,8 +1082,16 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         metavar="S",
-        help="stop the nats-server S seconds into the load and start it again at once, on the "
-        "same port and store (0: never)",
+        help="stop the nats-server S seconds into the load and start it again, on the same "
+        "port and store (0: never)",
+    )
+    ap.add_argument(
+        "--server-down",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="with --restart-server-after: keep the server stopped S seconds (longer than the "
+        "replicas' 3 s ownership leases: every lease lapses; default 0, started again at once)",
     )
     ap.add_argument(
         "--restart-agents-after",

@@ -40,9 +40,11 @@ class Client:
         self.encoding: Encoding = encoding
 
     @classmethod
-    async def connect(cls, url: str, timeout: float = 10.0) -> Client:
+    async def connect(cls, url: str, timeout: float = 10.0, reconnects: int = 3) -> Client:
+        """`reconnects`: attempts to get a lost connection back (2 s apart) before giving up
+        for good; -1, for ever (a long-lived client that must outlast a server restart)."""
         nc = await nats.connect(
-            url, name="mars-client", connect_timeout=5, max_reconnect_attempts=3
+            url, name="mars-client", connect_timeout=5, max_reconnect_attempts=reconnects
         )
         return cls(nc, timeout)
 

@@ -199,6 +199,9 @@ async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) 
     # is what a server restart looks like from the orchestrator
     orch, agents = await start_cluster(url, configs(3))
     tap = EventTap()
+    # a long-lived client: its connection outlasts the restart (reconnecting for ever)
+    client = await Client.connect(url, reconnects=-1)
+    assert client.nc.options["max_reconnect_attempts"] == -1
     try:
         spec = chain("restart", [0.2, 0.8, 0.8, 0.3])
         await tap.start(url, "restart-1")
@@ -215,11 +218,13 @@ async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) 
         assert all(tr.state == "succeeded" for tr in run.tasks.values())
         rec = await settled_record(url, "restart-1")
         assert rec.state == "succeeded" and rec.owner == orch.owner
+        assert (await client.status("restart-1")).state == "succeeded"  # the same connection
         # and the state survived on disk: a pipeline submitted after the restart works too
         again = await orch.submit_spec(chain("after", [0.05, 0.05]), "restart-2")
         assert again.state == "running"
         assert (await orch.wait_terminal("restart-2", 20.0)).state == "succeeded"
     finally:
+        await client.close()
         await tap.close()
         await stop_cluster(orch, agents)
 
