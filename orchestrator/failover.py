@@ -479,7 +479,13 @@ class Failover:
         try:
             await self._adopt(pid, lease, revision)
         except Exception as exc:
-            log.warning("adopting %s failed: %s", pid, exc)
+            if pid in self.leases.held and pid not in self.o.pipelines:
+                # taken, and cut short before its run was set up here (its record unread):
+                # held, it would be renewed for ever with nobody driving the pipeline
+                self.let_go(pid)
+                log.warning("adopting %s failed (%r): its lease is left to lapse", pid, exc)
+            else:
+                log.warning("adopting %s failed: %r", pid, exc)
         finally:
             self._adopting.discard(pid)
 

@@ -627,3 +627,43 @@ async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_sta
         await placed(orch, spec, "partway-1")
     finally:
         await stop_cluster(orch, agents)
+
+
+async def test_an_adoption_cut_short_lets_the_lease_lapse_to_be_adopted_again(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adopter took the lease, then reading the pipeline's record failed (the server
+    going away; here one injected into the read): it lets the lease lapse, and adopts the
+    pipeline again. Before, it held the lease for ever with no run behind it: nobody drove
+    the pipeline, and other replicas answered `status` from its last record."""
+    first, agents = await start_cluster(nats_url, configs())
+    second = Orchestrator(nats_url, name="second")
+    await second.start()
+    tap = EventTap()
+    record = second.failover.runs.record
+    failed: list[str] = []
+
+    async def first_read_fails(pid: str) -> Any:
+        if not failed:
+            failed.append(pid)
+            raise nats.errors.TimeoutError
+        return await record(pid)
+
+    monkeypatch.setattr(second.failover.runs, "record", first_read_fails)
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        await tap.start(nats_url, "cut-1")
+        await first.submit_spec(chain("cut", [0.2, 2.0, 0.3]), "cut-1")
+        await tap.wait("t1", "started")
+        first.failover.suspend()  # frozen or partitioned: it stops renewing
+        await second.wait_for(lambda: "cut-1" in second.pipelines, 30.0)
+        assert failed == ["cut-1"]  # the first adoption was cut short
+        run = await second.wait_terminal("cut-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        rec = await settled_record(nats_url, "cut-1")
+        assert rec.owner == "second" and rec.epoch == 3  # taken twice
+    finally:
+        await tap.close()
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
