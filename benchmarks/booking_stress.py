@@ -106,6 +106,7 @@ STATUS_POLL_S = 5.0
 #: After the load, how long every booked window may stay live: the booking lease (windows of
 #: a dead replica's pipelines that nobody adopted expire) and some.
 UNBOOKED_WITHIN_S = LEASE_S + 5.0
+UNSETTLED = "terminal event seen, but status never settled"
 #: How long a replica's persisted copy of a pipeline may lag its terminal event.
 STATUS_SETTLE_S = 10.0
 
@@ -360,6 +361,8 @@ class Outcome:
     #: Submits sent again, with the same id, after one went unanswered or found the id being
     #: placed by a replica (`--kill-after`: what a client does when a replica dies).
     resubmits: int = 0
+    #: Its status asked once more after the load, had it not settled (what it came to).
+    later: str = ""
 
 
 def normalise_reason(reason: str) -> str:
@@ -440,7 +443,7 @@ async def run_load(
             if st.state != "succeeded":
                 out.reason = st.reason or out.reason or "(no reason given)"
         elif not out.reason:
-            out.reason = "terminal event seen, but status never settled"
+            out.reason = UNSETTLED
         return out
 
     async def submit(pid: str, spec: PipelineSpec, out: Outcome) -> SubmitReply:
@@ -755,11 +758,24 @@ async def drive(
         progress("every pipeline ended; waiting for no booked window to be live")
         result.unbooked_s, result.left_live = await wait_unbooked(client, UNBOOKED_WITHIN_S)
         services.check()
+        for o in result.outcomes:  # what a status that never settled came to (still a failure)
+            if o.status is None and o.reason.startswith(UNSETTLED):
+                o.later = await status_later(client, o.pipeline_id)
         return result
     finally:
         if killer is not None and not killer.done():
             killer.cancel()
         await client.close()
+
+
+async def status_later(client: Client, pid: str) -> str:
+    """A pipeline's status in one line: its state, owner and last placement-log line."""
+    try:
+        st = await client.status(pid)
+    except Exception as exc:
+        return f"status asked after the load: {type(exc).__name__}: {exc}"
+    last = st.placement_log[-1][:200] if st.placement_log else "(no placement log)"
+    return f"status asked after the load: {st.state}, owner {st.owner}; last: {last}"
 
 
 async def kill_later(services: Services, after_s: float, restart: str | None = None) -> float:
@@ -998,6 +1014,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             example = next(o for o in failed if normalise_reason(o.reason) == reason)
             print(f"  {n:6d}  {reason}")
             print(f"          e.g. {example.pipeline_id}: {example.reason[:300]}")
+            if example.later:
+                print(f"          {example.later}")
             if example.status is not None and example.status.placement_log:
                 print("          its placement log (last 6 lines):")
                 for line in example.status.placement_log[-6:]:

@@ -113,6 +113,8 @@ class Failover:
         self._progress_due: set[str] = set()
         #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
         self._finished: dict[str, None] = {}
+        #: Ended pipelines whose end is told (their terminal event) once their record says so.
+        self._tell_when_recorded: dict[str, PipelineRun] = {}
         self._loop: asyncio.Task[Any] | None = None
         self.adopted = 0
         #: Dead owners whose ended pipelines' windows were looked for (`_give_back_ended`).
@@ -139,6 +141,16 @@ class Failover:
             await self.leases.stop()
 
     # -- ownership ------------------------------------------------------------------------------
+    def end_recorded(self, pid: str) -> bool:
+        """A pipeline's record says it ended (or there are no records to say so)."""
+        return self.leases is None or pid in self._finished
+
+    def tell_when_recorded(self, run: PipelineRun) -> None:
+        """Publish this ended pipeline's terminal event once its record says it ended (its
+        write failed, or its lease had lapsed): whoever hears of the end finds it in `status`
+        on any replica. Lost to another replica meanwhile, its adopter tells it."""
+        self._tell_when_recorded[run.pipeline_id] = run
+
     def may_act(self, pid: str) -> bool:
         """The fence: act on a pipeline only while holding its lease."""
         return self.leases is not None and self.leases.may_act(pid)
@@ -209,6 +221,7 @@ class Failover:
         """Hold a pipeline's lease no more, and write nothing of it: it lapses, and the
         pipeline is adopted as its record and spec say."""
         self.leases.held.pop(pid, None)
+        self._tell_when_recorded.pop(pid, None)
         self._forget(pid)
 
     def progress(self, run: PipelineRun) -> None:
@@ -289,6 +302,9 @@ class Failover:
         if n > PERSIST_RETRIES:
             log.error("giving up persisting %s after %d attempts", pid, n - 1)
             self._retries.pop(pid, None)
+            told = self._tell_when_recorded.pop(pid, None)
+            if told is not None:  # told unrecorded rather than never
+                self.o._spawn(self.o._publish_pipeline(told, recorded=False))
             return
         await asyncio.sleep(min(0.2 * n, 2.0))  # back off before the next attempt
         await self.persist(run)
@@ -335,6 +351,9 @@ class Failover:
             self._finished[pid] = None
             while len(self._finished) > FINISHED_KEPT:
                 self._finished.pop(next(iter(self._finished)))
+            told = self._tell_when_recorded.pop(pid, None)
+            if told is not None:
+                o._spawn(o._publish_pipeline(told))
             self._forget(pid)
 
     def _forget(self, pid: str) -> None:
@@ -349,6 +368,7 @@ class Failover:
         self.lost += 1
         self.leases.held.pop(pid, None)
         self._written.pop(pid, None)
+        self._tell_when_recorded.pop(pid, None)
         run = self.o.pipelines.pop(pid, None)
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:

@@ -563,8 +563,13 @@ class Orchestrator:
         if changed is not None and self.history is not None:
             self.history.mark(*changed)  # written by the history loop, once per window
 
-    async def _publish_pipeline(self, run: PipelineRun) -> None:
+    async def _publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None:
+        """Tell a pipeline's state; an end only once its record says so (`recorded`: wait
+        for that), or a replica answering `status` from the record would still say running."""
         assert self.nc is not None
+        if recorded and run.terminal and not self.failover.end_recorded(run.pipeline_id):
+            self.failover.tell_when_recorded(run)
+            return
         ev = PipelineEvent(
             pipeline_id=run.pipeline_id,
             state=run.state,

@@ -574,9 +574,10 @@ async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_res
 ) -> None:
     """It ended while its lease had lapsed (a server restart longer than the lease; here a
     cancel, or an end whose write failed as the server went): the end is not written then
-    (fenced), and once the lease is renewed the record says it ended and the lease is given
-    back. Before, a pipeline that had ended was skipped on resuming: other replicas answered
-    `status` from its last running record, and its lease was renewed for ever."""
+    (fenced), nor told; once the lease is renewed the record says it ended, then its end is
+    told, and the lease is given back. Before, a pipeline that had ended was skipped on
+    resuming: other replicas answered `status` from its last running record, and its lease
+    was renewed for ever; and its end was told at once, while the record said running."""
     orch, agents = await start_cluster(nats_url, configs(1))
     leases = orch.failover.leases
     renewing = asyncio.Event()
@@ -587,6 +588,20 @@ async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_res
         return await renew_all()
 
     monkeypatch.setattr(leases, "renew_all", held_back)
+    # who hears the end, and what the record said when it was heard
+    nc = await nats.connect(nats_url)
+    heard: list[tuple[str, str | None]] = []
+    told = asyncio.Event()
+
+    async def on_end(msg: Any) -> None:
+        ev = decode(msg.data, PipelineEvent)
+        if ev.state in ("succeeded", "failed", "cancelled"):
+            found = await orch.failover.runs.record("lapse-1")
+            heard.append((ev.state, None if found is None else found[0].state))
+            told.set()
+
+    await nc.subscribe(subjects.pipeline_event("lapse-1"), cb=on_end)
+    await settle(nc)
     try:
         reply = await orch.submit_spec(chain("lapse", [0.05, 5.0]), "lapse-1")
         assert reply.state == "running"
@@ -596,13 +611,20 @@ async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_res
         assert (await orch.wait_terminal("lapse-1", 10.0)).state == "cancelled"
         found = await orch.failover.runs.record("lapse-1")
         assert found is None or found[0].state == "running"  # fenced: its end not written
+        assert orch.nc is not None
+        await orch.nc.flush()  # anything it published is at the server, and reaches us
+        await settle(nc)  # before this round trip ends
+        assert heard == []  # not told while its record says otherwise
         renewing.set()
         rec = await settled_record(nats_url, "lapse-1")
         assert rec.state == "cancelled" and rec.owner == orch.owner
+        await asyncio.wait_for(told.wait(), 5.0)
+        assert heard == [("cancelled", "cancelled")]  # told once recorded
         # given back as done (not renewed for ever)
         await kv_until(nats_url, OWNERS_BUCKET, "lapse-1", OwnerLease, lambda x: not x.expires, 5)
         assert "lapse-1" not in leases.held
     finally:
+        await nc.close()
         await stop_cluster(orch, agents)
 
 
