@@ -1080,6 +1080,14 @@ class Orchestrator:
     async def status(self, req: StatusRequest) -> StatusReply:
         run = self.pipelines.get(req.pipeline_id)
         if run is not None:
+            if run.terminal or self.failover.may_act(run.pipeline_id):
+                return run.status(self._now())
+            # its lease lapsed here (no event applied since: this copy stands still), and
+            # another replica may have adopted it: then its record is the newer account
+            with contextlib.suppress(Exception):
+                st = await self.failover.status_elsewhere(req.pipeline_id)
+                if st is not None and st.owner != self.owner:
+                    return st
             return run.status(self._now())
         # owned by another replica (or finished long ago): its last persisted record
         st = await self.failover.status_elsewhere(req.pipeline_id)

@@ -249,6 +249,8 @@ async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
         assert run.state == "succeeded", run.reason
         # the old owner applied nothing after losing the lease, and may write nothing
         assert not stale.terminal
+        # asked, it answers with the new owner's account, not its own frozen copy
+        assert (await first.status_of("fenced-1")).state == "succeeded"
         before = first.failover.fenced_writes
         await first.persist(stale)
         assert first.failover.fenced_writes == before + 1
