@@ -693,6 +693,11 @@ class Orchestrator:
         if failed is not None:
             cause = failed.__cause__
             unsched = isinstance(cause, Unschedulable)
+            if isinstance(cause, Unschedulable) and cause.no_devices and anew:
+                # adopted with no agent up (the fleet not back from the same outage): not
+                # failed for it; let go, to be adopted and placed again a lease later
+                await self._abandon(run, anew, failed)
+                raise ServiceError("unavailable", "no agent is up: left to be adopted again")
             if isinstance(cause, Unschedulable) and cause.no_devices and claim is not None:
                 # no agent up when it was planned (a site restarting, a fleet not back yet;
                 # judged by what the plan saw: one may be back by now): not this pipeline's

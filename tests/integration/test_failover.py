@@ -229,6 +229,36 @@ async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) 
         await stop_cluster(orch, agents)
 
 
+async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipelines(
+    nats_server: EmbeddedNats,
+) -> None:
+    """The server is away longer than an ownership lease: every lease lapses with its owner
+    alive. Back, the owner renews its own; the other replica, back too, adopts nothing
+    for a while (`ADOPT_HOLD_LEASES`). Before, whoever came back first adopted the other's
+    pipelines, and every pipeline changed hands."""
+    url = nats_server.url
+    first, agents = await start_cluster(url, configs())
+    second = Orchestrator(url, name="second")
+    await second.start()
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        await first.submit_spec(chain("outage", [0.2, 6.0, 0.2]), "outage-1")
+        lease = first.failover.lease_s + first.failover.grace_s
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.sleep(lease + 1.5)  # the outage's length: past every lease
+        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
+        await asyncio.to_thread(nats_server.start)
+        run = await first.wait_terminal("outage-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert (first.failover.lost, second.failover.adopted) == (0, 0)
+        rec = await settled_record(url, "outage-1")
+        assert rec.owner == first.owner and rec.epoch == 1
+    finally:
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
+
+
 async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
@@ -436,6 +466,60 @@ async def test_a_pipeline_answered_but_never_recorded_is_placed_anew_by_its_adop
         assert rec.owner == "second" and rec.state == "succeeded"
     finally:
         hold.set()
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
+
+
+async def test_a_pipeline_adopted_with_no_agent_up_is_left_to_be_adopted_again(
+    nats_url: str,
+) -> None:
+    """Answered and never recorded, its owner dead, and no agent up when it is adopted (the
+    fleet not back from the same outage): placed anew, it finds no device; it is let go, not
+    failed, and placed when adopted again with an agent back. Before, it was ended as
+    unschedulable: a pipeline its client had been told was placed failed for the outage."""
+    first, agents = await start_cluster(nats_url, configs())
+    second = Orchestrator(nats_url, name="second")
+    await second.start()
+    hold = asyncio.Event()
+    persist, commit = first.persist, first._commit_all
+
+    async def held_persist(run: PipelineRun) -> None:
+        await hold.wait()
+        await persist(run)
+
+    async def held_commit(run: PipelineRun, task_ids: set[str], **kw: Any) -> None:
+        await hold.wait()
+        await commit(run, task_ids, **kw)
+
+    first.persist = held_persist  # type: ignore[method-assign]
+    first._commit_all = held_commit  # type: ignore[method-assign]
+    late: RecordingAgent | None = None
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        spec = chain("bare", [0.2, 0.2])
+        assert (await first.submit_spec(spec, "bare-1")).state == "running"
+        for a in agents:
+            await a.stop()
+        async with asyncio.timeout(10.0):  # each verdict sets cluster_changed
+            while True:
+                second.cluster_changed.clear()
+                if not second.view.alive(second.mono()):
+                    break
+                await second.cluster_changed.wait()
+        first.failover.suspend()  # it dies here: nothing more from it
+        await second.wait_for(lambda: second.failover.placed_anew == 1, 20.0)
+        assert "bare-1" not in second.pipelines  # let go: not ended
+        late = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="late", calibrate=False)
+        await late.start()
+        run = await second.wait_terminal("bare-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert second.failover.placed_anew == 2
+        assert {tr.agent_id for tr in run.tasks.values()} == {"late"}
+    finally:
+        hold.set()
+        if late is not None:
+            await late.stop()
         with contextlib.suppress(Exception):
             await second.stop()
         await stop_cluster(first, agents)
