@@ -392,6 +392,25 @@ async def test_a_pipeline_that_ends_while_its_record_is_written_is_recorded_ende
         await stop_cluster(orch, agents)
 
 
+def hold_records_and_commits(orch: Orchestrator) -> asyncio.Event:
+    """Its records and commits wait until the event is set (an owner about to die before
+    its first record, its commits not yet out)."""
+    hold = asyncio.Event()
+    persist, commit = orch.persist, orch._commit_all
+
+    async def held_persist(run: PipelineRun) -> None:
+        await hold.wait()
+        await persist(run)
+
+    async def held_commit(run: PipelineRun, task_ids: set[str], **kw: Any) -> None:
+        await hold.wait()
+        await commit(run, task_ids, **kw)
+
+    orch.persist = held_persist  # type: ignore[method-assign]
+    orch._commit_all = held_commit  # type: ignore[method-assign]
+    return hold
+
+
 async def test_a_pipeline_answered_but_never_recorded_is_placed_anew_by_its_adopter(
     nats_url: str,
 ) -> None:
@@ -402,19 +421,7 @@ async def test_a_pipeline_answered_but_never_recorded_is_placed_anew_by_its_adop
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
     await second.start()
-    hold = asyncio.Event()
-    persist, commit = first.persist, first._commit_all
-
-    async def held_persist(run: PipelineRun) -> None:
-        await hold.wait()
-        await persist(run)
-
-    async def held_commit(run: PipelineRun, task_ids: set[str], **kw: Any) -> None:
-        await hold.wait()
-        await commit(run, task_ids, **kw)
-
-    first.persist = held_persist  # type: ignore[method-assign]
-    first._commit_all = held_commit  # type: ignore[method-assign]
+    hold = hold_records_and_commits(first)
     try:
         assert await second.wait_for_agents(2, 10.0) == 2
         spec = chain("anew", [0.2, 0.2])
@@ -451,19 +458,7 @@ async def test_a_pipeline_adopted_with_no_agent_up_is_left_to_be_adopted_again(
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
     await second.start()
-    hold = asyncio.Event()
-    persist, commit = first.persist, first._commit_all
-
-    async def held_persist(run: PipelineRun) -> None:
-        await hold.wait()
-        await persist(run)
-
-    async def held_commit(run: PipelineRun, task_ids: set[str], **kw: Any) -> None:
-        await hold.wait()
-        await commit(run, task_ids, **kw)
-
-    first.persist = held_persist  # type: ignore[method-assign]
-    first._commit_all = held_commit  # type: ignore[method-assign]
+    hold = hold_records_and_commits(first)
     late: RecordingAgent | None = None
     try:
         assert await second.wait_for_agents(2, 10.0) == 2
