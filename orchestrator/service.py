@@ -755,7 +755,7 @@ class Orchestrator:
         told `unavailable` and submits again. One placed anew (its client answered long ago)
         is let go unrecorded: its lease lapses and a replica adopts it, placing it anew."""
         pid = run.pipeline_id
-        log.warning("placing %s failed part-way (%r): nothing of it kept", pid, why)
+        log.warning("placing %s given up (%r): nothing of it kept", pid, why)
         await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
         self.pipelines.pop(pid, None)
         self.failover.give_back_strays(pid, keep=())
