@@ -1140,6 +1140,8 @@ def main(argv: list[str] | None = None) -> int:
         "sends unanswered submits again under the same id, as a client of a dead replica does",
     )
     args = ap.parse_args(argv)
+    if args.server_down < 0 or (args.server_down > 0 and args.restart_server_after <= 0):
+        ap.error("--server-down S needs S >= 0 and --restart-server-after")
     if args.kill_after > 0 and args.orchestrators < 2:
         ap.error("--kill-after needs --orchestrators 2 or more (one must survive)")
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:

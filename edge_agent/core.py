@@ -131,7 +131,7 @@ class AgentCore:
         done = self._done.get(key)
         # a provisional offer withdrawn uncommitted (its placement failed part-way) does not
         # stand in the way of the next placement of that pipeline id, provisional too
-        again = done is not None and done == (0, "withdrawn") and offer.token == 0
+        again = done == (0, "withdrawn") and offer.token == 0
         if done is not None and offer.token <= done[0] and not again:
             return self._reject(offer, "duplicate", "task already finished here")
         if offer.replaces and done == (offer.replaces, "ran"):

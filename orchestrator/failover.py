@@ -366,9 +366,7 @@ class Failover:
     def _lose(self, pid: str, why: str) -> None:
         """Another replica owns this pipeline now: forget it here, act on it no more."""
         self.lost += 1
-        self.leases.held.pop(pid, None)
-        self._written.pop(pid, None)
-        self._tell_when_recorded.pop(pid, None)
+        self.let_go(pid)
         run = self.o.pipelines.pop(pid, None)
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:

@@ -465,7 +465,8 @@ class Placer:
             if took:
                 await self.o.cancel_tasks(run, took, "placement failed", max_token=0)
         finally:
-            self._withdrawals.pop(run.pipeline_id, None)
+            if self._withdrawals.get(run.pipeline_id) is asyncio.current_task():
+                del self._withdrawals[run.pipeline_id]  # (not a later placement's)
 
     async def withdrawn(self, pid: str) -> None:
         """The withdrawal of a failed placement's offers has been sent (or failed): a new

@@ -693,21 +693,22 @@ class Orchestrator:
         if failed is not None:
             cause = failed.__cause__
             unsched = isinstance(cause, Unschedulable)
-            if isinstance(cause, Unschedulable) and cause.no_devices and anew:
-                # adopted with no agent up (the fleet not back from the same outage): not
-                # failed for it; let go, to be adopted and placed again a lease later
-                await self._abandon(run, anew, failed)
-                raise ServiceError("unavailable", "no agent is up: left to be adopted again")
-            if isinstance(cause, Unschedulable) and cause.no_devices and claim is not None:
+            if (
+                isinstance(cause, Unschedulable)
+                and cause.no_devices
+                and (anew or claim is not None)
+            ):
                 # no agent up when it was planned (a site restarting, a fleet not back yet;
                 # judged by what the plan saw: one may be back by now): not this pipeline's
-                # fault, and nothing was placed; the id is left free for a retry (refused as
-                # unschedulable, it was ended, and every resubmit of it answered with that end)
-                self.pipelines.pop(pid, None)
-                await self.failover.forget_unplaced(pid)
+                # fault. A new one's id is left free for a retry (refused as unschedulable, it
+                # was ended, and every resubmit answered with that end); one adopted is left
+                # to be adopted again (ended, its client told it failed for the outage)
+                await self._abandon(run, anew, failed)
                 raise ServiceError(
                     "unavailable",
-                    "no agent is up: nothing was placed, and the pipeline id is free; "
+                    "no agent is up: left to be adopted again"
+                    if anew
+                    else "no agent is up: nothing was placed, and the pipeline id is free; "
                     "submit it again once agents are back",
                 ) from failed
             # a pipeline that does not fit the fleet is the submitter's news (info); one lost
@@ -748,14 +749,16 @@ class Orchestrator:
         return reply
 
     async def _abandon(self, run: PipelineRun, anew: bool, why: Exception) -> None:
-        """A placement that failed part-way (NATS or JetStream going away mid-booking): not
-        left "placing" for ever (its lease renewed, every resubmit answered with it). What it
-        booked goes back (or expires, renewed no more), agents drop what they were offered
-        (never committed, its status unknown). A new submission frees its id: its client is
-        told `unavailable` and submits again. One placed anew (its client answered long ago)
-        is let go unrecorded: its lease lapses and a replica adopts it, placing it anew."""
+        """A placement given up, not failed: NATS or JetStream went away mid-booking (`why`
+        any exception), or no agent was up (`why` a PlacementFailed). Not left "placing" for
+        ever (its lease renewed, every resubmit answered with it): what it booked goes back
+        (or expires, renewed no more), agents drop what they were offered (never committed,
+        its status unknown). A new submission frees its id: its client is told `unavailable`
+        and submits again. One placed anew (its client answered long ago) is let go
+        unrecorded: its lease lapses and a replica adopts it, placing it anew."""
         pid = run.pipeline_id
-        log.warning("placing %s given up (%r): nothing of it kept", pid, why)
+        level = logging.INFO if isinstance(why, PlacementFailed) else logging.WARNING
+        log.log(level, "placing %s given up (%r): nothing of it kept", pid, why)
         await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
         self.pipelines.pop(pid, None)
         self.failover.give_back_strays(pid, keep=())

@@ -542,7 +542,9 @@ async def test_an_id_claimed_by_a_replica_that_died_before_answering_is_freed(
         await stop_cluster(first, agents)
 
 
-async def refused_and_free(orch: Orchestrator, spec: PipelineSpec, pid: str, says: str) -> None:
+async def assert_refused_and_free(
+    orch: Orchestrator, spec: PipelineSpec, pid: str, says: str
+) -> None:
     """Its submit is `unavailable` (saying `says`) and nothing is kept of it: no run, no
     spec, no lease (the id is free for the submit again)."""
     with pytest.raises(ServiceError) as err:
@@ -553,7 +555,7 @@ async def refused_and_free(orch: Orchestrator, spec: PipelineSpec, pid: str, say
     assert await orch.failover.leases.read(pid) is None
 
 
-async def placed(orch: Orchestrator, spec: PipelineSpec, pid: str) -> None:
+async def assert_placed(orch: Orchestrator, spec: PipelineSpec, pid: str) -> None:
     """Submitted (again), it is placed and succeeds."""
     reply = await orch.submit_spec(spec, pid)
     assert reply.state == "running"
@@ -571,12 +573,12 @@ async def test_a_submit_with_no_agent_up_is_unavailable_and_its_id_stays_free(
     agents: list[RecordingAgent] = []
     try:
         spec = chain("early", [0.1])
-        await refused_and_free(orch, spec, "early-1", "no agent is up")
+        await assert_refused_and_free(orch, spec, "early-1", "no agent is up")
         agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
         await agent.start()
         agents.append(agent)
         assert await orch.wait_for_agents(1, 10.0) == 1
-        await placed(orch, spec, "early-1")
+        await assert_placed(orch, spec, "early-1")
     finally:
         for a in agents:
             await a.stop()
@@ -612,9 +614,9 @@ async def test_an_agent_back_while_the_claim_is_awaited_still_makes_it_unavailab
     monkeypatch.setattr(orch, "_own", late_own)
     try:
         spec = chain("race", [0.1])
-        await refused_and_free(orch, spec, "race-1", "no agent is up")
+        await assert_refused_and_free(orch, spec, "race-1", "no agent is up")
         monkeypatch.undo()
-        await placed(orch, spec, "race-1")
+        await assert_placed(orch, spec, "race-1")
     finally:
         await agent.stop()
         await orch.stop()
@@ -688,16 +690,19 @@ async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_sta
     lease renewed, and every resubmit was answered with it."""
     orch, agents = await start_cluster(nats_url, configs(1))
     book = orch.store.book
+    writes: list[str] = []
 
-    async def failing_book(*a: Any, **kw: Any) -> Any:
+    async def failing_book(key: str, *a: Any, **kw: Any) -> Any:
+        writes.append(key)
         raise nats.errors.NoRespondersError  # what a JetStream write gets with no server
 
     monkeypatch.setattr(orch.store, "book", failing_book)
     try:
         spec = chain("partway", [0.1])
-        await refused_and_free(orch, spec, "partway-1", "failed part-way")
+        await assert_refused_and_free(orch, spec, "partway-1", "failed part-way")
+        assert writes == ["dev.ag0.cpu0"]  # it failed at its booking write, not before
         monkeypatch.setattr(orch.store, "book", book)
-        await placed(orch, spec, "partway-1")
+        await assert_placed(orch, spec, "partway-1")
     finally:
         await stop_cluster(orch, agents)
 

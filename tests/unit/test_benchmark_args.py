@@ -1,5 +1,6 @@
 """Benchmark options: the placement benchmark's `--paced` list (one paced phase per rate) and
-the lists of counts other benchmarks take; the placement benchmark's traffic per process kind."""
+the lists of counts other benchmarks take; the placement benchmark's traffic per process kind;
+the booking stress's outage length."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 
 import pytest
 
+from benchmarks import booking_stress
 from benchmarks.common import counts
 from benchmarks.placement_latency import by_kind, paced_name, paced_rates
 
@@ -53,3 +55,15 @@ def test_traffic_of_agents_counts_own_and_shared_connections_alike() -> None:
         "benchmark client": (1, 1),
         "other": (0, 7),
     }
+
+
+@pytest.mark.parametrize(
+    "argv", [["--server-down", "5"], ["--restart-server-after", "8", "--server-down", "-1"]]
+)
+def test_the_stress_refuses_an_outage_length_without_a_restart_or_below_zero(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        booking_stress.main(argv)
+    assert exit_.value.code == 2
+    assert "--server-down S needs S >= 0 and --restart-server-after" in capsys.readouterr().err
