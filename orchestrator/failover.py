@@ -371,6 +371,9 @@ class Failover:
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:
             run.note(f"{self.o.owner} lost the ownership lease ({why})")
+            if run.state == "cancelled" and pid not in self._finished:
+                # cancelled here while the lease had lapsed: the adopter resumed it running
+                self.o._spawn(self.o.cancel_lost(run))
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -10,6 +10,7 @@ import gc
 import heapq
 import itertools
 import logging
+import re
 import time
 import uuid
 from collections.abc import (
@@ -57,6 +58,7 @@ from schemas import subjects
 from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat
 from schemas.api import (
     TASK_ENDED_STATES,
+    TERMINAL_STATES,
     AgentsReply,
     AgentsRequest,
     AgentSummary,
@@ -90,7 +92,15 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import RemoteError, ServiceError, handle, let_sends_out, request, settle
+from schemas.rpc import (
+    RemoteError,
+    ServiceError,
+    handle,
+    let_sends_out,
+    request,
+    respond,
+    settle,
+)
 
 log = logging.getLogger("mars.orchestrator")
 #: Offers and commits go to agents as JSON (their replies come back in it): pydantic parses
@@ -150,6 +160,11 @@ FINAL_WRITES_S = 10.0
 EVENTS_BEHIND = 512
 EVENTS_CAUGHT_UP = 64
 EVENTS_WAIT_S = 5.0
+#: A cancel passed on to the replica holding the pipeline: how long its answer is awaited,
+#: and how often one cancelled under a lapsed lease and then lost is offered to the adopter.
+CANCEL_PASS_S = 5.0
+CANCEL_PASS_TRIES = 8
+OWNER_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 class Orchestrator:
@@ -177,6 +192,8 @@ class Orchestrator:
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
+        if not OWNER_NAME.fullmatch(self.owner):  # a token of its own subjects
+            raise ValueError(f"orchestrator name {self.owner!r}: 1-128 of A-Z a-z 0-9 _ -")
         self.view = ClusterView(misses, salt=self.owner)
         self.pipelines: dict[str, PipelineRun] = {}
         self._trim_at = MAX_PIPELINES_KEPT + TRIM_STEP
@@ -284,6 +301,7 @@ class Orchestrator:
         self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self.displaced.on_evict)
         await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
+        await nc.subscribe(subjects.replica_cancel(self.owner), cb=self._on_passed_cancel)
         svc = await nats.micro.add_service(
             nc,
             name=subjects.API_SERVICE,
@@ -1115,11 +1133,80 @@ class Orchestrator:
         return ListReply(pipelines=[r.summary() for r in runs[: req.limit]])
 
     async def cancel(self, req: CancelRequest) -> CancelReply:
+        """Any replica may be given a cancel (the API is a queue group): the one holding the
+        pipeline's lease cancels it, so a cancel given to another is passed on to it."""
+        pid = req.pipeline_id
+        run = self.pipelines.get(pid)
+        if run is not None and (run.terminal or self.failover.may_act(pid)):
+            return await self._cancel_run(run, req.reason)
+        holder = await self.failover.holder(pid)
+        if holder is not None and holder != self.owner:
+            return await self._pass_cancel(holder, req)
+        if run is not None:
+            # its lease lapsed here and nobody else holds it: cancelled here, the end written
+            # once the lease is renewed, or passed on to whoever adopts it (`cancel_lost`)
+            return await self._cancel_run(run, req.reason)
+        if holder is not None:  # ours, and no run yet: being placed or adopted here
+            raise ServiceError("unavailable", f"pipeline {pid} is being placed; ask again")
+        st = await self.failover.status_elsewhere(pid)
+        if st is None:
+            raise ServiceError("not_found", f"no pipeline {pid}")
+        if st.state in TERMINAL_STATES:
+            return CancelReply(pipeline_id=pid, state=st.state)
+        raise ServiceError(
+            "unavailable",
+            f"pipeline {pid} is held by no replica now (its owner's lease lapsed, another "
+            "adopts it); ask again",
+        )
+
+    async def _cancel_held(self, req: CancelRequest) -> CancelReply:
+        """A cancel passed on by another replica: served only while this one holds the
+        pipeline (never passed on again, so a cancel cannot go round in circles)."""
         run = self.pipelines.get(req.pipeline_id)
-        if run is None:
-            raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
+        if run is None or not (run.terminal or self.failover.may_act(req.pipeline_id)):
+            raise ServiceError(
+                "unavailable", f"{self.owner} does not hold pipeline {req.pipeline_id}; ask again"
+            )
+        return await self._cancel_run(run, req.reason)
+
+    async def _on_passed_cancel(self, msg: Msg) -> None:
+        await respond(self.nc, msg, CancelRequest, self._cancel_held)
+
+    async def _pass_cancel(self, holder: str, req: CancelRequest) -> CancelReply:
+        assert self.nc is not None
+        try:
+            return await request(
+                self.nc, subjects.replica_cancel(holder), req, CancelReply, timeout=CANCEL_PASS_S
+            )
+        except RemoteError as exc:  # the holder's answer, as it gave it
+            env = exc.envelope
+            raise ServiceError(env.code, env.message, env.details) from None
+        except (TimeoutError, nats.errors.NoRespondersError):
+            raise ServiceError(
+                "unavailable", f"{holder} holds pipeline {req.pipeline_id} and does not answer"
+            ) from None
+
+    async def cancel_lost(self, run: PipelineRun) -> None:
+        """This replica cancelled a pipeline while its lease had lapsed, then lost it to an
+        adopter, which resumed it from a record that says running: the cancel is passed on
+        (the adopter may still be setting the run up: it is asked again a few times)."""
+        req = CancelRequest(pipeline_id=run.pipeline_id, reason=run.reason)
+        for attempt in range(CANCEL_PASS_TRIES):
+            try:
+                holder = await self.failover.holder(run.pipeline_id)
+                if holder is None or holder == self.owner:
+                    raise ServiceError("unavailable", "held by no other replica yet")
+                reply = await self._pass_cancel(holder, req)
+                log.info("cancel of %s passed on to %s: %s", run.pipeline_id, holder, reply.state)
+                return
+            except (ServiceError, TimeoutError, nats.errors.Error) as exc:
+                why = exc.message if isinstance(exc, ServiceError) else repr(exc)
+            await asyncio.sleep(0.2 * (attempt + 1))  # back off before asking again
+        log.warning("cancel of %s not passed on to its new owner: %s", run.pipeline_id, why)
+
+    async def _cancel_run(self, run: PipelineRun, reason: str) -> CancelReply:
         if not run.terminal:
-            run.finish("cancelled", req.reason or "cancelled by request", self._now())
+            run.finish("cancelled", reason or "cancelled by request", self._now())
             await self._cancel_on_agents(run, run.reason)
             await self._finished(run)  # persisted before anyone hears it ended
             await self._publish_pipeline(run)

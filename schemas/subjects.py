@@ -14,6 +14,9 @@ CANCEL = f"{API}.cancel"
 AGENTS = f"{API}.agents"
 API_SUBJECTS = (SUBMIT, STATUS, LIST, CANCEL, AGENTS)
 
+#: Subjects of one orchestrator replica (its owner name: `Ident`), outside the queue group.
+REPLICAS = f"{PREFIX}.orch"
+
 ALL_ADVERTS = f"{PREFIX}.agents.*.advert"
 ALL_HEARTBEATS = f"{PREFIX}.agents.*.hb"
 #: Orchestrators publish here on start so agents advertise at once.
@@ -129,3 +132,9 @@ ALL_INPUTS_GONE = f"{EVENTS}.input_gone.>"
 def input_gone(pipeline_id: str) -> str:
     """A consumer's input no longer held by its producer's agent (`InputGone`)."""
     return f"{EVENTS}.input_gone.{pipeline_id}"
+
+
+def replica_cancel(owner: str) -> str:
+    """A `CancelRequest` passed on to the replica holding the pipeline's lease, by the one the
+    queue group gave it to (or by a replica that cancelled it and then lost its lease)."""
+    return f"{REPLICAS}.{owner}.cancel"

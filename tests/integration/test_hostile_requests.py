@@ -45,8 +45,10 @@ from tests.harness import LoopThread, agent_config, start_cluster, stop_cluster
 pytestmark = pytest.mark.integration
 
 AGENT = "victim"
+ORCH = "orch-victim"
 SUBJECTS = [
     *subjects.API_SUBJECTS,
+    subjects.replica_cancel(ORCH),
     subjects.offer(AGENT),
     subjects.offers(AGENT),
     subjects.commit(AGENT),
@@ -62,6 +64,7 @@ MODELS: dict[str, type[WireModel]] = {
     subjects.LIST: ListRequest,
     subjects.CANCEL: CancelRequest,
     subjects.AGENTS: AgentsRequest,
+    subjects.replica_cancel(ORCH): CancelRequest,
     subjects.offer(AGENT): TaskOffer,
     subjects.offers(AGENT): OfferBatch,
     subjects.commit(AGENT): CommitCommand,
@@ -90,7 +93,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     server = EmbeddedNats(store_dir=str(tmp_path_factory.mktemp("nats"))).start()
     loop = LoopThread()
     try:
-        orch, agents = loop.run(start_cluster(server.url, {AGENT: agent_config("s", "edge")}))
+        orch, agents = loop.run(
+            start_cluster(server.url, {AGENT: agent_config("s", "edge")}, name=ORCH)
+        )
         nc = loop.run(nats.connect(server.url))
         yield Env(loop, nc, orch, list(agents))
         loop.run(nc.close())
