@@ -234,8 +234,11 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
-        for p in (await client.list()).pipelines:
+        reply = await client.list()
+        for p in reply.pipelines:
             print(f"{p.pipeline_id}  {p.name:<24} {p.state:<14} {p.tasks} tasks")
+        if reply.unanswered:  # their pipelines are missing above
+            print(f"not answered by: {', '.join(reply.unanswered)}", file=sys.stderr)
         return 0
 
     try:

@@ -246,10 +246,11 @@ class PipelineRun:
         ]
         return 100.0 * sum(errs) / len(errs) if errs else None
 
-    def summary(self) -> PipelineSummary:
+    def summary(self, submitted: float | None = None) -> PipelineSummary:
         return PipelineSummary(
             pipeline_id=self.pipeline_id,
             name=self.spec.name,
             state=self.state,
             tasks=len(self.tasks),
+            submitted=submitted,
         )

@@ -44,6 +44,7 @@ from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
+from orchestrator.replicas import Replicas
 from orchestrator.reservations.store import (
     KEY_MAX_BYTES,
     BookingStore,
@@ -164,6 +165,7 @@ EVENTS_WAIT_S = 5.0
 #: and how often one cancelled under a lapsed lease and then lost is offered to the adopter.
 CANCEL_PASS_S = 5.0
 CANCEL_PASS_TRIES = 8
+LIST_WAIT_S = 1.0
 OWNER_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
@@ -221,6 +223,9 @@ class Orchestrator:
         self.failover = Failover(self, lease_s=owner_lease_s)
         #: Re-plans on late tasks and slowed devices when the gain rule says so (adaptive.py).
         self.adaptive = Adaptive(self)
+        #: The other replicas up (a `list` asks each), and how long each answer is awaited.
+        self.replicas = Replicas(self.owner, self._now)
+        self.list_wait_s = LIST_WAIT_S
         #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
         self.recovery = Recovery(self)
         #: Evicted tasks, lost windows and lost inputs put back (orchestrator/displaced.py).
@@ -302,6 +307,8 @@ class Orchestrator:
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self.displaced.on_evict)
         await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
         await nc.subscribe(subjects.replica_cancel(self.owner), cb=self._on_passed_cancel)
+        await nc.subscribe(subjects.replica_list(self.owner), cb=self._on_list_here)
+        await self.replicas.start(nc)
         svc = await nats.micro.add_service(
             nc,
             name=subjects.API_SERVICE,
@@ -329,6 +336,8 @@ class Orchestrator:
         self._spawn(self.failover.run())
         await self.adaptive.start()
         await settle(nc)  # every subscription is live before a caller's first request
+        await self.replicas.announce()
+        self._spawn(self.replicas.run())
         if timing_log.isEnabledFor(logging.DEBUG):
             self._gc_hook = eventloop.gc_pause_hook(timing_log)
             gc.callbacks.append(self._gc_hook)
@@ -397,6 +406,7 @@ class Orchestrator:
             )  # fmt: skip
         await self.failover.stop()
         self.adaptive.stop()
+        await self.replicas.leave()
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await self._service.stop()
@@ -1128,9 +1138,49 @@ class Orchestrator:
         raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
 
     async def list(self, req: ListRequest) -> ListReply:
+        """The newest pipelines of every replica: each holds its own in memory, so every
+        replica heard from lately is asked for its own (`replicas.py`), and the lists merged."""
+        peers = self.replicas.up()
+        answers = await asyncio.gather(*(self._ask_list(p, req) for p in peers))
+        merged = {s.pipeline_id: s for s in self._list_here(req).pipelines}
+        unanswered: list[str] = []
+        for peer, got in zip(peers, answers, strict=True):
+            if got is None:
+                unanswered.append(peer)
+                continue
+            for s in got.pipelines:  # a copy left where a lease lapsed says less than the end
+                cur = merged.get(s.pipeline_id)
+                if cur is None or (cur.state not in TERMINAL_STATES and s.state in TERMINAL_STATES):
+                    merged[s.pipeline_id] = s
+        newest = sorted(merged.values(), key=lambda s: -(s.submitted or 0.0))
+        return ListReply(pipelines=newest[: req.limit], unanswered=unanswered[:64])
+
+    def _list_here(self, req: ListRequest) -> ListReply:
         runs = [r for r in self.pipelines.values() if req.state is None or r.state == req.state]
         runs.sort(key=lambda r: -r.submitted_at)
-        return ListReply(pipelines=[r.summary() for r in runs[: req.limit]])
+        now, wall = self._now(), self.wall()
+        return ListReply(
+            pipelines=[
+                r.summary(submitted=max(0.0, wall - (now - r.submitted_at)))
+                for r in runs[: req.limit]
+            ]
+        )
+
+    async def _on_list_here(self, msg: Msg) -> None:
+        async def here(req: ListRequest) -> ListReply:
+            return self._list_here(req)
+
+        await respond(self.nc, msg, ListRequest, here)
+
+    async def _ask_list(self, peer: str, req: ListRequest) -> ListReply | None:
+        assert self.nc is not None
+        try:
+            return await request(
+                self.nc, subjects.replica_list(peer), req, ListReply, timeout=self.list_wait_s
+            )
+        except Exception as exc:  # said in the reply's `unanswered`
+            log.info("replica %s did not answer a list: %r", peer, exc)
+            return None
 
     async def cancel(self, req: CancelRequest) -> CancelReply:
         """Any replica may be given a cancel (the API is a queue group): the one holding the

@@ -36,7 +36,7 @@ from schemas.errors import ErrorCode, ErrorEnvelope
 from schemas.events import PipelineEvent, TaskEvent
 
 #: The models whose JSON Schema `mars schema` publishes.
-from schemas.failover import OwnerLease, PipelineRecord
+from schemas.failover import OwnerLease, PipelineRecord, ReplicaHello
 from schemas.pipeline import (
     ExecRun,
     OnnxRun,
@@ -104,6 +104,7 @@ PUBLIC_MODELS: tuple[type[WireModel], ...] = (
     TaskResults,
     OwnerLease,
     PipelineRecord,
+    ReplicaHello,
     CorrectionRecord,
 )
 
@@ -152,6 +153,7 @@ __all__ = [
     "PythonRun",
     "RejectCode",
     "RemoteError",
+    "ReplicaHello",
     "Requirements",
     "StatusReply",
     "StatusRequest",

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from schemas.base import WireModel
+from schemas.bookings import Instant
 from schemas.limits import MAX_TASKS, Bytes, Ident, NonNegFloat, ShortText, Text
 from schemas.pipeline import PipelineSpec
 
@@ -105,10 +106,16 @@ class PipelineSummary(WireModel):
     name: Ident
     state: PipelineState
     tasks: Annotated[int, Field(ge=0, le=MAX_TASKS)]
+    #: When it was submitted, on the booking clock (Unix seconds): replicas' lists merge by it.
+    submitted: Instant | None = None
 
 
 class ListReply(WireModel):
+    """The newest pipelines of every replica (each holds its own in memory), newest first."""
+
     pipelines: Annotated[list[PipelineSummary], Field(max_length=1000)]
+    #: Replicas known to be up that did not answer in time: their pipelines are missing.
+    unanswered: Annotated[list[Ident], Field(max_length=64)] = Field(default_factory=list)
 
 
 class CancelRequest(WireModel):

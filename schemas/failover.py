@@ -95,3 +95,13 @@ class PipelineRecord(WireModel):
     evictions: Annotated[
         dict[Ident, Annotated[int, Field(ge=0, le=1000)]], Field(max_length=MAX_TASKS)
     ] = Field(default_factory=dict)
+
+
+class ReplicaHello(WireModel):
+    """An orchestrator replica says it is up (at start and every few seconds) or leaving; one
+    that hears a newcomer (`answer`) says hello back, so every replica knows the others (a
+    `list` asks each of them)."""
+
+    owner: Ident
+    leaving: bool = False
+    answer: bool = False

@@ -138,3 +138,12 @@ def replica_cancel(owner: str) -> str:
     """A `CancelRequest` passed on to the replica holding the pipeline's lease, by the one the
     queue group gave it to (or by a replica that cancelled it and then lost its lease)."""
     return f"{REPLICAS}.{owner}.cancel"
+
+
+#: Every replica's hello (`ReplicaHello`), heard by all of them.
+REPLICA_HELLO = f"{REPLICAS}.hello"
+
+
+def replica_list(owner: str) -> str:
+    """A `ListRequest` for the pipelines one replica holds in memory (no others)."""
+    return f"{REPLICAS}.{owner}.list"

@@ -1,0 +1,56 @@
+"""Replica membership (`orchestrator/replicas.py`): who is taken to be up, from hellos."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from orchestrator.replicas import HELLO_EVERY_S, MISSED_HELLOS, Replicas
+from schemas.codec import encode
+from schemas.failover import ReplicaHello
+
+
+class Wire:
+    """What the replica publishes (no NATS: the membership rule alone is under test)."""
+
+    is_connected = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self.sent.append((subject, data))
+
+
+def raw(data: bytes) -> Any:
+    return SimpleNamespace(data=data)
+
+
+def hello(**kw: Any) -> Any:
+    return raw(encode(ReplicaHello(**kw)))
+
+
+async def test_a_replica_is_up_from_its_hello_until_goodbye_or_silence() -> None:
+    now = [100.0]
+    wire = Wire()
+    r = Replicas("me", lambda: now[0])
+    r._nc = wire
+    await r._on_hello(hello(owner="b", answer=True))  # a newcomer: answered with ours
+    await r._on_hello(hello(owner="c"))
+    await r._on_hello(hello(owner="me"))  # our own, heard back
+    assert r.up() == ["b", "c"]
+    assert len(wire.sent) == 1  # only the newcomer was answered
+    await r._on_hello(hello(owner="c", leaving=True))
+    assert r.up() == ["b"]
+    now[0] += MISSED_HELLOS * HELLO_EVERY_S - 0.1
+    assert r.up() == ["b"]
+    now[0] += 0.2  # three hellos missed
+    assert r.up() == []
+
+
+async def test_a_malformed_hello_changes_nothing() -> None:
+    r = Replicas("me", lambda: 0.0)
+    r._nc = Wire()
+    await r._on_hello(raw(b"\x81\xa5owner\xc0"))
+    await r._on_hello(raw(b"not msgpack at all \xff"))
+    assert r.up() == []
