@@ -488,8 +488,8 @@ class Failover:
         record: while the lease had lapsed no write was made (fenced), an end's included, and
         nothing else writes that end again (nor gives its lease back)."""
         run = self.o.pipelines.get(pid)
-        if run is None:
-            return
+        if run is None or not self.may_act(pid):
+            return  # its lease not renewed yet: caught up when it is (`resumed`), or adopted
         if not run.terminal:
             n = await self.replay(run)
             if n:
@@ -655,6 +655,11 @@ class Failover:
                     break
                 for i, msg in enumerate(msgs):
                     await pacer.pace(i > 0)
+                    if not self.may_act(pid):
+                        # fenced from here on: applied by the replay after the lease is back,
+                        # which must start here (the mark is not moved past what was not read)
+                        pending = 0
+                        break
                     dup, stale = run.duplicate_events, run.stale_events
                     await o._on_task_event(msg)
                     # an event seen before is a replay here, not a duplicate delivery

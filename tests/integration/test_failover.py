@@ -745,3 +745,42 @@ async def test_an_adoption_cut_short_lets_the_lease_lapse_to_be_adopted_again(
         with contextlib.suppress(Exception):
             await second.stop()
         await stop_cluster(first, agents)
+
+
+async def test_events_fenced_while_the_lease_lapsed_are_applied_once_it_is_renewed(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back from an outage, a replica reads its pipelines' task events again at once, while
+    some of their leases have not been renewed yet: those events are fenced (not applied),
+    and must be read again once the lease is renewed. Before, that first read moved the
+    pipeline's replay mark past them, so the read after the renewal started after them too:
+    the pipeline never heard its last tasks end and ran for ever (what the 15 s server
+    outage stress showed when owners, not adopters, resumed their lapsed pipelines)."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    leases = orch.failover.leases
+    renewing = asyncio.Event()
+    renew_all = leases.renew_all
+
+    async def held_back() -> tuple[list[str], list[str]]:
+        await renewing.wait()  # JetStream not back yet: no renewal gets through
+        return await renew_all()
+
+    monkeypatch.setattr(leases, "renew_all", held_back)
+    tap = EventTap()
+    try:
+        await tap.start(nats_url, "gap-1")
+        reply = await orch.submit_spec(chain("gap", [0.05, 0.3]), "gap-1")
+        assert reply.state == "running"
+        leases.held["gap-1"].valid_until = orch.mono()  # lapsed: every event from now fenced
+        await tap.wait("t1", "succeeded")
+        assert await agents[0].outbox.wait_empty(10.0)  # every event is on the stream
+        await orch.failover.catch_up("gap-1")  # as after a reconnect, the lease still lapsed
+        run = orch.pipelines["gap-1"]
+        assert not run.terminal  # fenced
+        renewing.set()  # renewed: caught up again, this time applied
+        run = await orch.wait_terminal("gap-1", 10.0)
+        assert run.state == "succeeded", run.reason
+    finally:
+        renewing.set()
+        await tap.close()
+        await stop_cluster(orch, agents)
