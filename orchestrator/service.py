@@ -166,6 +166,8 @@ EVENTS_WAIT_S = 5.0
 CANCEL_PASS_S = 5.0
 CANCEL_PASS_TRIES = 8
 LIST_WAIT_S = 1.0
+#: API requests (other than submits, which have their own queue) served at once per replica.
+MAX_API_IN_FLIGHT = 256
 OWNER_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
@@ -210,6 +212,8 @@ class Orchestrator:
         self._submit_queue: asyncio.Queue[tuple[float, Request]] = asyncio.Queue()
         self.max_queued_submits = max_queued_submits
         self._idle_workers = 0
+        #: `status`, `list`, `cancel` and `agents` requests being served now.
+        self._api_in_flight = 0
         #: Submissions not served because their client had given up (`SubmitRequest.timeout_ms`)
         #: or refused because the queue was full.
         self.stale_submissions = 0
@@ -421,11 +425,30 @@ class Orchestrator:
     def _ep(
         self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
     ) -> Callable[[Request], Awaitable[None]]:
-        """An endpoint handler (nats-py runs one subscription's callbacks one after another)."""
+        """An endpoint handler. nats-py runs one subscription's callbacks one after another,
+        so each request is served in a task of its own: one waiting on JetStream (a record
+        read while the server comes back) or on another replica (a cancel passed on) held
+        every request behind it, each timing out in turn. At most MAX_API_IN_FLIGHT at once;
+        one beyond is refused `unavailable`."""
+
+        async def serve(req: Request) -> None:
+            try:
+                body, headers = await handle(req.data, req.headers, model, fn)
+                with contextlib.suppress(Exception):  # the requester may be gone
+                    await req.respond(body, headers=headers)
+            except asyncio.CancelledError:  # stopping: said, not left to time out
+                await self._refuse(req, "this orchestrator is stopping; ask again")
+                raise
+            finally:
+                self._api_in_flight -= 1
 
         async def endpoint(req: Request) -> None:
-            body, headers = await handle(req.data, req.headers, model, fn)
-            await req.respond(body, headers=headers)
+            if self._api_in_flight >= MAX_API_IN_FLIGHT:
+                n = self._api_in_flight
+                await self._refuse(req, f"{n} requests are being served here; try again soon")
+                return
+            self._api_in_flight += 1
+            self._spawn(serve(req))
 
         return endpoint
 

@@ -1,15 +1,18 @@
 """`list` answers with every replica's pipelines, whichever replica the queue group gives it
-to, over a real nats-server: each holds its own in memory and is asked for them."""
+to, over a real nats-server: each holds its own in memory and is asked for them. And a
+replica serves its API requests side by side."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import pytest
 
 from orchestrator.client import Client
 from orchestrator.service import Orchestrator
-from schemas.api import CancelRequest, ListRequest
+from schemas.api import CancelRequest, ListRequest, StatusReply
+from schemas.codec import RemoteError
 from tests.harness import start_cluster, stop_cluster
 from tests.integration.test_failover import chain, configs
 
@@ -55,3 +58,38 @@ async def test_list_answers_with_every_replicas_pipelines(nats_url: str) -> None
         with contextlib.suppress(Exception):
             await second.stop()
         await stop_cluster(first, agents)
+
+
+async def test_a_request_waiting_on_jetstream_holds_up_no_other(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A status answered from the record waits on JetStream (seconds while a restarted server
+    comes back): the next status, about a pipeline held here, is answered meanwhile. Before,
+    a replica served one API request at a time, and after a long outage every status behind
+    a slow one timed out in turn."""
+    orch, agents = await start_cluster(nats_url, configs(1), name="orch-only")
+    client = await Client.connect(nats_url, timeout=3.0)
+    release = asyncio.Event()
+    asked = asyncio.Event()
+    status_elsewhere = orch.failover.status_elsewhere
+
+    async def slow(pid: str) -> StatusReply | None:
+        asked.set()
+        await release.wait()  # JetStream not answering yet
+        return await status_elsewhere(pid)
+
+    monkeypatch.setattr(orch.failover, "status_elsewhere", slow)
+    try:
+        await orch.submit_spec(chain("here", [30.0]), "here-1")
+        waiting = asyncio.create_task(client.status("elsewhere-1"))
+        await asyncio.wait_for(asked.wait(), 5.0)
+        assert (await client.status("here-1")).state == "running"  # not held up
+        assert not waiting.done()
+        release.set()
+        with pytest.raises(RemoteError) as nf:
+            await waiting
+        assert nf.value.code == "not_found"
+    finally:
+        release.set()
+        await client.close()
+        await stop_cluster(orch, agents)
