@@ -145,6 +145,11 @@ class Failover:
         """A pipeline's record says it ended (or there are no records to say so)."""
         return self.leases is None or pid in self._finished
 
+    def holds(self, pid: str) -> bool:
+        """This replica holds the pipeline's lease (lapsed or not): a pipeline whose end is
+        recorded gives it back."""
+        return self.leases is not None and pid in self.leases.held
+
     def tell_when_recorded(self, run: PipelineRun) -> None:
         """Publish this ended pipeline's terminal event once its record says it ended (its
         write failed, or its lease had lapsed): whoever hears of the end finds it in `status`

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import nats
 import pytest
 
-from orchestrator import procs
+from orchestrator import procs, service
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun
@@ -783,4 +783,42 @@ async def test_events_fenced_while_the_lease_lapsed_are_applied_once_it_is_renew
     finally:
         renewing.set()
         await tap.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_pipeline_ended_unrecorded_is_kept_until_its_end_is_written(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipeline that ends while its lease has lapsed (the server away) cannot record its
+    end until the lease is renewed; meanwhile newer pipelines make the replica drop finished
+    ones from memory. Before, this one was dropped too: once the lease was renewed nothing
+    was left to write the end from, the lease was renewed for ever and the record said
+    running for ever (found by the 15 s server-outage stress: "not terminal 120 s after
+    submit")."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    leases = orch.failover.leases
+    renewing = asyncio.Event()
+    renew_all = leases.renew_all
+
+    async def held_back() -> tuple[list[str], list[str]]:
+        await renewing.wait()  # the server away: no renewal gets through
+        return await renew_all()
+
+    monkeypatch.setattr(leases, "renew_all", held_back)
+    try:
+        await orch.submit_spec(chain("kept", [5.0]), "kept-1")
+        leases.held["kept-1"].valid_until = orch.mono()  # lapsed
+        await orch.cancel(CancelRequest(pipeline_id="kept-1", reason="ended while lapsed"))
+        assert not orch.failover.end_recorded("kept-1")
+        # the next pipeline remembered drops every finished one
+        monkeypatch.setattr(service, "MAX_PIPELINES_KEPT", 0)
+        orch._trim_at = 0
+        await orch.submit_spec(chain("newer", [0.05]), "newer-1")
+        assert "kept-1" in orch.pipelines  # its end not written yet: kept
+        renewing.set()
+        rec = await settled_record(nats_url, "kept-1")
+        assert rec.state == "cancelled"
+        await kv_until(nats_url, OWNERS_BUCKET, "kept-1", OwnerLease, lambda x: not x.expires, 5)
+    finally:
+        renewing.set()
         await stop_cluster(orch, agents)
