@@ -49,6 +49,10 @@ RECORD_CAS_TRIES = 3
 OWNER_LEASE_S = 3.0
 OWNER_RENEW_S = 1.0
 OWNER_GRACE_S = 0.5
+#: Back from an outage of its own, a replica adopts no lease for this many lease lengths:
+#: every lease may have lapsed meanwhile with its owner alive and about to renew it (a 15 s
+#: server restart made both replicas adopt each other's pipelines).
+ADOPT_HOLD_LEASES = 2.0
 REPLAY_BATCH = 256
 FINISHED_KEPT = 10_000
 #: Shortest interval between two progress writes of one pipeline's record.
@@ -110,6 +114,9 @@ class Failover:
         self._retries: dict[str, int] = {}
         self._done: dict[str, int] = {}
         self._adopting: set[str] = set()
+        #: No adoption before this (monotonic): set when this replica is back from an outage
+        #: of its own, during which every lease may have lapsed with its owner alive.
+        self._adopt_from = -math.inf
         self._progress_due: set[str] = set()
         #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
         self._finished: dict[str, None] = {}
@@ -398,12 +405,19 @@ class Failover:
                     reconnects = nc.stats["reconnects"]
                     catch_up |= set(self.leases.held)
                     await self.leases.watch()
+                    # a lease that expired while we were away (the server restarting, say)
+                    # says nothing of its owner, away too: owners get ADOPT_HOLD_LEASES leases'
+                    # time to renew their own before anyone's is adopted here
+                    self._adopt_from = self.o.mono() + ADOPT_HOLD_LEASES * self.lease_s
                 for pid in sorted(catch_up):
                     self.o._spawn(self.catch_up(pid))
-                for pid, lease, rev in self.leases.expired():
-                    if pid not in self._adopting:
-                        self._adopting.add(pid)
-                        self.o._spawn(self.adopt(pid, lease, rev))
+                # (and none while away: the CAS would wait in the client's buffer and take the
+                # lease the moment it is back, before its owner could renew it)
+                if nc.is_connected and self.o.mono() >= self._adopt_from:
+                    for pid, lease, rev in self.leases.expired():
+                        if pid not in self._adopting:
+                            self._adopting.add(pid)
+                            self.o._spawn(self.adopt(pid, lease, rev))
                 now = self.o.mono()
                 busy = self._keeping is not None and not self._keeping.done()
                 if now - self._kept_fresh_at >= self.keep_fresh_every() and not busy:

@@ -229,6 +229,36 @@ async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) 
         await stop_cluster(orch, agents)
 
 
+async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipelines(
+    nats_server: EmbeddedNats,
+) -> None:
+    """The server is away longer than an ownership lease: every lease lapses with its owner
+    alive. Back, the owner renews its own; the other replica, back too, adopts nothing
+    for a while (`ADOPT_HOLD_LEASES`). Before, whoever came back first adopted the other's
+    pipelines, and every pipeline changed hands."""
+    url = nats_server.url
+    first, agents = await start_cluster(url, configs())
+    second = Orchestrator(url, name="second")
+    await second.start()
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        await first.submit_spec(chain("outage", [0.2, 6.0, 0.2]), "outage-1")
+        lease = first.failover.lease_s + first.failover.grace_s
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.sleep(lease + 1.5)  # the outage's length: past every lease
+        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
+        await asyncio.to_thread(nats_server.start)
+        run = await first.wait_terminal("outage-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert (first.failover.lost, second.failover.adopted) == (0, 0)
+        rec = await settled_record(url, "outage-1")
+        assert rec.owner == first.owner and rec.epoch == 1
+    finally:
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
+
+
 async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
