@@ -405,7 +405,9 @@ async def run_load(
 
     def done(o: Outcome) -> None:
         outcomes.append(o)
-        counts[o.state] += 1
+        # no status settled (yet): asked again after the load, and counted by what it says then
+        unsettled = o.status is None and o.state == "failed" and "refused" not in o.reason
+        counts["no status yet" if unsettled else o.state] += 1
         n = len(outcomes)
         if n % every == 0 or n == total:
             el = time.perf_counter() - t_start
