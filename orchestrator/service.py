@@ -166,6 +166,8 @@ EVENTS_WAIT_S = 5.0
 CANCEL_PASS_S = 5.0
 CANCEL_PASS_TRIES = 8
 LIST_WAIT_S = 1.0
+#: An adopted pipeline waiting for an agent looks at its lease at least this often.
+AGENT_WAIT_LOOK_S = 2.0
 #: API requests (other than submits, which have their own queue) served at once per replica.
 MAX_API_IN_FLIGHT = 256
 OWNER_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -707,6 +709,21 @@ class Orchestrator:
         except ServiceError as exc:
             log.warning("pipeline %s, placed anew, not placed: %s", pid, exc.message)
 
+    async def _place_once_an_agent_is_up(self, run: PipelineRun) -> None:
+        """An adopted pipeline placed anew while no agent was up waits, its lease renewed,
+        until one is (or it is cancelled, or lost to another replica), then is placed anew."""
+        pid = run.pipeline_id
+        log.info("pipeline %s adopted with no agent up: placed anew once one is", pid)
+        while True:
+            self.cluster_changed.clear()  # before looking: an advert from now on wakes us
+            if self.pipelines.get(pid) is not run or run.terminal or not self.failover.holds(pid):
+                return
+            if self.failover.may_act(pid) and self.view.alive(self._now()):
+                break
+            with contextlib.suppress(TimeoutError):  # the lease is looked at again meanwhile
+                await asyncio.wait_for(self.cluster_changed.wait(), AGENT_WAIT_LOOK_S)
+        await self.place_anew(pid, run.spec, "an agent is up: placed anew")
+
     async def _place_new(
         self,
         run: PipelineRun,
@@ -753,13 +770,21 @@ class Orchestrator:
                 # judged by what the plan saw: one may be back by now): not this pipeline's
                 # fault. A new one's id is left free for a retry (refused as unschedulable, it
                 # was ended, and every resubmit answered with that end); one adopted is left
-                # to be adopted again (ended, its client told it failed for the outage)
+                # where it is, under the lease held, and placed anew once an agent is up (ended,
+                # its client was told it failed for the outage; let go, it was adopted again
+                # every few seconds, a warning each time, until one was)
+                if anew:
+                    await self.placer.withdrawn(pid)
+                    self.failover.give_back_strays(pid, keep=())
+                    run.note("no agent is up: placed anew once one is")
+                    self._spawn(self._place_once_an_agent_is_up(run))
+                    async with self._changed:
+                        self._changed.notify_all()
+                    return self._submit_reply(run)
                 await self._abandon(run, anew, failed)
                 raise ServiceError(
                     "unavailable",
-                    "no agent is up: left to be adopted again"
-                    if anew
-                    else "no agent is up: nothing was placed, and the pipeline id is free; "
+                    "no agent is up: nothing was placed, and the pipeline id is free; "
                     "submit it again once agents are back",
                 ) from failed
             # a pipeline that does not fit the fleet is the submitter's news (info); one lost

@@ -478,13 +478,14 @@ async def test_a_pipeline_answered_but_never_recorded_is_placed_anew_by_its_adop
         await stop_cluster(first, agents)
 
 
-async def test_a_pipeline_adopted_with_no_agent_up_is_left_to_be_adopted_again(
+async def test_a_pipeline_adopted_with_no_agent_up_waits_for_one(
     nats_url: str,
 ) -> None:
     """Answered and never recorded, its owner dead, and no agent up when it is adopted (the
-    fleet not back from the same outage): placed anew, it finds no device; it is let go, not
-    failed, and placed when adopted again with an agent back. Before, it was ended as
-    unschedulable: a pipeline its client had been told was placed failed for the outage."""
+    fleet not back from the same outage): placed anew, it finds no device; it waits, held
+    by its adopter, and is placed once an agent is up. Before, it was ended as unschedulable
+    (a pipeline its client had been told was placed failed for the outage); then, let go, it
+    was adopted and placed anew again every few seconds, a warning each time."""
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
     await second.start()
@@ -504,12 +505,14 @@ async def test_a_pipeline_adopted_with_no_agent_up_is_left_to_be_adopted_again(
                 await second.cluster_changed.wait()
         first.failover.suspend()  # it dies here: nothing more from it
         await second.wait_for(lambda: second.failover.placed_anew == 1, 20.0)
-        assert "bare-1" not in second.pipelines  # let go: not ended
+        waiting = second.pipelines["bare-1"]  # held, waiting: not ended, not let go
+        assert waiting.state == "placing" and second.failover.may_act("bare-1")
+        assert (await second.status_of("bare-1")).state == "placing"
         late = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="late", calibrate=False)
         await late.start()
         run = await second.wait_terminal("bare-1", 30.0)
         assert run.state == "succeeded", run.reason
-        assert second.failover.placed_anew == 2
+        assert second.failover.placed_anew == 1  # adopted once, not again and again
         assert {tr.agent_id for tr in run.tasks.values()} == {"late"}
     finally:
         hold.set()
