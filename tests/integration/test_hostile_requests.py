@@ -49,6 +49,7 @@ ORCH = "orch-victim"
 SUBJECTS = [
     *subjects.API_SUBJECTS,
     subjects.replica_cancel(ORCH),
+    subjects.replica_list(ORCH),
     subjects.offer(AGENT),
     subjects.offers(AGENT),
     subjects.commit(AGENT),
@@ -65,6 +66,7 @@ MODELS: dict[str, type[WireModel]] = {
     subjects.CANCEL: CancelRequest,
     subjects.AGENTS: AgentsRequest,
     subjects.replica_cancel(ORCH): CancelRequest,
+    subjects.replica_list(ORCH): ListRequest,
     subjects.offer(AGENT): TaskOffer,
     subjects.offers(AGENT): OfferBatch,
     subjects.commit(AGENT): CommitCommand,
