@@ -3,7 +3,7 @@ of every revision ever written to the reservation bucket.
 
     python -m benchmarks.booking_stress [--orchestrators 2] [--agents 50]
         [--submissions 10000] [--concurrency 64] [--seed 1] [--priorities same|mixed]
-        [--task-ms 1,5] [--kill-after S]
+        [--task-ms 1,5] [--kill-after S] [--cancel-every N]
 
 1. An embedded nats-server. Before anything books, the KV bucket MARS_BOOKINGS (history 8) is
    created here, with a JetStream *mirror* of its backing stream `KV_MARS_BOOKINGS` that has no
@@ -28,6 +28,9 @@ of every revision ever written to the reservation bucket.
    that got no answer again under the same id, as a client of a dead replica does (never
    placed twice; a pipeline the dead replica claimed but never recorded is given up by its
    adopter and placed anew). Every pipeline must still end.
+   `--cancel-every N` cancels every Nth pipeline as soon as its submit is answered, through
+   the API's queue group (so often through a replica that does not hold it): each must end
+   as its cancel was answered (cancelled, or succeeded had it ended first), never refused.
 4. Once every pipeline has ended, with the services still up, the bucket is read until no
    window in it is live: each is given back by its owner or, its owner dead and the pipeline
    not adopted, expires with its lease. One still live `LEASE_S` + 5 s later is a lease
@@ -57,7 +60,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -363,6 +366,8 @@ class Outcome:
     resubmits: int = 0
     #: Its status asked once more after the load, had it not settled (what it came to).
     later: str = ""
+    #: With `--cancel-every`: what its cancel was answered (a state, or `refused <code>`).
+    cancel: str = ""
 
 
 def normalise_reason(reason: str) -> str:
@@ -393,6 +398,7 @@ async def run_load(
     specs: list[tuple[str, PipelineSpec]],
     concurrency: int,
     resubmit: bool = False,
+    cancel: Collection[str] = (),
 ) -> LoadResult:
     terminals = Terminals()
     await terminals.start(client.nc)
@@ -434,6 +440,8 @@ async def run_load(
         except (TimeoutError, nats.errors.Error) as exc:
             # the placement may still have happened: follow the pipeline like any other
             out.reason = f"submit got no reply: {type(exc).__name__}"
+        if pid in cancel:
+            out.cancel = await cancel_it(pid)
         try:
             await ended(pid, fut)
             out.done_s = time.perf_counter() - t0
@@ -448,7 +456,25 @@ async def run_load(
                 out.reason = st.reason or out.reason or "(no reason given)"
         elif not out.reason:
             out.reason = UNSETTLED
+        if out.cancel and out.status is not None and out.cancel != out.state:
+            # answered cancelled, it must end cancelled; answered ended, as it was answered
+            out.reason = f"its cancel was answered {out.cancel}, and it ended {out.state}"
         return out
+
+    async def cancel_it(pid: str) -> str:
+        """Cancel a pipeline just placed, through whichever replica the queue group picks;
+        with `resubmit`, asked again while unanswered or unavailable (a failure injected)."""
+        for attempt in range(MAX_RESUBMITS + 1):
+            try:
+                return (await client.cancel(pid, reason="booking stress")).state
+            except RemoteError as exc:
+                if not (resubmit and exc.code == "unavailable") or attempt == MAX_RESUBMITS:
+                    return f"refused {exc.code}: {exc.envelope.message[:200]}"
+            except (TimeoutError, nats.errors.Error) as exc:
+                if not resubmit or attempt == MAX_RESUBMITS:
+                    return f"refused {type(exc).__name__}"
+            await asyncio.sleep(RESUBMIT_PAUSE_S)  # a client's back-off, not a wait on state
+        return "refused"
 
     async def submit(pid: str, spec: PipelineSpec, out: Outcome) -> SubmitReply:
         """The submit; with `resubmit`, sent again under the same id (never placed twice) while
@@ -753,7 +779,9 @@ async def drive(
             killer = asyncio.create_task(
                 kill_later(services, args.restart_agents_after, restart="sim-agents")
             )
-        result = await run_load(client, specs, args.concurrency, resubmit=injected)
+        every = args.cancel_every
+        cancel = {pid for i, (pid, _) in enumerate(specs) if every and i % every == every - 1}
+        result = await run_load(client, specs, args.concurrency, resubmit=injected, cancel=cancel)
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
         if killer is not None:
@@ -886,6 +914,31 @@ def server_rows(args: argparse.Namespace, load: LoadResult) -> list[list[object]
     return [when_row("nats-server restarted", load.killed_at_s), resubmit_row(load)]
 
 
+def cancelled_as_asked(o: Outcome) -> bool:
+    """Its cancel (`--cancel-every`) was answered with a state, and it ended in that state:
+    cancelled, or succeeded when it had ended before the cancel came."""
+    return bool(o.cancel) and o.cancel == o.state and o.state in ("cancelled", "succeeded")
+
+
+def cancel_rows(args: argparse.Namespace, outs: list[Outcome]) -> list[list[object]]:
+    """With `--cancel-every`: what the cancels were answered, and whether the pipelines
+    ended as answered."""
+    if args.cancel_every <= 0:
+        return []
+    asked = [o for o in outs if o.cancel]
+    answers = Counter(o.cancel.split(":")[0] for o in asked)
+    return [
+        [
+            f"cancels sent (every {args.cancel_every}th pipeline, any replica)",
+            f"{len(asked)}: " + ", ".join(f"{k} {n}" for k, n in answers.most_common()),
+        ],
+        [
+            "  ended otherwise than answered, or refused (must be 0)",
+            sum(1 for o in asked if not cancelled_as_asked(o)),
+        ],
+    ]
+
+
 def when_row(what: str, at_s: float) -> list[object]:
     when = f"{at_s:.1f}" if at_s == at_s else "never (the load ended first)"
     return [f"{what} at (s into the load)", when]
@@ -917,7 +970,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     outs = load.outcomes
     states = Counter(o.state for o in outs)
     ok = states.get("succeeded", 0)
-    failed = [o for o in outs if o.state != "succeeded"]
+    failed = [o for o in outs if not cancelled_as_asked(o) and o.state != "succeeded"]
+    failed += [o for o in outs if o.cancel and not cancelled_as_asked(o) and o not in failed]
     reasons = Counter(normalise_reason(o.reason) for o in failed)
     statuses = [o.status for o in outs if o.status is not None]
     firm_lost = held_then_evicted(statuses)
@@ -993,6 +1047,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             f"{load.unbooked_s:.2f} / {len(load.left_live)}",
         ],
         *priority_rows(args, outs),
+        *cancel_rows(args, outs),
         [
             f"status settled only after the load (> {STATUS_SETTLE_S:.0f} s after its end)",
             str(load.settled_late),
@@ -1141,11 +1196,21 @@ def main(argv: list[str] | None = None) -> int:
         help="SIGKILL orchestrator-0 S seconds into the load (0: never); the client then "
         "sends unanswered submits again under the same id, as a client of a dead replica does",
     )
+    ap.add_argument(
+        "--cancel-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cancel every Nth pipeline as soon as its submit is answered, through the API's "
+        "queue group (any replica); it must end as the cancel was answered (0: none)",
+    )
     args = ap.parse_args(argv)
     if args.server_down < 0 or (args.server_down > 0 and args.restart_server_after <= 0):
         ap.error("--server-down S needs S >= 0 and --restart-server-after")
     if args.kill_after > 0 and args.orchestrators < 2:
         ap.error("--kill-after needs --orchestrators 2 or more (one must survive)")
+    if args.cancel_every < 0:
+        ap.error("--cancel-every must be >= 0")
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:
         ap.error("counts must be >= 1")
     t0 = time.perf_counter()

@@ -67,3 +67,10 @@ def test_the_stress_refuses_an_outage_length_without_a_restart_or_below_zero(
         booking_stress.main(argv)
     assert exit_.value.code == 2
     assert "--server-down S needs S >= 0 and --restart-server-after" in capsys.readouterr().err
+
+
+def test_the_stress_refuses_a_negative_cancel_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        booking_stress.main(["--cancel-every", "-1"])
+    assert exit_.value.code == 2
+    assert "--cancel-every must be >= 0" in capsys.readouterr().err

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from benchmarks.booking_stress import evictions_per_task, held_then_evicted, timeline
+from benchmarks.booking_stress import (
+    Outcome,
+    cancelled_as_asked,
+    evictions_per_task,
+    held_then_evicted,
+    timeline,
+)
 from schemas.api import StatusReply, TaskStatus
 
 
@@ -65,3 +71,15 @@ def test_the_slowest_pipelines_timeline_says_when_each_task_ran() -> None:
         "  its owner's account: 31.50 s elapsed; tasks (start-end, s): "
         "t0@a 0.00-0.10; t1@b not started (pending)"
     )
+
+
+def test_a_cancelled_pipeline_must_end_as_its_cancel_was_answered() -> None:
+    def out(cancel: str, state: str) -> Outcome:
+        return Outcome("p", 1, state, cancel=cancel)
+
+    assert cancelled_as_asked(out("cancelled", "cancelled"))
+    assert cancelled_as_asked(out("succeeded", "succeeded"))  # it had ended before the cancel
+    assert not cancelled_as_asked(out("cancelled", "succeeded"))  # told cancelled, ran on
+    assert not cancelled_as_asked(out("refused not_found: no pipeline p", "succeeded"))
+    assert not cancelled_as_asked(out("failed", "failed"))  # a failure, whatever it was told
+    assert not cancelled_as_asked(out("", "succeeded"))  # never cancelled: judged as the rest
