@@ -22,7 +22,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import Any
+from typing import Any, TypeVar
 
 import nats
 import nats.micro
@@ -161,9 +161,10 @@ FINAL_WRITES_S = 10.0
 EVENTS_BEHIND = 512
 EVENTS_CAUGHT_UP = 64
 EVENTS_WAIT_S = 5.0
-#: A cancel passed on to the replica holding the pipeline: how long its answer is awaited,
-#: and how often one cancelled under a lapsed lease and then lost is offered to the adopter.
-CANCEL_PASS_S = 5.0
+#: A request passed on to the replica holding the pipeline: how long its answer is awaited;
+#: and how often a cancel made under a lapsed lease, then lost, is offered to the adopter.
+PASS_S = 5.0
+M = TypeVar("M", bound=WireModel)
 CANCEL_PASS_TRIES = 8
 LIST_WAIT_S = 1.0
 #: An adopted pipeline waiting for an agent looks at its lease at least this often.
@@ -313,6 +314,7 @@ class Orchestrator:
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self.displaced.on_evict)
         await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
         await nc.subscribe(subjects.replica_cancel(self.owner), cb=self._on_passed_cancel)
+        await nc.subscribe(subjects.replica_status(self.owner), cb=self._on_passed_status)
         await nc.subscribe(subjects.replica_list(self.owner), cb=self._on_list_here)
         await self.replicas.start(nc)
         svc = await nats.micro.add_service(
@@ -1166,28 +1168,42 @@ class Orchestrator:
                 await self.nc.publish(subjects.cancel(a), encode(cmd))
 
     async def status(self, req: StatusRequest) -> StatusReply:
-        run = self.pipelines.get(req.pipeline_id)
-        if run is not None:
-            if run.terminal or self.failover.may_act(run.pipeline_id):
-                return run.status(self._now())
-            # its lease lapsed here (no event applied since: this copy stands still), and
-            # another replica may have adopted it: then its record is the newer account
-            with contextlib.suppress(Exception):
-                st = await self.failover.status_elsewhere(req.pipeline_id)
-                if st is not None and st.owner != self.owner:
-                    return st
+        pid = req.pipeline_id
+        run = self.pipelines.get(pid)
+        if run is not None and (run.terminal or self.failover.may_act(pid)):
             return run.status(self._now())
-        # owned by another replica (or finished long ago): its last persisted record
-        st = await self.failover.status_elsewhere(req.pipeline_id)
-        if st is not None:
+        # not held here: its last persisted record, or (its lease lapsed here, this copy
+        # standing still) the newer record of a replica that adopted it
+        try:
+            st = await self.failover.status_elsewhere(pid)
+        except Exception:
+            if run is None:
+                raise
+            st = None
+        if st is not None and (run is None or st.owner != self.owner):
             return st
-        owner = await self.failover.holder(req.pipeline_id)
-        if owner is not None:  # just placed: its owner writes the first record after replying
+        holder = await self.failover.holder(pid)
+        if holder is not None and holder != self.owner:
+            # no record yet (just placed: its owner writes the first one after replying; or
+            # waiting for an agent): the holder answers from memory
+            return await self._pass(holder, subjects.replica_status(holder), req, StatusReply)
+        if run is not None:
+            return run.status(self._now())
+        if holder is not None:
+            raise ServiceError("unavailable", f"pipeline {pid} is being placed here; ask again")
+        raise ServiceError("not_found", f"no pipeline {pid}")
+
+    async def _status_held(self, req: StatusRequest) -> StatusReply:
+        """A status passed on by another replica: answered from memory while held here."""
+        run = self.pipelines.get(req.pipeline_id)
+        if run is None or not (run.terminal or self.failover.may_act(req.pipeline_id)):
             raise ServiceError(
-                "unavailable",
-                f"pipeline {req.pipeline_id} is held by {owner} and not recorded yet; ask again",
+                "unavailable", f"{self.owner} does not hold pipeline {req.pipeline_id}; ask again"
             )
-        raise ServiceError("not_found", f"no pipeline {req.pipeline_id}")
+        return run.status(self._now())
+
+    async def _on_passed_status(self, msg: Msg) -> None:
+        await respond(self.nc, msg, StatusRequest, self._status_held)
 
     async def list(self, req: ListRequest) -> ListReply:
         """The newest pipelines of every replica: each holds its own in memory, so every
@@ -1275,11 +1291,15 @@ class Orchestrator:
         await respond(self.nc, msg, CancelRequest, self._cancel_held)
 
     async def _pass_cancel(self, holder: str, req: CancelRequest) -> CancelReply:
+        return await self._pass(holder, subjects.replica_cancel(holder), req, CancelReply)
+
+    async def _pass(
+        self, holder: str, subject: str, req: StatusRequest | CancelRequest, model: type[M]
+    ) -> M:
+        """A request passed on to the replica holding its pipeline, and its answer as given."""
         assert self.nc is not None
         try:
-            return await request(
-                self.nc, subjects.replica_cancel(holder), req, CancelReply, timeout=CANCEL_PASS_S
-            )
+            return await request(self.nc, subject, req, model, timeout=PASS_S)
         except RemoteError as exc:  # the holder's answer, as it gave it
             env = exc.envelope
             raise ServiceError(env.code, env.message, env.details) from None

@@ -147,3 +147,9 @@ REPLICA_HELLO = f"{REPLICAS}.hello"
 def replica_list(owner: str) -> str:
     """A `ListRequest` for the pipelines one replica holds in memory (no others)."""
     return f"{REPLICAS}.{owner}.list"
+
+
+def replica_status(owner: str) -> str:
+    """A `StatusRequest` passed on to the replica holding a pipeline that has no record yet
+    (just placed, or waiting for an agent), by a replica that cannot answer from the record."""
+    return f"{REPLICAS}.{owner}.status"

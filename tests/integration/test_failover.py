@@ -358,11 +358,12 @@ async def test_a_cancelled_pipeline_is_recorded_before_anyone_hears_it_ended(
         await stop_cluster(orch, agents)
 
 
-async def test_a_pipeline_not_recorded_yet_is_unavailable_elsewhere_not_unknown(
+async def test_a_pipeline_not_recorded_yet_is_answered_by_its_holder_elsewhere(
     nats_url: str,
 ) -> None:
     """Its owner writes a new pipeline's first record after the submit reply: meanwhile
-    another replica says the pipeline is held and to ask again, never that it does not exist."""
+    another replica passes a status on to the holder, which answers from memory (it said
+    `unavailable`, ask again); never that the pipeline does not exist."""
     orch, agents = await start_cluster(nats_url, configs(1))
     other = Orchestrator(nats_url, name="orch-other")
     await other.start()
@@ -376,9 +377,14 @@ async def test_a_pipeline_not_recorded_yet_is_unavailable_elsewhere_not_unknown(
     orch.persist = held  # type: ignore[method-assign]
     try:
         await orch.submit_spec(chain("u", [1.0]), "u-1")
+        st = await other.status(StatusRequest(pipeline_id="u-1"))  # no record: the holder's
+        assert st.state == "running" and st.owner == orch.owner
+        found = await orch.failover.runs.record("u-1")
+        assert found is None  # not from a record
+        # a replica asked for a pipeline it does not hold refuses, not passes it on again
         with pytest.raises(ServiceError) as err:
-            await other.status(StatusRequest(pipeline_id="u-1"))
-        assert err.value.code == "unavailable" and orch.owner in err.value.message
+            await other._status_held(StatusRequest(pipeline_id="u-1"))
+        assert err.value.code == "unavailable"
         with pytest.raises(ServiceError) as err:
             await other.status(StatusRequest(pipeline_id="never-submitted"))
         assert err.value.code == "not_found"
@@ -508,6 +514,9 @@ async def test_a_pipeline_adopted_with_no_agent_up_waits_for_one(
         waiting = second.pipelines["bare-1"]  # held, waiting: not ended, not let go
         assert waiting.state == "placing" and second.failover.may_act("bare-1")
         assert (await second.status_of("bare-1")).state == "placing"
+        # no record: any other replica passes a status on to the holder (the first, which
+        # held it before, included: its own copy stands still)
+        assert (await first.status_of("bare-1")).state == "placing"
         late = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="late", calibrate=False)
         await late.start()
         run = await second.wait_terminal("bare-1", 30.0)
