@@ -139,6 +139,21 @@ async def kv_until(
         await nc.close()
 
 
+def hold_renewals(orch: Orchestrator, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """No lease renewal of `orch` gets through (the server away, for it) until the event
+    returned is set."""
+    leases = orch.failover.leases
+    renewing = asyncio.Event()
+    renew_all = leases.renew_all
+
+    async def held_back() -> tuple[list[str], list[str]]:
+        await renewing.wait()
+        return await renew_all()
+
+    monkeypatch.setattr(leases, "renew_all", held_back)
+    return renewing
+
+
 @pytest.fixture
 def orch_log(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "orchestrator.log"
@@ -675,14 +690,7 @@ async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_res
     was renewed for ever; and its end was told at once, while the record said running."""
     orch, agents = await start_cluster(nats_url, configs(1))
     leases = orch.failover.leases
-    renewing = asyncio.Event()
-    renew_all = leases.renew_all
-
-    async def held_back() -> tuple[list[str], list[str]]:
-        await renewing.wait()  # the server away: no renewal gets through
-        return await renew_all()
-
-    monkeypatch.setattr(leases, "renew_all", held_back)
+    renewing = hold_renewals(orch, monkeypatch)  # the server away: no renewal gets through
     # who hears the end, and what the record said when it was heard
     nc = await nats.connect(nats_url)
     heard: list[tuple[str, str | None]] = []
@@ -800,14 +808,7 @@ async def test_events_fenced_while_the_lease_lapsed_are_applied_once_it_is_renew
     outage stress showed when owners, not adopters, resumed their lapsed pipelines)."""
     orch, agents = await start_cluster(nats_url, configs(1))
     leases = orch.failover.leases
-    renewing = asyncio.Event()
-    renew_all = leases.renew_all
-
-    async def held_back() -> tuple[list[str], list[str]]:
-        await renewing.wait()  # JetStream not back yet: no renewal gets through
-        return await renew_all()
-
-    monkeypatch.setattr(leases, "renew_all", held_back)
+    renewing = hold_renewals(orch, monkeypatch)  # the server away: no renewal gets through
     tap = EventTap()
     try:
         await tap.start(nats_url, "gap-1")
@@ -839,14 +840,7 @@ async def test_a_pipeline_ended_unrecorded_is_kept_until_its_end_is_written(
     submit")."""
     orch, agents = await start_cluster(nats_url, configs(1))
     leases = orch.failover.leases
-    renewing = asyncio.Event()
-    renew_all = leases.renew_all
-
-    async def held_back() -> tuple[list[str], list[str]]:
-        await renewing.wait()  # the server away: no renewal gets through
-        return await renew_all()
-
-    monkeypatch.setattr(leases, "renew_all", held_back)
+    renewing = hold_renewals(orch, monkeypatch)  # the server away: no renewal gets through
     try:
         await orch.submit_spec(chain("kept", [5.0]), "kept-1")
         leases.held["kept-1"].valid_until = orch.mono()  # lapsed

@@ -4,7 +4,6 @@ replica whose lease had lapsed is passed on to the replica that adopted the pipe
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import nats
@@ -16,7 +15,7 @@ from schemas.api import CancelReply, CancelRequest
 from schemas.codec import RemoteError
 from schemas.rpc import ServiceError, request
 from tests.harness import start_cluster, stop_cluster
-from tests.integration.test_failover import chain, configs, settled_record
+from tests.integration.test_failover import chain, configs, hold_renewals, settled_record
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +64,7 @@ async def test_a_cancel_made_under_a_lapsed_lease_reaches_the_adopter(
     the adopter ran the pipeline to its end, after the client had been told cancelled."""
     first, agents = await start_cluster(nats_url, configs(1), name="orch-first")
     leases = first.failover.leases
-    renewing = asyncio.Event()
-    renew_all = leases.renew_all
-
-    async def held_back() -> tuple[list[str], list[str]]:
-        await renewing.wait()
-        return await renew_all()
-
-    monkeypatch.setattr(leases, "renew_all", held_back)
+    renewing = hold_renewals(first, monkeypatch)
     second = Orchestrator(nats_url, name="orch-second")
     await second.start()
     try:
