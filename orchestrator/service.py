@@ -1288,7 +1288,8 @@ class Orchestrator:
         return await self._cancel_run(run, req.reason)
 
     async def _on_passed_cancel(self, msg: Msg) -> None:
-        await respond(self.nc, msg, CancelRequest, self._cancel_held)
+        # in a task of its own: a cancel writes the record, and the next one need not wait
+        self._spawn(respond(self.nc, msg, CancelRequest, self._cancel_held))
 
     async def _pass_cancel(self, holder: str, req: CancelRequest) -> CancelReply:
         return await self._pass(holder, subjects.replica_cancel(holder), req, CancelReply)
