@@ -247,12 +247,21 @@ class AgentCore:
             return DataAck(
                 pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=False, reason="no such job"
             )
-        if all(i.task_id != msg.producer for i in job.offer.inputs):
+        inp = next((i for i in job.offer.inputs if i.task_id == msg.producer), None)
+        if inp is None:
             return DataAck(
                 pipeline_id=msg.pipeline_id,
                 consumer=msg.consumer,
                 ok=False,
                 reason=f"{msg.producer} is not an input of {msg.consumer}",
+            )
+        if msg.token < inp.token:  # made by a placement of the producer since replaced
+            return DataAck(
+                pipeline_id=msg.pipeline_id,
+                consumer=msg.consumer,
+                ok=False,
+                reason=f"stale output of {msg.producer}: token {msg.token}, this placement "
+                f"of {msg.consumer} takes {inp.token} or newer",
             )
         payload = msg.data if data is None else data
         if payload is None:

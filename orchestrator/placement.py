@@ -448,7 +448,8 @@ class Placer:
             slot=p.slot, token=0 if provisional else st.tokens[tid], order=order[tid], task=task,
             replaces=prev[1] if (prev := st.prior.get(tid)) and prev[2] == agent_id else 0,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
-                             ready=run.tasks[d].state == "succeeded" or d in st.ended)
+                             ready=run.tasks[d].state == "succeeded" or d in st.ended,
+                             token=0 if provisional else st.tokens.get(d, 0))
                     for d in task.deps],
             consumers=consumers,
         )  # fmt: skip

@@ -38,6 +38,11 @@ class InputRef(WireModel):
     nbytes: Bytes = 0
     #: The producer already finished: fetch its output from `agent_id` rather than wait for it.
     ready: bool = False
+    #: The fencing token of the producer's placement this offer was planned with (0: not
+    #: known yet, a first placement's provisional offer). An output made under an older
+    #: token (a placement of the producer since replaced) is refused; a newer one is taken
+    #: (the producer moved again, and its consumers are told so after it).
+    token: Count = 0
 
 
 class ConsumerRef(WireModel):

@@ -136,6 +136,41 @@ async def test_a_first_round_conflict_withdraws_the_provisional_offer(nats_url: 
         await stop_cluster(orch, agents)
 
 
+async def test_an_offer_made_after_booking_names_its_producers_tokens(nats_url: str) -> None:
+    """A consumer offered after its round's bookings (any round but a first placement's
+    first) names the token of each producer's placement, so its agent refuses an output of
+    an older one; a provisional offer names none (0: not known yet)."""
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
+    nc = await nats.connect(nats_url)
+    wire = Wire()
+    await wire.listen(nc)
+    other = BookingStore(nc.jetstream())
+    await other.start()
+    try:
+        await orch.store.stop()  # plans on a view that misses the window booked next
+        now = time.time()
+        foreign = BookingWindow(
+            pipeline_id="foreign", task_id="f", slot=0, start=now, end=now + 0.3,
+            expires=now + 30, owner="another-replica",
+        )  # fmt: skip
+        assert (await other.book(device_key("a", "cpu0"), [foreign], now)).ok
+        tasks = [sleep_task("t", 0.01), sleep_task("u", 0.01, deps=["t"])]
+        assert (await orch.submit_spec(pipeline("fed", tasks), "fed-1")).state == "running"
+        run = await orch.wait_terminal("fed-1", 20)
+        assert run.state == "succeeded", run.reason
+        await settle(nc)
+        u = [x for x in wire.offers if x.pipeline_id == "fed-1" and x.task.id == "u"]
+        assert [x.token for x in u[:1]] == [0] and u[0].inputs[0].token == 0  # provisional
+        last = u[-1]
+        assert last.token == run.tasks["u"].token > 0
+        assert [(i.task_id, i.token) for i in last.inputs] == [("t", run.tasks["t"].token)]
+        assert run.tasks["t"].token > 0
+    finally:
+        await other.stop()
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
 async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: str) -> None:
     """Read off the wire by a second client (NATS keeps one publisher's order for each
     subscriber): the ownership claim, then the offers (an agent's answer is the longer round

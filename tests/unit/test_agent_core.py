@@ -280,3 +280,32 @@ def test_a_provisional_offer_withdrawn_uncommitted_does_not_refuse_the_next_one(
     assert moved.admit(offer("t", token=4)).accepted
     moved.cancel(CancelCommand(pipeline_id="p", task_ids=["t"], max_token=4))
     assert moved.admit(offer("t", token=0)).code == "duplicate"
+
+
+def test_an_output_older_than_the_producer_placement_planned_with_is_refused() -> None:
+    """The consumer's offer names the producer placement's token it was planned with: an
+    output made under an older one (a placement since replaced, pushing late) is refused,
+    that token or a newer one (the producer moved again) is taken."""
+    c = core()
+    planned = offer("b", deps=("x",), inputs=[InputRef(task_id="x", agent_id="a2", token=40)])
+    assert c.admit(planned).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["b"]))
+
+    def push(token: int) -> Any:
+        return c.deliver(
+            DataTransfer(pipeline_id="p", producer="x", consumer="b", token=token, data=b"1",
+                         sha256=SHA)
+        )  # fmt: skip
+
+    stale = push(39)
+    assert not stale.ok and "stale output of x: token 39" in stale.reason
+    assert c.take_ready() == []  # still waiting for its input
+    assert push(41).ok
+    assert [j.offer.task.id for j in c.take_ready()] == ["b"]
+    # a provisional first placement's consumer knows no token yet: any output is taken
+    c2 = core()
+    assert c2.admit(offer("b", deps=("x",))).accepted
+    c2.commit(CommitCommand(pipeline_id="p", task_ids=["b"]))
+    assert c2.deliver(
+        DataTransfer(pipeline_id="p", producer="x", consumer="b", token=1, data=b"1", sha256=SHA)
+    ).ok
