@@ -1182,7 +1182,12 @@ class Orchestrator:
             st = None
         if st is not None and (run is None or st.owner != self.owner):
             return st
-        holder = await self.failover.holder(pid)
+        try:
+            holder = await self.failover.holder(pid)
+        except Exception:
+            if run is None:
+                raise
+            return run.status(self._now())  # JetStream not answering: what is known here
         if holder is not None and holder != self.owner:
             # no record yet (just placed: its owner writes the first one after replying; or
             # waiting for an agent): the holder answers from memory

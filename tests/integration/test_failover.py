@@ -858,3 +858,26 @@ async def test_a_pipeline_ended_unrecorded_is_kept_until_its_end_is_written(
     finally:
         renewing.set()
         await stop_cluster(orch, agents)
+
+
+async def test_a_lapsed_replica_answers_from_its_copy_when_jetstream_does_not(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its lease lapsed (the server away), it asks the record and the lease who holds the
+    pipeline now; when neither answers, it says what it knows rather than fail the request."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    try:
+        await orch.submit_spec(chain("cut", [5.0]), "cut-1")
+        orch.failover.leases.held["cut-1"].valid_until = orch.mono()  # lapsed
+
+        async def unanswered(pid: str) -> None:
+            raise TimeoutError
+
+        monkeypatch.setattr(orch.failover, "status_elsewhere", unanswered)
+        monkeypatch.setattr(orch.failover, "holder", unanswered)
+        st = await orch.status_of("cut-1")
+        assert st.state == "running" and st.owner == orch.owner
+        with pytest.raises(TimeoutError):  # one it knows nothing of: said as such
+            await orch.status_of("elsewhere-1")
+    finally:
+        await stop_cluster(orch, agents)
