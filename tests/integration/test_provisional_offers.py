@@ -4,13 +4,16 @@ brings. Over a real nats-server, with the messages read off the wire by a second
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
 import pytest
 
 from orchestrator.reservations.store import BookingStore, device_key
+from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encoding_of
@@ -64,6 +67,33 @@ class Wire:
         return out
 
 
+@contextlib.asynccontextmanager
+async def losing_first_cas(nats_url: str) -> AsyncIterator[tuple[Orchestrator, list[Any], Wire]]:
+    """One agent (a, one cpu slot), the wire read, and the orchestrator planning on a view that
+    misses the window another store books next on a's cpu0: its first CAS there must lose,
+    whatever the timing, and its next round books (and offers) after reading the key again."""
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
+    nc = await nats.connect(nats_url)
+    wire = Wire()
+    await wire.listen(nc)
+    other = BookingStore(nc.jetstream())
+    await other.start()
+    try:
+        await orch.store.stop()
+        now = time.time()
+        foreign = BookingWindow(
+            pipeline_id="foreign", task_id="f", slot=0, start=now, end=now + 0.3,
+            expires=now + 30, owner="another-replica",
+        )  # fmt: skip
+        assert (await other.book(device_key("a", "cpu0"), [foreign], now)).ok
+        yield orch, agents, wire
+        await settle(nc)  # every message sent is read off the wire
+    finally:
+        await other.stop()
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
 async def test_first_offers_are_provisional_and_tasks_run_under_their_booking_tokens(
     nats_url: str,
 ) -> None:
@@ -100,75 +130,37 @@ async def test_first_offers_are_provisional_and_tasks_run_under_their_booking_to
 
 
 async def test_a_first_round_conflict_withdraws_the_provisional_offer(nats_url: str) -> None:
-    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
-    nc = await nats.connect(nats_url)
-    wire = Wire()
-    await wire.listen(nc)
-    other = BookingStore(nc.jetstream())
-    await other.start()
-    try:
-        # The orchestrator stops following the bucket, so it plans on a view that misses the
-        # window booked next: its first CAS must lose, whatever the timing.
-        await orch.store.stop()
-        now = time.time()
-        foreign = BookingWindow(
-            pipeline_id="foreign", task_id="f", slot=0, start=now, end=now + 0.3,
-            expires=now + 30, owner="another-replica",
-        )  # fmt: skip
-        assert (await other.book(device_key("a", "cpu0"), [foreign], now)).ok
+    async with losing_first_cas(nats_url) as (orch, agents, wire):
         reply = await orch.submit_spec(pipeline("late", [sleep_task("t", 0.01)]), "late-1")
         assert reply.state == "running"
         run = await orch.wait_terminal("late-1", 20)
         assert run.state == "succeeded", run.reason
         assert run.conflicts == 1
         assert any("conflict on dev.a.cpu0 with foreign/f" in x for x in run.placement_log)
-        await settle(nc)
-        first, second = [x for x in wire.offers if x.pipeline_id == "late-1"]
-        assert first.token == 0  # offered while the (losing) booking was written
-        assert second.token == run.tasks["t"].token > 0  # booked first, then offered
-        withdrawn = [c for c in wire.cancels if c.pipeline_id == "late-1"]
-        assert [(c.task_ids, c.max_token) for c in withdrawn] == [(["t"], 0)]
-        assert wire.committed_tokens("late-1") == {"t": second.token}
-        assert [e[1] for e in agents[0].log if e[0] == "late-1"] == ["t"]  # ran once
-    finally:
-        await other.stop()
-        await nc.close()
-        await stop_cluster(orch, agents)
+    first, second = [x for x in wire.offers if x.pipeline_id == "late-1"]
+    assert first.token == 0  # offered while the (losing) booking was written
+    assert second.token == run.tasks["t"].token > 0  # booked first, then offered
+    withdrawn = [c for c in wire.cancels if c.pipeline_id == "late-1"]
+    assert [(c.task_ids, c.max_token) for c in withdrawn] == [(["t"], 0)]
+    assert wire.committed_tokens("late-1") == {"t": second.token}
+    assert [e[1] for e in agents[0].log if e[0] == "late-1"] == ["t"]  # ran once
 
 
 async def test_an_offer_made_after_booking_names_its_producers_tokens(nats_url: str) -> None:
     """A consumer offered after its round's bookings (any round but a first placement's
     first) names the token of each producer's placement, so its agent refuses an output of
     an older one; a provisional offer names none (0: not known yet)."""
-    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
-    nc = await nats.connect(nats_url)
-    wire = Wire()
-    await wire.listen(nc)
-    other = BookingStore(nc.jetstream())
-    await other.start()
-    try:
-        await orch.store.stop()  # plans on a view that misses the window booked next
-        now = time.time()
-        foreign = BookingWindow(
-            pipeline_id="foreign", task_id="f", slot=0, start=now, end=now + 0.3,
-            expires=now + 30, owner="another-replica",
-        )  # fmt: skip
-        assert (await other.book(device_key("a", "cpu0"), [foreign], now)).ok
+    async with losing_first_cas(nats_url) as (orch, _agents, wire):
         tasks = [sleep_task("t", 0.01), sleep_task("u", 0.01, deps=["t"])]
         assert (await orch.submit_spec(pipeline("fed", tasks), "fed-1")).state == "running"
         run = await orch.wait_terminal("fed-1", 20)
         assert run.state == "succeeded", run.reason
-        await settle(nc)
-        u = [x for x in wire.offers if x.pipeline_id == "fed-1" and x.task.id == "u"]
-        assert [x.token for x in u[:1]] == [0] and u[0].inputs[0].token == 0  # provisional
-        last = u[-1]
-        assert last.token == run.tasks["u"].token > 0
-        assert [(i.task_id, i.token) for i in last.inputs] == [("t", run.tasks["t"].token)]
-        assert run.tasks["t"].token > 0
-    finally:
-        await other.stop()
-        await nc.close()
-        await stop_cluster(orch, agents)
+    u = [x for x in wire.offers if x.pipeline_id == "fed-1" and x.task.id == "u"]
+    assert [x.token for x in u[:1]] == [0] and u[0].inputs[0].token == 0  # provisional
+    last = u[-1]
+    assert last.token == run.tasks["u"].token > 0
+    assert [(i.task_id, i.token) for i in last.inputs] == [("t", run.tasks["t"].token)]
+    assert run.tasks["t"].token > 0
 
 
 async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: str) -> None:
