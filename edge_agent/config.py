@@ -84,6 +84,8 @@ class AgentConfig(BaseModel):
     exec_work_dir: str | None = None
     #: Modules (or package prefixes) whose public functions `python` tasks may call.
     python_allow: Annotated[list[ModuleName], Field(max_length=256)] = Field(default_factory=list)
+    #: Cap on an onnx task's timeout (ONNX Runtime terminates the run).
+    onnx_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
     #: Cap on a python task's timeout.
     python_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
     #: Largest output a python task may return.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import math
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +83,11 @@ class OnnxExecutor:
         self.models_dir = models_dir
         self._sessions: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
+        #: Runs computing in worker threads now (a terminated one stops being counted when
+        #: its thread has returned).
+        self.in_flight = 0
+        #: Runs terminated before their last iteration (past their limit, or cancelled).
+        self.terminated = 0
 
     def has_model(self, run: OnnxRun) -> str | None:
         """None if runnable, else why not."""
@@ -108,7 +116,16 @@ class OnnxExecutor:
                 self._sessions[key] = sess
             return sess
 
-    def _run_sync(self, run: OnnxRun, device: DeviceSpec) -> Output:
+    def _run_sync(self, run: OnnxRun, device: DeviceSpec, stop: Any = None) -> Output:
+        with self._lock:
+            self.in_flight += 1
+        try:
+            return self._compute(run, device, stop)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def _compute(self, run: OnnxRun, device: DeviceSpec, stop: Any) -> Output:
         path = resolve_model(run.model, self.models_dir)
         if path is None:
             raise ExecutionError(f"model {run.model!r} not found")
@@ -119,10 +136,46 @@ class OnnxExecutor:
         rng = np.random.default_rng(run.seed)
         x = rng.standard_normal(shape, dtype=np.float32)
         out: np.ndarray = np.empty(0, dtype=np.float32)
-        for _ in range(run.iterations):
-            out = sess.run(None, {inp.name: x})[0]  # type: ignore[attr-defined]
+        for i in range(run.iterations):
+            if stop is not None and stop.terminate:  # between runs; ORT stops inside one
+                raise self._terminated(i, run)
+            try:
+                out = sess.run(None, {inp.name: x}, stop)[0]  # type: ignore[attr-defined]
+            except Exception as exc:
+                if stop is not None and stop.terminate:
+                    raise self._terminated(i, run) from exc
+                raise
         top = int(np.argmax(out[0])) if out.ndim >= 2 else int(np.argmax(out))
         return Output(out.astype(np.float32).tobytes(), f"top1=class{top} shape={list(out.shape)}")
 
-    async def run(self, run: OnnxRun, device: DeviceSpec) -> Output:
-        return await asyncio.to_thread(self._run_sync, run, device)
+    def _terminated(self, done: int, run: OnnxRun) -> ExecutionError:
+        with self._lock:
+            self.terminated += 1
+        return ExecutionError(f"terminated after {done} of {run.iterations} iterations")
+
+    async def run(self, run: OnnxRun, device: DeviceSpec, timeout_s: float = math.inf) -> Output:
+        """The run in a worker thread, terminated (ONNX Runtime's `RunOptions.terminate`)
+        past `min(run.timeout_s, timeout_s)` or when the task is cancelled: a thread cannot
+        be killed, and one left running held the device's compute after its slot was freed."""
+        import onnxruntime as ort
+
+        stop = ort.RunOptions()
+        limit = min(run.timeout_s, timeout_s)
+        work = asyncio.ensure_future(asyncio.to_thread(self._run_sync, run, device, stop))
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), limit)
+        except TimeoutError:
+            stop.terminate = True
+            how = "terminated"
+            try:
+                await work  # ends at once: inside a run, or before the next
+            except ExecutionError as exc:
+                how = str(exc)
+            except Exception as exc:
+                how = f"terminated ({exc!r})"
+            raise ExecutionError(f"onnx run exceeded its {limit:g} s limit; {how}") from None
+        except asyncio.CancelledError:
+            stop.terminate = True  # withdrawn: the thread stops too, not just its task
+            with contextlib.suppress(Exception):
+                await work
+            raise

@@ -573,7 +573,7 @@ class Agent:
         if isinstance(run, SyntheticRun):
             return await run_synthetic(run, device)
         if isinstance(run, OnnxRun):
-            return await self.onnx.run(run, device)
+            return await self.onnx.run(run, device, timeout_s=self.config.onnx_timeout_s)
         cfg = self.config
         if isinstance(run, ExecRun):
             return await run_exec(

@@ -44,6 +44,8 @@ class OnnxRun(WireModel):
     batch: Annotated[int, Field(ge=1, le=4096)] = 1
     iterations: Annotated[int, Field(ge=1, le=10_000)] = 1
     seed: Annotated[int, Field(ge=0, le=2**31)] = 0
+    #: Capped by the agent's `onnx_timeout_s`; past it the run is terminated and the task fails.
+    timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
 
 
 class ExecRun(WireModel):
