@@ -236,7 +236,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
         reply = await client.list()
         for p in reply.pipelines:
-            print(f"{p.pipeline_id}  {p.name:<24} {p.state:<14} {p.tasks} tasks")
+            print(f"{p.pipeline_id}  {p.name:<24} {p.state:<14} {p.tasks:>4} tasks  {p.owner}")
         if reply.unanswered:  # their pipelines are missing above
             print(f"not answered by: {', '.join(reply.unanswered)}", file=sys.stderr)
         return 0

@@ -253,4 +253,5 @@ class PipelineRun:
             state=self.state,
             tasks=len(self.tasks),
             submitted=submitted,
+            owner=self.owner[:256],
         )

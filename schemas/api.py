@@ -108,6 +108,8 @@ class PipelineSummary(WireModel):
     tasks: Annotated[int, Field(ge=0, le=MAX_TASKS)]
     #: When it was submitted, on the booking clock (Unix seconds): replicas' lists merge by it.
     submitted: Instant | None = None
+    #: The replica holding it (the one whose list it came from).
+    owner: ShortText = ""
 
 
 class ListReply(WireModel):

@@ -1,4 +1,4 @@
-"""The CLI against a real cluster: submit --wait's exit code, bad files, schema output."""
+"""The CLI against a real cluster: submit --wait's exit code, list, bad files, schema output."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ async def test_submit_wait_exit_codes(nats_url: str, tmp_path: Path) -> None:
         rc, out, err = await mars_cli("submit", str(ok), "--wait", "--nats", nats_url)
         assert rc == 0, out + err
         assert "succeeded" in out
+        rc, out, err = await mars_cli("list", "--nats", nats_url)  # which replica holds it, too
+        assert rc == 0, out + err
+        line = next(x for x in out.splitlines() if " ok " in x)
+        assert line.split()[1:] == ["ok", "succeeded", "2", "tasks", orch.owner], line
         failing = tmp_path / "fails.yaml"
         failing.write_text("name: bad\ntasks:\n  - id: m\n    run: {kind: onnx, model: nope}\n")
         rc, out, err = await mars_cli("submit", str(failing), "--wait", "--nats", nats_url)

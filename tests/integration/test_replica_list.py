@@ -39,6 +39,7 @@ async def test_list_answers_with_every_replicas_pipelines(nats_url: str) -> None
             got = await orch.list(ListRequest())
             assert ids(got) == ["new-1", "old-1"] and got.unanswered == []
             assert [p.state for p in got.pipelines] == ["running", "cancelled"]
+            assert [p.owner for p in got.pipelines] == ["orch-second", "orch-first"]
             assert ids(await orch.list(ListRequest(state="cancelled"))) == ["old-1"]
             assert ids(await orch.list(ListRequest(limit=1))) == ["new-1"]
         for _ in range(4):  # through the queue group, whichever replica answers
