@@ -464,17 +464,19 @@ async def run_load(
     async def cancel_it(pid: str) -> str:
         """Cancel a pipeline just placed, through whichever replica the queue group picks;
         with `resubmit`, asked again while unanswered or unavailable (a failure injected)."""
-        for attempt in range(MAX_RESUBMITS + 1):
+        attempt = 0
+        while True:
             try:
                 return (await client.cancel(pid, reason="booking stress")).state
             except RemoteError as exc:
-                if not (resubmit and exc.code == "unavailable") or attempt == MAX_RESUBMITS:
-                    return f"refused {exc.code}: {exc.envelope.message[:200]}"
+                why = f"refused {exc.code}: {exc.envelope.message[:200]}"
+                again = resubmit and exc.code == "unavailable"
             except (TimeoutError, nats.errors.Error) as exc:
-                if not resubmit or attempt == MAX_RESUBMITS:
-                    return f"refused {type(exc).__name__}"
+                why, again = f"refused {type(exc).__name__}", resubmit
+            if not again or attempt == MAX_RESUBMITS:
+                return why
+            attempt += 1
             await asyncio.sleep(RESUBMIT_PAUSE_S)  # a client's back-off, not a wait on state
-        return "refused"
 
     async def submit(pid: str, spec: PipelineSpec, out: Outcome) -> SubmitReply:
         """The submit; with `resubmit`, sent again under the same id (never placed twice) while
@@ -970,8 +972,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
     outs = load.outcomes
     states = Counter(o.state for o in outs)
     ok = states.get("succeeded", 0)
-    failed = [o for o in outs if not cancelled_as_asked(o) and o.state != "succeeded"]
-    failed += [o for o in outs if o.cancel and not cancelled_as_asked(o) and o not in failed]
+    # a pipeline cancelled (`--cancel-every`) must end as its cancel was answered
+    failed = [o for o in outs if not cancelled_as_asked(o) and (o.state != "succeeded" or o.cancel)]
     reasons = Counter(normalise_reason(o.reason) for o in failed)
     statuses = [o.status for o in outs if o.status is not None]
     firm_lost = held_then_evicted(statuses)

@@ -10,7 +10,6 @@ import gc
 import heapq
 import itertools
 import logging
-import re
 import time
 import uuid
 from collections.abc import (
@@ -31,6 +30,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import RetentionPolicy, StreamConfig
 from nats.micro.request import Request
+from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import eventloop, ownership
 from orchestrator.adaptive import Adaptive
@@ -84,6 +84,7 @@ from schemas.codec import (
     headers_for,
 )
 from schemas.events import PipelineEvent, TaskEvent
+from schemas.limits import Ident
 from schemas.pipeline import PipelineSpec
 from schemas.placement import (
     CancelCommand,
@@ -164,14 +165,16 @@ EVENTS_WAIT_S = 5.0
 #: A request passed on to the replica holding the pipeline: how long its answer is awaited;
 #: and how often a cancel made under a lapsed lease, then lost, is offered to the adopter.
 PASS_S = 5.0
-M = TypeVar("M", bound=WireModel)
 CANCEL_PASS_TRIES = 8
+#: How long a `list` waits for each other replica's part.
 LIST_WAIT_S = 1.0
 #: An adopted pipeline waiting for an agent looks at its lease at least this often.
 AGENT_WAIT_LOOK_S = 2.0
 #: API requests (other than submits, which have their own queue) served at once per replica.
 MAX_API_IN_FLIGHT = 256
-OWNER_NAME = re.compile(r"[A-Za-z0-9_-]{1,128}")
+#: A replica's name is a token of its own subjects (`subjects.replica_*`): an `Ident`.
+OWNER_NAME = TypeAdapter(Ident)
+M = TypeVar("M", bound=WireModel)
 
 
 class Orchestrator:
@@ -199,8 +202,12 @@ class Orchestrator:
         #: Time the portfolio may spend per plan beyond HEFT (HEFT always runs).
         self.plan_budget_s = plan_budget_s
         self.owner = name or f"orch-{uuid.uuid4().hex[:10]}"
-        if not OWNER_NAME.fullmatch(self.owner):  # a token of its own subjects
-            raise ValueError(f"orchestrator name {self.owner!r}: 1-128 of A-Z a-z 0-9 _ -")
+        try:
+            OWNER_NAME.validate_python(self.owner)
+        except ValidationError:
+            raise ValueError(
+                f"orchestrator name {self.owner!r}: 1-128 of A-Z a-z 0-9 _ -"
+            ) from None
         self.view = ClusterView(misses, salt=self.owner)
         self.pipelines: dict[str, PipelineRun] = {}
         self._trim_at = MAX_PIPELINES_KEPT + TRIM_STEP
@@ -775,15 +782,14 @@ class Orchestrator:
                 # where it is, under the lease held, and placed anew once an agent is up (ended,
                 # its client was told it failed for the outage; let go, it was adopted again
                 # every few seconds, a warning each time, until one was)
-                if anew:
-                    await self.placer.withdrawn(pid)
-                    self.failover.give_back_strays(pid, keep=())
+                if anew:  # (its adopter gives back what the dead owner booked for it)
+                    await self.placer.withdrawn(pid)  # before the next placement's offers
                     run.note("no agent is up: placed anew once one is")
                     self._spawn(self._place_once_an_agent_is_up(run))
                     async with self._changed:
                         self._changed.notify_all()
                     return self._submit_reply(run)
-                await self._abandon(run, anew, failed)
+                await self._abandon(run, False, failed)
                 raise ServiceError(
                     "unavailable",
                     "no agent is up: nothing was placed, and the pipeline id is free; "
@@ -828,7 +834,8 @@ class Orchestrator:
 
     async def _abandon(self, run: PipelineRun, anew: bool, why: Exception) -> None:
         """A placement given up, not failed: NATS or JetStream went away mid-booking (`why`
-        any exception), or no agent was up (`why` a PlacementFailed). Not left "placing" for
+        any exception), or no agent was up for a new submission (`why` a PlacementFailed;
+        an adopted one waits for an agent instead). Not left "placing" for
         ever (its lease renewed, every resubmit answered with it): what it booked goes back
         (or expires, renewed no more), agents drop what they were offered (never committed,
         its status unknown). A new submission frees its id: its client is told `unavailable`
@@ -1167,22 +1174,32 @@ class Orchestrator:
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.cancel(a), encode(cmd))
 
+    def _acting_on(self, pid: str) -> PipelineRun | None:
+        """The run of a pipeline this replica answers for itself: ended here, or held under
+        a lease not lapsed."""
+        run = self.pipelines.get(pid)
+        return run if run is not None and (run.terminal or self.failover.may_act(pid)) else None
+
+    def _held_here(self, pid: str) -> PipelineRun:
+        """For a request passed on by another replica: served only while held here (never
+        passed on again, so a request cannot go round in circles)."""
+        run = self._acting_on(pid)
+        if run is None:
+            raise ServiceError(
+                "unavailable", f"{self.owner} does not hold pipeline {pid}; ask again"
+            )
+        return run
+
     async def status(self, req: StatusRequest) -> StatusReply:
         pid = req.pipeline_id
-        run = self.pipelines.get(pid)
-        if run is not None and (run.terminal or self.failover.may_act(pid)):
-            return run.status(self._now())
-        # not held here: its last persisted record, or (its lease lapsed here, this copy
-        # standing still) the newer record of a replica that adopted it
+        if (acting := self._acting_on(pid)) is not None:
+            return acting.status(self._now())
+        run = self.pipelines.get(pid)  # its lease lapsed here: this copy stands still
         try:
+            # its last persisted record, or the newer one of a replica that adopted it
             st = await self.failover.status_elsewhere(pid)
-        except Exception:
-            if run is None:
-                raise
-            st = None
-        if st is not None and (run is None or st.owner != self.owner):
-            return st
-        try:
+            if st is not None and (run is None or st.owner != self.owner):
+                return st
             holder = await self.failover.holder(pid)
         except Exception:
             if run is None:
@@ -1199,13 +1216,7 @@ class Orchestrator:
         raise ServiceError("not_found", f"no pipeline {pid}")
 
     async def _status_held(self, req: StatusRequest) -> StatusReply:
-        """A status passed on by another replica: answered from memory while held here."""
-        run = self.pipelines.get(req.pipeline_id)
-        if run is None or not (run.terminal or self.failover.may_act(req.pipeline_id)):
-            raise ServiceError(
-                "unavailable", f"{self.owner} does not hold pipeline {req.pipeline_id}; ask again"
-            )
-        return run.status(self._now())
+        return self._held_here(req.pipeline_id).status(self._now())
 
     async def _on_passed_status(self, msg: Msg) -> None:
         await respond(self.nc, msg, StatusRequest, self._status_held)
@@ -1259,10 +1270,15 @@ class Orchestrator:
         """Any replica may be given a cancel (the API is a queue group): the one holding the
         pipeline's lease cancels it, so a cancel given to another is passed on to it."""
         pid = req.pipeline_id
+        if (acting := self._acting_on(pid)) is not None:
+            return await self._cancel_run(acting, req.reason)
         run = self.pipelines.get(pid)
-        if run is not None and (run.terminal or self.failover.may_act(pid)):
-            return await self._cancel_run(run, req.reason)
-        holder = await self.failover.holder(pid)
+        try:
+            holder = await self.failover.holder(pid)
+        except Exception:
+            if run is None:
+                raise
+            holder = None  # JetStream not answering: cancelled here, as below
         if holder is not None and holder != self.owner:
             return await self._pass_cancel(holder, req)
         if run is not None:
@@ -1283,14 +1299,7 @@ class Orchestrator:
         )
 
     async def _cancel_held(self, req: CancelRequest) -> CancelReply:
-        """A cancel passed on by another replica: served only while this one holds the
-        pipeline (never passed on again, so a cancel cannot go round in circles)."""
-        run = self.pipelines.get(req.pipeline_id)
-        if run is None or not (run.terminal or self.failover.may_act(req.pipeline_id)):
-            raise ServiceError(
-                "unavailable", f"{self.owner} does not hold pipeline {req.pipeline_id}; ask again"
-            )
-        return await self._cancel_run(run, req.reason)
+        return await self._cancel_run(self._held_here(req.pipeline_id), req.reason)
 
     async def _on_passed_cancel(self, msg: Msg) -> None:
         # in a task of its own: a cancel writes the record, and the next one need not wait

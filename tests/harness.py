@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -87,6 +88,22 @@ async def stop_cluster(orch: Orchestrator, agents: list[RecordingAgent]) -> None
     for a in agents:
         await a.stop()
     await orch.stop()
+
+
+@contextlib.asynccontextmanager
+async def two_replicas(
+    url: str, configs: dict[str, AgentConfig], first: str, second: str
+) -> AsyncIterator[tuple[Orchestrator, Orchestrator, list[RecordingAgent]]]:
+    """A cluster (replica `first` and the agents) and a second replica, all stopped after."""
+    one, agents = await start_cluster(url, configs, name=first)
+    other = Orchestrator(url, name=second)
+    try:
+        await other.start()
+        yield one, other, agents
+    finally:
+        with contextlib.suppress(Exception):
+            await other.stop()
+        await stop_cluster(one, agents)
 
 
 class LoopThread:

@@ -864,7 +864,8 @@ async def test_a_lapsed_replica_answers_from_its_copy_when_jetstream_does_not(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its lease lapsed (the server away), it asks the record and the lease who holds the
-    pipeline now; when neither answers, it says what it knows rather than fail the request."""
+    pipeline now; when neither answers, it says what it knows (and cancels what it holds)
+    rather than fail the request."""
     orch, agents = await start_cluster(nats_url, configs(1))
     try:
         await orch.submit_spec(chain("cut", [5.0]), "cut-1")
@@ -879,5 +880,8 @@ async def test_a_lapsed_replica_answers_from_its_copy_when_jetstream_does_not(
         assert st.state == "running" and st.owner == orch.owner
         with pytest.raises(TimeoutError):  # one it knows nothing of: said as such
             await orch.status_of("elsewhere-1")
+        # a cancel too is served here (its end written once the lease is renewed)
+        got = await orch.cancel(CancelRequest(pipeline_id="cut-1", reason="cut off"))
+        assert got.state == "cancelled" and orch.pipelines["cut-1"].state == "cancelled"
     finally:
         await stop_cluster(orch, agents)

@@ -4,55 +4,49 @@ replica whose lease had lapsed is passed on to the replica that adopted the pipe
 
 from __future__ import annotations
 
-import contextlib
-
 import nats
 import pytest
 
-from orchestrator.service import Orchestrator
 from schemas import subjects
 from schemas.api import CancelReply, CancelRequest
 from schemas.codec import RemoteError
 from schemas.rpc import ServiceError, request
-from tests.harness import start_cluster, stop_cluster
+from tests.harness import two_replicas
 from tests.integration.test_failover import chain, configs, hold_renewals, settled_record
 
 pytestmark = pytest.mark.integration
 
 
 async def test_a_cancel_given_to_another_replica_is_passed_to_the_holder(nats_url: str) -> None:
-    owner, agents = await start_cluster(nats_url, configs(1), name="orch-owner")
-    other = Orchestrator(nats_url, name="orch-other")
-    await other.start()
     nc = await nats.connect(nats_url)
     try:
-        await owner.submit_spec(chain("far", [30.0]), "far-1")
-        assert "far-1" not in other.pipelines
-        reply = await other.cancel(CancelRequest(pipeline_id="far-1", reason="from the other"))
-        assert reply.state == "cancelled"
-        run = owner.pipelines["far-1"]  # cancelled where it is held, with the reason given
-        assert run.state == "cancelled" and run.reason == "from the other"
-        rec = await settled_record(nats_url, "far-1")
-        assert rec.state == "cancelled" and rec.owner == "orch-owner"
-        # ended and given back: the other answers from the record, and again and again
-        for _ in range(2):
-            again = await other.cancel(CancelRequest(pipeline_id="far-1"))
-            assert again.state == "cancelled"
-        with pytest.raises(ServiceError) as nf:
-            await other.cancel(CancelRequest(pipeline_id="never-1"))
-        assert nf.value.code == "not_found"
-        # passed on to a replica that does not hold it: refused, not passed on again
-        with pytest.raises(RemoteError) as refused:
-            await request(
-                nc, subjects.replica_cancel("orch-other"), CancelRequest(pipeline_id="far-1"),
-                CancelReply,
-            )  # fmt: skip
-        assert refused.value.code == "unavailable"
+        async with two_replicas(nats_url, configs(1), "orch-owner", "orch-other") as (
+            owner, other, _agents,
+        ):  # fmt: skip
+            await owner.submit_spec(chain("far", [30.0]), "far-1")
+            assert "far-1" not in other.pipelines
+            reply = await other.cancel(CancelRequest(pipeline_id="far-1", reason="from the other"))
+            assert reply.state == "cancelled"
+            run = owner.pipelines["far-1"]  # cancelled where it is held, with the reason given
+            assert run.state == "cancelled" and run.reason == "from the other"
+            rec = await settled_record(nats_url, "far-1")
+            assert rec.state == "cancelled" and rec.owner == "orch-owner"
+            # ended and given back: the other answers from the record, and again and again
+            for _ in range(2):
+                again = await other.cancel(CancelRequest(pipeline_id="far-1"))
+                assert again.state == "cancelled"
+            with pytest.raises(ServiceError) as nf:
+                await other.cancel(CancelRequest(pipeline_id="never-1"))
+            assert nf.value.code == "not_found"
+            # passed on to a replica that does not hold it: refused, not passed on again
+            with pytest.raises(RemoteError) as refused:
+                await request(
+                    nc, subjects.replica_cancel("orch-other"),
+                    CancelRequest(pipeline_id="far-1"), CancelReply,
+                )  # fmt: skip
+            assert refused.value.code == "unavailable"
     finally:
         await nc.close()
-        with contextlib.suppress(Exception):
-            await other.stop()
-        await stop_cluster(owner, agents)
 
 
 async def test_a_cancel_made_under_a_lapsed_lease_reaches_the_adopter(
@@ -62,27 +56,24 @@ async def test_a_cancel_made_under_a_lapsed_lease_reaches_the_adopter(
     cannot be written (fenced), and another replica adopts the pipeline from a record that
     says running. When the old owner finds its lease taken it passes the cancel on: before,
     the adopter ran the pipeline to its end, after the client had been told cancelled."""
-    first, agents = await start_cluster(nats_url, configs(1), name="orch-first")
-    leases = first.failover.leases
-    renewing = hold_renewals(first, monkeypatch)
-    second = Orchestrator(nats_url, name="orch-second")
-    await second.start()
-    try:
-        reply = await first.submit_spec(chain("lost", [0.05, 30.0]), "lost-1")
-        assert reply.state == "running"
-        leases.held["lost-1"].valid_until = first.mono()  # what an unrenewed lease comes to
-        assert not first.failover.may_act("lost-1")
-        got = await first.cancel(CancelRequest(pipeline_id="lost-1", reason="lapsed"))
-        assert got.state == "cancelled"
-        await second.wait_for(lambda: "lost-1" in second.pipelines, 20.0)
-        assert not second.pipelines["lost-1"].terminal  # resumed as the record says
-        renewing.set()  # the first finds its lease taken, and passes the cancel on
-        run = await second.wait_terminal("lost-1", 20.0)
-        assert run.state == "cancelled" and run.reason == "lapsed"
-        rec = await settled_record(nats_url, "lost-1")
-        assert rec.state == "cancelled" and rec.owner == "orch-second"
-    finally:
-        renewing.set()
-        with contextlib.suppress(Exception):
-            await second.stop()
-        await stop_cluster(first, agents)
+    async with two_replicas(nats_url, configs(1), "orch-first", "orch-second") as (
+        first, second, _agents,
+    ):  # fmt: skip
+        renewing = hold_renewals(first, monkeypatch)
+        try:
+            reply = await first.submit_spec(chain("lost", [0.05, 30.0]), "lost-1")
+            assert reply.state == "running"
+            # what an unrenewed lease comes to
+            first.failover.leases.held["lost-1"].valid_until = first.mono()
+            assert not first.failover.may_act("lost-1")
+            got = await first.cancel(CancelRequest(pipeline_id="lost-1", reason="lapsed"))
+            assert got.state == "cancelled"
+            await second.wait_for(lambda: "lost-1" in second.pipelines, 20.0)
+            assert not second.pipelines["lost-1"].terminal  # resumed as the record says
+            renewing.set()  # the first finds its lease taken, and passes the cancel on
+            run = await second.wait_terminal("lost-1", 20.0)
+            assert run.state == "cancelled" and run.reason == "lapsed"
+            rec = await settled_record(nats_url, "lost-1")
+            assert rec.state == "cancelled" and rec.owner == "orch-second"
+        finally:
+            renewing.set()

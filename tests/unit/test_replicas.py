@@ -5,7 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from orchestrator.replicas import HELLO_EVERY_S, MISSED_HELLOS, Replicas
+from orchestrator.service import Orchestrator
 from schemas.codec import encode
 from schemas.failover import ReplicaHello
 
@@ -54,3 +57,10 @@ async def test_a_malformed_hello_changes_nothing() -> None:
     await r._on_hello(raw(b"\x81\xa5owner\xc0"))
     await r._on_hello(raw(b"not msgpack at all \xff"))
     assert r.up() == []
+
+
+@pytest.mark.parametrize("name", ["a.b", "a b", "x" * 129, "orch>"])
+def test_a_replica_name_that_is_no_subject_token_is_refused(name: str) -> None:
+    """A replica's name is a token of its own subjects (`mars.v1.orch.<name>.cancel`)."""
+    with pytest.raises(ValueError, match="orchestrator name"):
+        Orchestrator("nats://127.0.0.1:1", name=name)
