@@ -77,7 +77,7 @@ from benchmarks.common import pct, progress, table
 from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
-from orchestrator.procs import spawn, stop_all
+from orchestrator.procs import spawn, stop_all, terminate_as_interrupt
 from orchestrator.reservations.book import double_booked
 from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET
@@ -1219,6 +1219,7 @@ def main(argv: list[str] | None = None) -> int:
     # the server's store outlives a restart (`--restart-server-after`): one it made itself
     # would be deleted when it stops
     with (
+        terminate_as_interrupt(),  # SIGTERM too stops every process and removes their files
         log_dir("mars-booking-stress-") as logs,
         tempfile.TemporaryDirectory(prefix="mars-booking-stress-nats-") as store,
         EmbeddedNats(store_dir=store) as srv,

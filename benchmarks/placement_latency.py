@@ -69,6 +69,7 @@ from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.eventloop import GC_PAUSE_LOGGED_S
 from orchestrator.natsserver import EmbeddedNats
+from orchestrator.procs import terminate_as_interrupt
 from orchestrator.recovery import AGENT_CLIENT_PREFIX
 from schemas.codec import RemoteError
 from schemas.events import PipelineEvent
@@ -513,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--agent-procs must be <= --agents")
     t0 = time.perf_counter()
     with (
+        terminate_as_interrupt(),  # SIGTERM too stops every process and removes their files
         log_dir("mars-placement-latency-") as logs,
         EmbeddedNats(monitor=True, procs=args.server_procs) as srv,
     ):

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +47,7 @@ from edge_agent.service import Agent
 from orchestrator import eventloop
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun, ran_since
-from orchestrator.procs import spawn
+from orchestrator.procs import spawn, terminate_as_interrupt
 from orchestrator.results import revisions
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
@@ -285,6 +286,7 @@ async def main_async(trials: int) -> int:
     finally:
         await bench.stop()
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=20, help="trials per failure kind")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    return eventloop.run(main_async(max(1, args.trials)))
+    with terminate_as_interrupt():  # SIGTERM too stops every process and removes their files
+        return eventloop.run(main_async(max(1, args.trials)))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from orchestrator import eventloop
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipeline_files import load_pipeline
-from orchestrator.procs import spawn, stop_all
+from orchestrator.procs import spawn, stop_all, terminate_as_interrupt
 from orchestrator.report import plan_table, timeline_table
 
 # Declared link costs between the demo's sites (EdgeCloudSim-style defaults: WAN 100 ms,
@@ -67,6 +68,10 @@ DEMO_AGENT_DEFAULTS: dict[str, object] = {
     "probe_gpus": False,
     "probe_accelerators": False,
     "link_probe_every_s": 0,
+    # a demo stopped half-way stops at once: its agents give running work a second, not
+    # the 20 s a production agent gives (past `stop_all`'s 5 s an agent is killed, and a
+    # killed agent leaves its working directory behind)
+    "shutdown_grace_s": 1.0,
 }
 
 
@@ -103,10 +108,23 @@ async def _drive(url: str, pipeline: Path, timeout: float) -> int:
 
 
 def run_demo(pipeline: Path | None = None, timeout: float = 25.0, verbose: int = 0) -> int:
+    """Everything the demo started is stopped and its files removed when it ends, however
+    it is asked to stop (Ctrl-C, SIGTERM): exit code 130 then."""
     t0 = time.monotonic()
+    try:
+        with terminate_as_interrupt():
+            rc = _demo(pipeline, timeout, verbose)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        rc = 130
+    print(f"demo finished in {time.monotonic() - t0:.1f} s; all processes stopped")
+    return rc
+
+
+def _demo(pipeline: Path | None, timeout: float, verbose: int) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="mars-demo-") as tmp, EmbeddedNats() as server:
-        print(f"nats-server (embedded, JetStream) on {server.url}")
+        print(f"nats-server (embedded, JetStream) on {server.url}", flush=True)
         log = open(Path(tmp) / "services.log", "wb")  # noqa: SIM115 - closed below
         vflags = ["-v"] * verbose
         try:
@@ -129,15 +147,14 @@ def run_demo(pipeline: Path | None = None, timeout: float = 25.0, verbose: int =
                         log=log,
                     )
                 )
-            rc = eventloop.run(_drive(server.url, pipeline or example_path(), timeout))
-        except KeyboardInterrupt:
-            print("\ninterrupted; stopping everything")
-            rc = 130
+            drive = _drive(server.url, pipeline or example_path(), timeout)
+            try:
+                return eventloop.run(drive)
+            finally:
+                drive.close()  # (interrupted before it began: not left never awaited)
         finally:
             stop_all(procs)
             log.close()
             if verbose:
                 with contextlib.suppress(OSError):
                     print((Path(tmp) / "services.log").read_text(errors="replace")[-4000:])
-    print(f"demo finished in {time.monotonic() - t0:.1f} s; all processes stopped")
-    return rc

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from orchestrator.procs import tied_to_caller
 from schemas.advisories import ServerConnections
 from schemas.codec import decode
 
@@ -145,19 +146,24 @@ class EmbeddedNats:
         ]  # fmt: skip
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
+        # tied to this process: a demo, benchmark or test run killed outright (SIGKILL, an
+        # OOM kill, a CI timeout) takes its broker with it instead of leaving it on its port
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=server_env(self.procs),
+            env=server_env(self.procs), preexec_fn=tied_to_caller(),
         )  # fmt: skip
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise NatsServerError(f"nats-server exited at start: {self.log_tail()}")
-            if self._ready():
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise NatsServerError(f"nats-server not ready after {self.ready_timeout}s")
+        try:
+            deadline = time.monotonic() + self.ready_timeout
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise NatsServerError(f"nats-server exited at start: {self.log_tail()}")
+                if self._ready():
+                    return self
+                time.sleep(0.02)
+            raise NatsServerError(f"nats-server not ready after {self.ready_timeout}s")
+        except BaseException:  # not ready, or interrupted while waiting: nothing left behind
+            self.stop()
+            raise
 
     def traffic(self) -> dict[str, tuple[int, int]]:
         """Messages each client connection has sent to the server and received from it so
