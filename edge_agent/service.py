@@ -36,7 +36,7 @@ from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
 from schemas.api import TERMINAL_STATES, StatusReply, StatusRequest
-from schemas.codec import encode
+from schemas.codec import encode, headers_for
 from schemas.events import TaskEvent, TaskEventState
 from schemas.pipeline import ExecRun, OnnxRun, PythonRun, SyntheticRun
 from schemas.placement import (
@@ -320,7 +320,10 @@ class Agent:
 
     async def _publish_advert(self) -> None:
         assert self.nc is not None
-        await self.nc.publish(subjects.advert(self.agent_id), encode(self.advert()))
+        # the headers name this release's wire level: offers to it carry all it reads
+        await self.nc.publish(
+            subjects.advert(self.agent_id), encode(self.advert()), headers=headers_for("msgpack")
+        )
 
     async def _heartbeat_loop(self) -> None:
         assert self.nc is not None

@@ -48,6 +48,9 @@ class AgentEntry:
     last_seen: float
     running: int = 0
     draining: bool = False
+    #: The wire level its adverts name (schemas/wire.py): its offers leave out what it
+    #: cannot read.
+    wire: int = 1
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,9 @@ class ClusterView:
         #: in [from, until), until being the first instant a live agent's heartbeat is late.
         self._live: tuple[int, float, float, tuple[AgentEntry, ...]] | None = None
 
-    def on_advert(self, adv: AgentAdvert, now: float) -> bool:
-        """Apply an advert; returns True when it introduced a new agent or incarnation."""
+    def on_advert(self, adv: AgentAdvert, now: float, wire: int = 1) -> bool:
+        """Apply an advert (`wire`: the level it was sent with); returns True when it
+        introduced a new agent or incarnation."""
         cur = self.agents.get(adv.agent_id)
         if cur is not None and cur.advert.incarnation == adv.incarnation:
             if adv.seq < cur.advert.seq:
@@ -92,9 +96,10 @@ class ClusterView:
                 self.version += 1
                 self._members += 1
             cur.advert = adv
+            cur.wire = wire
             self._seen(cur, now)
             return False
-        self.agents[adv.agent_id] = AgentEntry(adv, now)
+        self.agents[adv.agent_id] = AgentEntry(adv, now, wire=wire)
         self.version += 1
         self._members += 1
         return True

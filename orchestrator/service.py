@@ -103,6 +103,7 @@ from schemas.rpc import (
     respond,
     settle,
 )
+from schemas.wire import level_of
 
 log = logging.getLogger("mars.orchestrator")
 #: Offers and commits go to agents as JSON (their replies come back in it): pydantic parses
@@ -507,7 +508,7 @@ class Orchestrator:
         if self.recovery.is_buried(adv.agent_id, adv.incarnation):
             return  # an incarnation a newer one replaced (a zombie behind a healed partition)
         self.adaptive.advert(adv)
-        if self.view.on_advert(adv, self._now()):
+        if self.view.on_advert(adv, self._now(), level_of(msg.headers)):
             log.info("agent %s joined (%s, %s)", adv.agent_id, adv.site, adv.tier)
         self.recovery.on_advert(adv, self._now())
         self.cluster_changed.set()
@@ -894,12 +895,18 @@ class Orchestrator:
                 del self.pipelines[pid]
             self._trim_at = max(len(self.pipelines), MAX_PIPELINES_KEPT) + TRIM_STEP
 
+    def wire_of(self, agent_id: str) -> int:
+        """The wire level an agent reads (its adverts'; 1 for one not heard)."""
+        entry = self.view.agents.get(agent_id)
+        return entry.wire if entry is not None else 1
+
     async def offer(self, offer: TaskOffer) -> OfferReply:
         assert self.nc is not None
         try:
             return await request(
                 self.nc, subjects.offer(offer.agent_id), offer, OfferReply,
                 timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
+                level=self.wire_of(offer.agent_id),
             )  # fmt: skip
         except (TimeoutError, nats.errors.NoRespondersError, RemoteError) as exc:
             return _unanswered(offer, f"no answer to offer: {type(exc).__name__} {exc}"[:2048])
@@ -928,6 +935,7 @@ class Orchestrator:
                 rep = await request(
                     self.nc, subjects.offers(agent_id), OfferBatch(offers=mine), OfferBatchReply,
                     timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
+                    level=self.wire_of(agent_id),
                 )  # fmt: skip
                 replies: list[OfferReply] = rep.replies
             except nats.errors.NoRespondersError:

@@ -18,6 +18,7 @@ from schemas.base import WireModel
 from schemas.depth import fixed_depth
 from schemas.errors import ErrorCode, ErrorEnvelope
 from schemas.limits import MAX_CONTAINER_LEN, MAX_DEPTH, MAX_PAYLOAD_BYTES, MAX_STR_LEN
+from schemas.wire import WIRE_HEADER, WIRE_LEVEL, dump_for, holds_added
 
 Encoding = Literal["msgpack", "json"]
 M = TypeVar("M", bound=WireModel)
@@ -27,6 +28,7 @@ JSON_TYPE = "application/json"
 MSGPACK_TYPE = "application/msgpack"
 #: Set on error replies, following the nats.micro convention.
 ERROR_HEADER = "Nats-Service-Error-Code"
+WIRE_LEVEL_TEXT = str(WIRE_LEVEL)
 
 
 class DecodeError(Exception):
@@ -51,10 +53,19 @@ def encoding_of(headers: Mapping[str, str] | None) -> Encoding:
 
 
 def headers_for(encoding: Encoding) -> dict[str, str]:
-    return {CONTENT_TYPE: JSON_TYPE if encoding == "json" else MSGPACK_TYPE}
+    """A message's headers: its encoding, and the level of the wire this release reads."""
+    return {
+        CONTENT_TYPE: JSON_TYPE if encoding == "json" else MSGPACK_TYPE,
+        WIRE_HEADER: WIRE_LEVEL_TEXT,
+    }
 
 
-def encode(model: WireModel, encoding: Encoding = "msgpack") -> bytes:
+def encode(model: WireModel, encoding: Encoding = "msgpack", level: int = WIRE_LEVEL) -> bytes:
+    """`level`: the receiver's (schemas/wire.py); fields added after it are left out."""
+    if level < WIRE_LEVEL and holds_added(type(model)):
+        if encoding == "json":
+            return json.dumps(dump_for(model, level, "json"), separators=(",", ":")).encode()
+        return msgpack.packb(dump_for(model, level, "python"), use_bin_type=True)  # type: ignore[no-any-return]
     if encoding == "json":
         return model.model_dump_json().encode()
     return msgpack.packb(model.model_dump(mode="python"), use_bin_type=True)  # type: ignore[no-any-return]

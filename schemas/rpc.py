@@ -26,6 +26,7 @@ from schemas.codec import (
     headers_for,
 )
 from schemas.errors import ErrorCode
+from schemas.wire import WIRE_LEVEL, level_of
 
 log = logging.getLogger("mars.rpc")
 
@@ -71,10 +72,14 @@ async def _answer(
         return ServiceError("internal", f"{type(exc).__name__}: {exc}"[:500])
 
 
-def _reply(out: WireModel | ServiceError, enc: Encoding) -> tuple[bytes, dict[str, str]]:
+def _reply(
+    out: WireModel | ServiceError, headers: Mapping[str, str] | None
+) -> tuple[bytes, dict[str, str]]:
+    """The reply in the request's encoding, with only what the requester's level reads."""
+    enc = encoding_of(headers)
     if isinstance(out, ServiceError):
         return error_reply(out.code, out.message, out.details, enc)
-    return encode(out, enc), headers_for(enc)
+    return encode(out, enc, level_of(headers)), headers_for(enc)
 
 
 async def handle(
@@ -84,7 +89,7 @@ async def handle(
     fn: Callable[[Req], Awaitable[WireModel]],
 ) -> tuple[bytes, dict[str, str]]:
     """Turn request bytes into reply bytes (+ headers), whatever happens."""
-    return _reply(await _answer(data, headers, model, fn), encoding_of(headers))
+    return _reply(await _answer(data, headers, model, fn), headers)
 
 
 async def respond(
@@ -98,7 +103,7 @@ async def respond(
     in the log instead, since nobody else will hear of it."""
     out = await _answer(msg.data, msg.headers, model, fn)
     if msg.reply:
-        body, headers = _reply(out, encoding_of(msg.headers))
+        body, headers = _reply(out, msg.headers)
         await nc.publish(msg.reply, body, headers=headers)
     elif isinstance(out, ServiceError):
         log.warning(
@@ -114,10 +119,12 @@ async def request(
     *,
     timeout: float = 2.0,
     encoding: Encoding = "msgpack",
+    level: int = WIRE_LEVEL,
 ) -> Rep:
-    """Send a request model and decode the reply model (RemoteError on an error envelope)."""
+    """Send a request model and decode the reply model (RemoteError on an error envelope).
+    `level`: the receiver's wire level, where known (schemas/wire.py)."""
     msg = await nc.request(
-        subject, encode(req, encoding), timeout=timeout, headers=headers_for(encoding)
+        subject, encode(req, encoding, level), timeout=timeout, headers=headers_for(encoding)
     )
     return decode_reply(msg.data, msg.headers, reply_model)
 

@@ -1,0 +1,100 @@
+"""Wire levels: what a peer of an older release can read, so one release's peers work with the
+next one's while a fleet is upgraded.
+
+Every wire model is closed (`extra="forbid"`), so a receiver refuses a field it does not
+know. Every message MARS sends with headers names the sender's level (`Mars-Wire`); a message
+without it is from a release before levels (level 1). A sender that knows its receiver's
+level leaves out the fields added after it: the orchestrator for an agent (the level of the
+agent's adverts) and for a client (the level of its request). A field is added only with a
+default, so a message without it still reads as before on a newer receiver. Agents and
+clients hear nothing of a replica's level, so replicas are upgraded first (docs/operations.md,
+"Upgrading").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from schemas.api import ListReply, PipelineSummary
+from schemas.base import WireModel
+from schemas.pipeline import OnnxRun
+from schemas.placement import InputRef
+
+WIRE_HEADER = "Mars-Wire"
+#: This release's level.
+WIRE_LEVEL = 2
+
+#: Fields added after level 1, by model: the level that added each. A field named here
+#: must have a default (`tests/unit/test_wire_levels.py` holds it to that).
+ADDED: dict[type[WireModel], dict[str, int]] = {
+    # level 2 (2026-12-02): output fencing, ONNX time limits, `list` over every replica
+    InputRef: {"token": 2},
+    OnnxRun: {"timeout_s": 2},
+    PipelineSummary: {"submitted": 2, "owner": 2},
+    ListReply: {"unanswered": 2},
+}
+
+
+def level_of(headers: Mapping[str, str] | None) -> int:
+    """The level a message's sender reads: 1 without the header (or with a bad one), and
+    never above this release's (a newer peer reads all of this release's fields)."""
+    raw = headers.get(WIRE_HEADER) if headers else None
+    if raw is None or not raw.isdigit() or len(raw) > 4:
+        return 1
+    return max(1, min(int(raw), WIRE_LEVEL))
+
+
+def _holds_added(model: type[WireModel], seen: set[type[WireModel]]) -> bool:
+    """Whether a model, or one nested in it at any depth, has a field in ADDED."""
+    if model in ADDED:
+        return True
+    seen.add(model)
+    for field in model.model_fields.values():
+        for sub in _models_in(field.annotation):
+            if sub not in seen and _holds_added(sub, seen):
+                return True
+    return False
+
+
+def _models_in(annotation: Any) -> list[type[WireModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, WireModel):
+        return [annotation]
+    return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
+
+
+_HOLDS: dict[type[WireModel], bool] = {}
+
+
+def holds_added(model: type[WireModel]) -> bool:
+    """Whether a message of this model can carry a field an older level does not know."""
+    got = _HOLDS.get(model)
+    if got is None:
+        got = _HOLDS[model] = _holds_added(model, set())
+    return got
+
+
+def dump_for(model: WireModel, level: int, mode: str) -> dict[str, Any]:
+    """`model_dump(mode=mode)` without the fields added after `level`, at any depth."""
+    out: dict[str, Any] = model.model_dump(mode=mode)
+    _strip(model, out, level)
+    return out
+
+
+def _strip(obj: Any, dumped: Any, level: int) -> None:
+    if isinstance(obj, WireModel):
+        model = type(obj)
+        if not holds_added(model):
+            return
+        added = ADDED.get(model, {})
+        for name in model.model_fields:
+            if added.get(name, 1) > level:
+                dumped.pop(name, None)
+            else:
+                _strip(getattr(obj, name), dumped.get(name), level)
+    elif isinstance(obj, list | tuple):
+        for item, d in zip(obj, dumped, strict=True):
+            _strip(item, d, level)
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            _strip(item, dumped[key], level)
