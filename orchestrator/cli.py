@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import importlib.metadata
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import eventloop
+from schemas.wire import WIRE_LEVEL
 from sim.run import add_arguments as add_sim_run_arguments
 
 if TYPE_CHECKING:
@@ -255,10 +257,12 @@ def agent_line(a: AgentSummary) -> str:
         for q in a.queues
         if q.windows or q.full
     )
+    older = 0 < a.wire < WIRE_LEVEL  # still to upgrade (docs/operations.md, "Upgrading")
     return (
         f"{a.agent_id:<16} {'alive' if a.alive else 'silent':<7} site={a.site} "
         f"tier={a.tier} running={a.running} devices={','.join(a.devices)}"
         + (f" booked={booked}" if booked else "")
+        + (f" wire={a.wire} (an older release)" if older else "")
     )
 
 
@@ -418,9 +422,19 @@ def cmd_sim_link(args: argparse.Namespace) -> int:
     return 0
 
 
+def version_line() -> str:
+    """The release and the wire level it reads (what an upgrade is checked by)."""
+    try:
+        release = importlib.metadata.version("mars-orchestrator")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        release = "(not installed)"
+    return f"mars {release} (wire level {WIRE_LEVEL})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mars", description=__doc__)
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logs (-vv: debug)")
+    p.add_argument("--version", action="version", version=version_line())
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -1381,6 +1381,7 @@ class Orchestrator:
                     running=entry.running,
                     last_seen_s=max(0.0, now - entry.last_seen),
                     queues=self._queues(aid, adv.devices, booked, full),
+                    wire=entry.wire,
                 )
             )
         return AgentsReply(agents=out)

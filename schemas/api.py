@@ -158,6 +158,9 @@ class AgentSummary(WireModel):
     last_seen_s: NonNegFloat = 0.0
     #: Devices with a booking key, in `devices`' order.
     queues: Annotated[list[DeviceQueue], Field(max_length=64)] = Field(default_factory=list)
+    #: The wire level the agent's adverts name (schemas/wire.py: 1 for a release before
+    #: levels); 0: not said (a replica before levels answered).
+    wire: Annotated[int, Field(ge=0, le=9999)] = 0
 
 
 class AgentsReply(WireModel):

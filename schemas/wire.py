@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.api import ListReply, PipelineSummary
+from schemas.api import AgentSummary, ListReply, PipelineSummary
 from schemas.base import WireModel
 from schemas.pipeline import OnnxRun
 from schemas.placement import InputRef
@@ -28,11 +28,13 @@ WIRE_LEVEL = 2
 #: Fields added after level 1, by model: the level that added each. A field named here
 #: must have a default (`tests/unit/test_wire_levels.py` holds it to that).
 ADDED: dict[type[WireModel], dict[str, int]] = {
-    # level 2 (2026-12-02): output fencing, ONNX time limits, `list` over every replica
+    # level 2 (2026-12-02): output fencing, ONNX time limits, `list` over every replica,
+    # each agent's level in `mars agents`
     InputRef: {"token": 2},
     OnnxRun: {"timeout_s": 2},
     PipelineSummary: {"submitted": 2, "owner": 2},
     ListReply: {"unanswered": 2},
+    AgentSummary: {"wire": 2},
 }
 
 

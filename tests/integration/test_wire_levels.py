@@ -11,6 +11,7 @@ import msgpack
 import nats
 from nats.aio.msg import Msg
 
+from orchestrator.client import Client
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import encode
@@ -44,6 +45,9 @@ async def test_an_agent_of_the_release_before_levels_gets_offers_it_reads(nats_u
             await a.start()
         assert await orch.wait_for_agents(2, timeout=10.0) == 2
         assert {aid: e.wire for aid, e in orch.view.agents.items()} == {"new": WIRE_LEVEL, "old": 1}
+        # `mars agents` says which agents are still to upgrade
+        listed = {a.agent_id: a.wire for a in (await Client(nc).agents()).agents}
+        assert listed == {"new": WIRE_LEVEL, "old": 1}
         for aid in seen:
 
             async def note(msg: Msg, aid: str = aid) -> None:

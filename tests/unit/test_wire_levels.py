@@ -15,7 +15,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from schemas.api import ListReply, PipelineSummary
+from orchestrator.cli import agent_line, build_parser
+from schemas.api import AgentsReply, AgentSummary, ListReply, PipelineSummary
 from schemas.codec import Encoding, decode, encode, headers_for
 from schemas.pipeline import TaskSpec
 from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
@@ -67,6 +68,13 @@ def listing() -> ListReply:
             )
         ],
         unanswered=["orch-2"],
+    )
+
+
+def agents() -> AgentsReply:
+    one: dict[str, Any] = {"agent_id": "e1", "incarnation": "i", "site": "s", "tier": "edge"}
+    return AgentsReply(
+        agents=[AgentSummary(**one, alive=True, devices=["cpu0:cpu"], wire=WIRE_LEVEL)]
     )
 
 
@@ -161,7 +169,7 @@ def test_a_peer_of_the_release_before_levels_reads_level_1_and_refuses_level_2(
     old = _level_1_schemas(tmp_path)
     cases = [
         (type(m).__name__, enc, base64.b64encode(encode(m, enc, level)).decode())
-        for m in (batch(), listing())
+        for m in (batch(), listing(), agents())
         for enc in ("json", "msgpack")
         for level in (1, WIRE_LEVEL)
     ]  # fmt: skip
@@ -171,4 +179,18 @@ def test_a_peer_of_the_release_before_levels_reads_level_1_and_refuses_level_2(
     )  # fmt: skip
     where, *got = json.loads(run.stdout)
     assert Path(where).is_relative_to(old)  # the old package, not this checkout's
-    assert got == ["ok", "invalid"] * 4, list(zip(cases, got, strict=True))
+    assert got == ["ok", "invalid"] * 6, list(zip(cases, got, strict=True))
+
+
+def test_mars_agents_marks_an_agent_of_an_older_level_and_version_names_ours(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a = AgentSummary(
+        agent_id="e1", incarnation="i", site="s", tier="edge", alive=True, devices=["cpu0:cpu"]
+    )
+    assert "wire=" not in agent_line(a)  # not said: a replica before levels answered
+    assert "wire=" not in agent_line(a.model_copy(update={"wire": WIRE_LEVEL}))
+    assert agent_line(a.model_copy(update={"wire": 1})).endswith(" wire=1 (an older release)")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--version"])
+    assert capsys.readouterr().out.strip().endswith(f"(wire level {WIRE_LEVEL})")
