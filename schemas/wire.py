@@ -42,8 +42,8 @@ def level_of(headers: Mapping[str, str] | None) -> int:
     """The level a message's sender reads: 1 without the header (or with a bad one), and
     never above this release's (a newer peer reads all of this release's fields)."""
     raw = headers.get(WIRE_HEADER) if headers else None
-    if raw is None or not raw.isdigit() or len(raw) > 4:
-        return 1
+    if raw is None or len(raw) > 4 or not (raw.isascii() and raw.isdigit()):
+        return 1  # ("²".isdigit() holds, and int("²") raises: any header may be hostile)
     return max(1, min(int(raw), WIRE_LEVEL))
 
 

@@ -40,6 +40,7 @@ from schemas import (
 )
 from schemas.codec import ERROR_HEADER, JSON_TYPE, DecodeError, decode, encode
 from schemas.errors import ErrorCode
+from schemas.wire import WIRE_HEADER
 from tests.harness import LoopThread, agent_config, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -168,6 +169,22 @@ def test_wrong_typed_payloads_get_an_error_with_a_code(
         decode(payload, MODELS[subject], "json" if json_ct else "msgpack")
         return  # e.g. {} is a valid ListRequest: not a hostile payload
     _assert_error(env, subject, payload, json_ct)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(level=st.text(st.characters(blacklist_categories=("Cc", "Cs")), max_size=12))
+def test_any_wire_level_header_is_read_safely(env: Env, level: str) -> None:
+    """A hostile or garbled `Mars-Wire` header (schemas/wire.py) is read as level 1 or a
+    level this release knows: a valid request is answered as such."""
+    msg = env.loop.run(
+        env.nc.request(
+            subjects.LIST, encode(ListRequest()), timeout=5, headers={WIRE_HEADER: level}
+        )
+    )
+    assert ERROR_HEADER not in (msg.headers or {}), msg.data[:200]
+    decode(msg.data, ListReply)
 
 
 def test_hostile_classics_then_still_serving(env: Env) -> None:

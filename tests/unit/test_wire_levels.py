@@ -119,7 +119,7 @@ def test_a_message_with_no_added_field_is_the_same_at_every_level() -> None:
 @pytest.mark.parametrize(
     ("header", "level"),
     [(None, 1), ("1", 1), ("2", 2), (str(WIRE_LEVEL + 5), WIRE_LEVEL), ("x", 1), ("-1", 1),
-     ("", 1), ("0", 1), ("99999999999", 1)],
+     ("", 1), ("0", 1), ("99999999999", 1), ("²", 1), ("٣", 1), (" 2", 1)],
 )  # fmt: skip
 def test_a_senders_level_comes_from_its_header(header: str | None, level: int) -> None:
     assert level_of(None if header is None else {WIRE_HEADER: header}) == level
