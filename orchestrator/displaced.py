@@ -383,7 +383,10 @@ class Displaced:
             # "not finished, sent when it is" is the expected answer; a finished producer
             # serves the new consumer's own fetch instead (or is found gone by it)
             with contextlib.suppress(Exception):
-                await request(nc, subjects.fetch(agent), req, DataTransfer, timeout=2.0)
+                await request(
+                    nc, subjects.fetch(agent), req, DataTransfer, timeout=2.0,
+                    level=self.o.wire_of(agent),
+                )  # fmt: skip
 
         asks = []
         for tid in sorted(moved):

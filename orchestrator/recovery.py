@@ -657,8 +657,9 @@ class Recovery:
         )
         try:
             await request(
-                nc, subjects.fetch(tr.agent_id), req, DataTransfer, timeout=PROBE_TIMEOUT_S
-            )
+                nc, subjects.fetch(tr.agent_id), req, DataTransfer, timeout=PROBE_TIMEOUT_S,
+                level=self.o.wire_of(tr.agent_id),
+            )  # fmt: skip
             return True
         except (TimeoutError, RemoteError, nats.errors.Error) as exc:
             log.info("%s/%s not held by %s: %s", run.pipeline_id, producer, tr.agent_id, exc)
@@ -678,4 +679,6 @@ class Recovery:
                     task_ids=stale,
                 )  # fmt: skip
                 with contextlib.suppress(Exception):
-                    await nc.publish(subjects.cancel(agent_id), encode(cmd))
+                    await nc.publish(
+                        subjects.cancel(agent_id), encode(cmd, level=self.o.wire_of(agent_id))
+                    )

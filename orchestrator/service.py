@@ -990,6 +990,7 @@ class Orchestrator:
                     await request(
                         self.nc, subjects.commit(agent_id), cmd, CommitCommand,
                         timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
+                        level=self.wire_of(agent_id),
                     )  # fmt: skip
                     return
                 except Exception as exc:
@@ -1010,7 +1011,7 @@ class Orchestrator:
         assert self.nc is not None
         try:
             await self.nc.publish(
-                subjects.commit(agent_id), encode(cmd, AGENT_ENCODING),
+                subjects.commit(agent_id), encode(cmd, AGENT_ENCODING, self.wire_of(agent_id)),
                 headers=headers_for(AGENT_ENCODING),
             )  # fmt: skip
         except Exception as exc:
@@ -1083,7 +1084,9 @@ class Orchestrator:
                 max_token=max_token,
             )  # fmt: skip
             with contextlib.suppress(Exception):
-                await self.nc.publish(subjects.cancel(agent_id), encode(cmd))
+                await self.nc.publish(
+                    subjects.cancel(agent_id), encode(cmd, level=self.wire_of(agent_id))
+                )
 
     def _give_back_later(self, run: PipelineRun, task_id: str) -> None:
         """A task ended while its pipeline runs on: its window would otherwise hold its device
@@ -1180,7 +1183,7 @@ class Orchestrator:
         agents = sorted({tr.agent_id for tr in run.tasks.values() if tr.agent_id})
         for a in agents:
             with contextlib.suppress(Exception):
-                await self.nc.publish(subjects.cancel(a), encode(cmd))
+                await self.nc.publish(subjects.cancel(a), encode(cmd, level=self.wire_of(a)))
 
     def _acting_on(self, pid: str) -> PipelineRun | None:
         """The run of a pipeline this replica answers for itself: ended here, or held under
