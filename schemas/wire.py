@@ -97,6 +97,6 @@ def _strip(obj: Any, dumped: Any, level: int) -> None:
     elif isinstance(obj, list | tuple):
         for item, d in zip(obj, dumped, strict=True):
             _strip(item, d, level)
-    elif isinstance(obj, dict):
-        for key, item in obj.items():
-            _strip(item, dumped[key], level)
+    elif isinstance(obj, dict):  # (keys may be dumped as other types; the order is kept)
+        for item, d in zip(obj.values(), dumped.values(), strict=True):
+            _strip(item, d, level)

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.cli import agent_line, build_parser
 from schemas.api import AgentsReply, AgentSummary, ListReply, PipelineSummary
+from schemas.base import WireModel
 from schemas.codec import Encoding, decode, encode, headers_for
 from schemas.pipeline import TaskSpec
 from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
@@ -79,7 +80,7 @@ def agents() -> AgentsReply:
 
 
 def fields(data: bytes, encoding: Encoding) -> Any:
-    return json.loads(data) if encoding == "json" else msgpack.unpackb(data, raw=False)
+    return json.loads(data) if encoding == "json" else msgpack.unpackb(data, strict_map_key=False)
 
 
 def test_every_added_field_has_a_default() -> None:
@@ -233,3 +234,19 @@ def test_every_field_added_since_level_1_is_registered(tmp_path: Path) -> None:
     }  # fmt: skip
     assert unregistered == {}, "add each to schemas/wire.py ADDED at the next level"
     assert all(set(f) <= set(new[name]) - set(old[name]) for name, f in registered.items())
+
+
+class _ByNumber(WireModel):
+    """(A test's own model: added fields under a map with integer keys.)"""
+
+    refs: dict[int, InputRef]
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_added_fields_are_left_out_under_maps_too(encoding: Encoding) -> None:
+    m = _ByNumber(refs={3: InputRef(task_id="d", agent_id="a", ready=True, token=9)})
+    old = fields(encode(m, encoding, level=1), encoding)
+    (ref,) = old["refs"].values()
+    assert "token" not in ref and ref["task_id"] == "d"
+    (ref,) = fields(encode(m, encoding), encoding)["refs"].values()
+    assert ref["token"] == 9
