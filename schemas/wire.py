@@ -13,6 +13,7 @@ clients hear nothing of a replica's level, so replicas are upgraded first (docs/
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -65,15 +66,10 @@ def _models_in(annotation: Any) -> list[type[WireModel]]:
     return [m for arg in getattr(annotation, "__args__", ()) for m in _models_in(arg)]
 
 
-_HOLDS: dict[type[WireModel], bool] = {}
-
-
+@functools.cache
 def holds_added(model: type[WireModel]) -> bool:
     """Whether a message of this model can carry a field an older level does not know."""
-    got = _HOLDS.get(model)
-    if got is None:
-        got = _HOLDS[model] = _holds_added(model, set())
-    return got
+    return _holds_added(model, set())
 
 
 def dump_for(model: WireModel, level: int, mode: str) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import asyncio
 import pytest
 
 from orchestrator.client import Client
-from orchestrator.service import Orchestrator
 from schemas.api import CancelRequest, ListReply, ListRequest, StatusReply
 from schemas.codec import RemoteError
 from tests.harness import start_cluster, stop_cluster, two_replicas
@@ -23,42 +22,40 @@ def ids(reply: ListReply) -> list[str]:
 
 
 async def test_list_answers_with_every_replicas_pipelines(nats_url: str) -> None:
+    """Each replica holds its own pipelines and lists both, newest first; through the queue
+    group too; a replica heard lately that does not answer is named; one gone is not asked."""
     client = await Client.connect(nats_url)
     try:
         async with two_replicas(nats_url, configs(1), "orch-first", "orch-second") as (
             first, second, _agents,
         ):  # fmt: skip
-            await listed_by_each(client, first, second)
+            await first.replicas.wait_until(lambda: first.replicas.up() == ["orch-second"], 10.0)
+            await second.replicas.wait_until(lambda: second.replicas.up() == ["orch-first"], 10.0)
+            assert await second.wait_for_agents(1, 10.0) == 1
+            await first.submit_spec(chain("old", [30.0]), "old-1")
+            await second.submit_spec(chain("new", [30.0]), "new-1")
+            await first.cancel(CancelRequest(pipeline_id="old-1"))
+            for orch in (first, second):  # each holds one, and lists both, newest first
+                got = await orch.list(ListRequest())
+                assert ids(got) == ["new-1", "old-1"] and got.unanswered == []
+                assert [p.state for p in got.pipelines] == ["running", "cancelled"]
+                assert [p.owner for p in got.pipelines] == ["orch-second", "orch-first"]
+                assert ids(await orch.list(ListRequest(state="cancelled"))) == ["old-1"]
+                assert ids(await orch.list(ListRequest(limit=1))) == ["new-1"]
+            for _ in range(4):  # through the queue group, whichever replica answers
+                assert ids(await client.list()) == ["new-1", "old-1"]
+            # a replica heard from lately that does not answer (crashed since): said, not hidden
+            first.list_wait_s = 0.5
+            first.replicas.heard["orch-gone"] = first.mono()
+            got = await first.list(ListRequest())
+            assert ids(got) == ["new-1", "old-1"] and got.unanswered == ["orch-gone"]
+            del first.replicas.heard["orch-gone"]
+            # one that stops says goodbye, and is asked no more
+            await second.stop()
+            await first.replicas.wait_until(lambda: first.replicas.up() == [], 10.0)
+            assert (await first.list(ListRequest())).unanswered == []
     finally:
         await client.close()
-
-
-async def listed_by_each(client: Client, first: Orchestrator, second: Orchestrator) -> None:
-    await first.replicas.wait_until(lambda: first.replicas.up() == ["orch-second"], 10.0)
-    await second.replicas.wait_until(lambda: second.replicas.up() == ["orch-first"], 10.0)
-    assert await second.wait_for_agents(1, 10.0) == 1
-    await first.submit_spec(chain("old", [30.0]), "old-1")
-    await second.submit_spec(chain("new", [30.0]), "new-1")
-    await first.cancel(CancelRequest(pipeline_id="old-1"))
-    for orch in (first, second):  # each holds one, and lists both, newest first
-        got = await orch.list(ListRequest())
-        assert ids(got) == ["new-1", "old-1"] and got.unanswered == []
-        assert [p.state for p in got.pipelines] == ["running", "cancelled"]
-        assert [p.owner for p in got.pipelines] == ["orch-second", "orch-first"]
-        assert ids(await orch.list(ListRequest(state="cancelled"))) == ["old-1"]
-        assert ids(await orch.list(ListRequest(limit=1))) == ["new-1"]
-    for _ in range(4):  # through the queue group, whichever replica answers
-        assert ids(await client.list()) == ["new-1", "old-1"]
-    # a replica heard from lately that does not answer (crashed since): said, not hidden
-    first.list_wait_s = 0.5
-    first.replicas.heard["orch-gone"] = first.mono()
-    got = await first.list(ListRequest())
-    assert ids(got) == ["new-1", "old-1"] and got.unanswered == ["orch-gone"]
-    del first.replicas.heard["orch-gone"]
-    # one that stops says goodbye, and is asked no more
-    await second.stop()
-    await first.replicas.wait_until(lambda: first.replicas.up() == [], 10.0)
-    assert (await first.list(ListRequest())).unanswered == []
 
 
 async def test_a_request_waiting_on_jetstream_holds_up_no_other(
