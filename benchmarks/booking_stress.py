@@ -27,7 +27,10 @@ of every revision ever written to the reservation bucket.
    pipelines (their records) once its ownership leases lapse, and the client sends a submit
    that got no answer again under the same id, as a client of a dead replica does (never
    placed twice; a pipeline the dead replica claimed but never recorded is given up by its
-   adopter and placed anew). Every pipeline must still end.
+   adopter and placed anew). Every pipeline must still end. `--restart-agents-after S` and
+   `--restart-server-after S` restart the fleet or the broker instead; the three may be
+   given together, and each happens at its own time (one the load outlasts is reported as
+   never having happened).
    `--cancel-every N` cancels every Nth pipeline as soon as its submit is answered, through
    the API's queue group (so often through a replica that does not hold it): each must end
    as its cancel was answered (cancelled, or succeeded had it ended first), never refused.
@@ -102,6 +105,9 @@ TERMINAL_TIMEOUT_S = 120.0
 #: its reply before it is sent again, how often, and the pause before asking again about an id
 #: a replica is placing.
 KILL_SUBMIT_TIMEOUT_S = 5.0
+#: The failures `--restart-server-after`, `--kill-after` and `--restart-agents-after` inject;
+#: given together, each happens at its own time.
+FAULT_SERVER, FAULT_KILL, FAULT_AGENTS = "server", "kill", "agents"
 MAX_RESUBMITS = 40
 RESUBMIT_PAUSE_S = 0.5
 #: With a failure injected, a pipeline whose end was not heard is asked after this long.
@@ -387,8 +393,9 @@ class LoadResult:
     #: live windows left when the wait gave up (`wait_unbooked`).
     unbooked_s: float = float("nan")
     left_live: list[str] = field(default_factory=list)
-    #: When the killed replica was killed, seconds into the load (nan: none was).
-    killed_at_s: float = float("nan")
+    #: Each failure injected (`FAULT_*`), seconds into the load when it happened; one the load
+    #: outlasted is missing.
+    faults: dict[str, float] = field(default_factory=dict)
     #: With a failure injected: statuses that settled only when asked after the load.
     settled_late: int = 0
 
@@ -754,7 +761,7 @@ async def drive(
     fleet = ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"]
     services.spawn("sim-agents", [*fleet, "--state-dir", state])
     kill = args.kill_after > 0
-    injected = kill or args.restart_agents_after > 0 or args.restart_server_after > 0
+    injected = injects_failure(args)
     # a request lost to the failure (its replica dead, the server restarting) is sent again
     # after a few seconds, not waited on for half a minute
     # and the client outlasts a server restart of any length (by default it gives up after
@@ -762,7 +769,7 @@ async def drive(
     client = await Client.connect(
         url, timeout=KILL_SUBMIT_TIMEOUT_S if injected else 30.0, reconnects=-1
     )
-    killer: asyncio.Task[float] | None = None
+    faults: dict[str, asyncio.Task[float]] = {}
     try:
         await wait_ready(client, services, args.orchestrators, args.agents)
         specs = make_specs(args.submissions, args.seed, args.priorities, args.task_ms)
@@ -771,14 +778,15 @@ async def drive(
             f"{args.concurrency} in flight"
         )
         cpu0 = services.cpu_seconds()
+        # every failure asked for, each at its own time (they may overlap)
         if args.restart_server_after > 0 and srv is not None:
-            killer = asyncio.create_task(
+            faults[FAULT_SERVER] = asyncio.create_task(
                 restart_server_later(srv, args.restart_server_after, args.server_down)
             )
-        elif kill:
-            killer = asyncio.create_task(kill_later(services, args.kill_after))
-        elif args.restart_agents_after > 0:
-            killer = asyncio.create_task(
+        if kill:
+            faults[FAULT_KILL] = asyncio.create_task(kill_later(services, args.kill_after))
+        if args.restart_agents_after > 0:
+            faults[FAULT_AGENTS] = asyncio.create_task(
                 kill_later(services, args.restart_agents_after, restart="sim-agents")
             )
         every = args.cancel_every
@@ -786,8 +794,7 @@ async def drive(
         result = await run_load(client, specs, args.concurrency, resubmit=injected, cancel=cancel)
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
-        if killer is not None:
-            result.killed_at_s = await killer if killer.done() else math.nan
+        result.faults = await faults_done(faults)
         services.check()
         progress("every pipeline ended; waiting for no booked window to be live")
         result.unbooked_s, result.left_live = await wait_unbooked(client, UNBOOKED_WITHIN_S)
@@ -803,8 +810,7 @@ async def drive(
                     o.reason = "" if st.state == "succeeded" else st.reason or o.later
         return result
     finally:
-        if killer is not None and not killer.done():
-            killer.cancel()
+        await faults_done(faults)  # none left to strike after the load (or its failure)
         await client.close()
 
 
@@ -835,15 +841,28 @@ async def kill_later(services: Services, after_s: float, restart: str | None = N
 async def restart_server_later(srv: EmbeddedNats, after_s: float, down_s: float = 0.0) -> float:
     """Stop the nats-server `after_s` into the load and start it again `down_s` later on the
     same port and store (every connection drops and comes back; JetStream keeps its streams
-    on disk)."""
+    on disk). Once stopped it is started again even if this is cancelled meanwhile."""
     t0 = time.perf_counter()
     await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
-    await asyncio.to_thread(srv.stop)
-    await asyncio.sleep(down_s)  # the outage's length, chosen by the operator
-    (Path(srv.store_dir) / "nats-server.log").unlink(missing_ok=True)  # "ready" is read there
-    await asyncio.to_thread(srv.start)
+    stopping = asyncio.create_task(asyncio.to_thread(srv.stop))
+    try:
+        await asyncio.shield(stopping)
+        await asyncio.sleep(down_s)  # the outage's length, chosen by the operator
+    finally:
+        await stopping  # a stop begun has ended before the start
+        (Path(srv.store_dir) / "nats-server.log").unlink(missing_ok=True)  # "ready" is read there
+        await asyncio.to_thread(srv.start)
     progress(f"restarted the nats-server {time.perf_counter() - t0:.1f} s into the load")
     return time.perf_counter() - t0
+
+
+async def faults_done(faults: dict[str, asyncio.Task[float]]) -> dict[str, float]:
+    """When each injected failure happened (seconds into the load); one not yet due is called
+    off (a server already stopped is started again first) and left out."""
+    for t in faults.values():
+        t.cancel()  # no-op on one that is done
+    await asyncio.gather(*faults.values(), return_exceptions=True)
+    return {k: t.result() for k, t in faults.items() if not t.cancelled()}
 
 
 async def wait_unbooked(client: Client, within_s: float) -> tuple[float, list[str]]:
@@ -874,6 +893,12 @@ def cpu_rows(load: LoadResult) -> list[list[object]]:
     ]
 
 
+def injects_failure(args: argparse.Namespace) -> bool:
+    return bool(
+        args.kill_after > 0 or args.restart_agents_after > 0 or args.restart_server_after > 0
+    )
+
+
 def kill_rows(
     args: argparse.Namespace, load: LoadResult, statuses: list[StatusReply]
 ) -> list[list[object]]:
@@ -882,13 +907,12 @@ def kill_rows(
     if args.kill_after <= 0:
         return []
     return [
-        when_row("orchestrator-0 SIGKILLed", load.killed_at_s),
+        when_row("orchestrator-0 SIGKILLed", load.faults.get(FAULT_KILL)),
         ["pipelines adopted by another replica", logged(statuses, lambda x: "adopted by" in x)],
         [
             "  of those, answered but never recorded (placed anew)",
             logged(statuses, lambda x: x.endswith("with no record: placed anew")),
         ],
-        resubmit_row(load),
     ]
 
 
@@ -899,21 +923,20 @@ def restart_rows(
     if args.restart_agents_after <= 0:
         return []
     return [
-        when_row("agents' process SIGKILLed and restarted", load.killed_at_s),
+        when_row("agents' process SIGKILLed and restarted", load.faults.get(FAULT_AGENTS)),
         ["pipelines told of a suspected partition", logged(statuses, lambda x: "partition" in x)],
         [
             "recovery re-placements (log lines)",
             logged(statuses, lambda x: ": re-placed " in x or "(outputs lost)" in x),
         ],
         ["recoveries that could not place at once", logged(statuses, lambda x: "cannot re" in x)],
-        resubmit_row(load),
     ]
 
 
 def server_rows(args: argparse.Namespace, load: LoadResult) -> list[list[object]]:
     if args.restart_server_after <= 0:
         return []
-    return [when_row("nats-server restarted", load.killed_at_s), resubmit_row(load)]
+    return [when_row("nats-server restarted", load.faults.get(FAULT_SERVER))]
 
 
 def cancelled_as_asked(o: Outcome) -> bool:
@@ -941,8 +964,8 @@ def cancel_rows(args: argparse.Namespace, outs: list[Outcome]) -> list[list[obje
     ]
 
 
-def when_row(what: str, at_s: float) -> list[object]:
-    when = f"{at_s:.1f}" if at_s == at_s else "never (the load ended first)"
+def when_row(what: str, at_s: float | None) -> list[object]:
+    when = "never (the load ended first)" if at_s is None else f"{at_s:.1f}"
     return [f"{what} at (s into the load)", when]
 
 
@@ -1044,6 +1067,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         *kill_rows(args, load, statuses),
         *restart_rows(args, load, statuses),
         *server_rows(args, load),
+        *([resubmit_row(load)] if injects_failure(args) else []),
         [
             "after the load: s until no booked window was live / windows still live (must be 0)",
             f"{load.unbooked_s:.2f} / {len(load.left_live)}",
