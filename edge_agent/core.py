@@ -62,6 +62,8 @@ class Job:
     #: pipeline's status was last asked about it (`stale_candidates`).
     since: float = field(default_factory=time.monotonic)
     checked: float = 0.0
+    #: Its `started` event went out (only tasks that run past `started_event_after_s`).
+    start_reported: bool = False
 
     @property
     def key(self) -> Key:
@@ -108,6 +110,11 @@ class AgentCore:
         # inputs of jobs a re-plan withdrew: the task is usually offered here again at once
         # (its next round), and their producers count them delivered and may have let them go
         self._orphans: OrderedDict[Key, dict[str, bytes]] = OrderedDict()
+        # the end event of each job that ended here after reporting its start, as sent (token,
+        # subject, event id, data): sent again when the orchestrator, having heard no end,
+        # asks about the job (it asks only about tasks it heard start; short tasks, reported
+        # once, are not kept: a fleet of them would hold thousands each for nothing)
+        self._ends: OrderedDict[Key, tuple[int, str, str, bytes]] = OrderedDict()
 
     # -- admission -----------------------------------------------------------------------------
     def _reject(self, offer: TaskOffer, code: RejectCode, reason: str) -> OfferReply:
@@ -382,6 +389,15 @@ class AgentCore:
 
     def _remember(self, key: Key, token: int, how: Ending) -> None:
         _put_bounded(self._done, key, (token, how), REMEMBERED)
+
+    def remember_end(self, key: Key, token: int, subject: str, event_id: str, data: bytes) -> None:
+        _put_bounded(self._ends, key, (token, subject, event_id, data), REMEMBERED)
+
+    def end_of(self, key: Key, token: int) -> tuple[str, str, bytes] | None:
+        """The end event (subject, event id, data) a job ended with here under `token`, while
+        remembered."""
+        end = self._ends.get(key)
+        return end[1:] if end is not None and end[0] == token else None
 
     @property
     def running_total(self) -> int:

@@ -35,7 +35,7 @@ from edge_agent.py_runner import run_python
 from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
-from schemas.api import TERMINAL_STATES, StatusReply, StatusRequest
+from schemas.api import TASK_ENDED_STATES, TERMINAL_STATES, StatusReply, StatusRequest
 from schemas.codec import encode, headers_for
 from schemas.events import TaskEvent, TaskEventState
 from schemas.pipeline import ExecRun, OnnxRun, PythonRun, SyntheticRun
@@ -47,6 +47,9 @@ from schemas.placement import (
     DrainCommand,
     DrainReply,
     FetchRequest,
+    JobHeld,
+    JobQuery,
+    JobReply,
     OfferBatch,
     OfferBatchReply,
     OfferReply,
@@ -172,6 +175,7 @@ class Agent:
             (subjects.data(aid), self._on_data),
             (subjects.data_ack(aid), self._on_data_ack),
             (subjects.fetch(aid), self._on_fetch),
+            (subjects.job(aid), self._on_job),
             (subjects.DISCOVER, self._on_discover),
             (subjects.probe(aid), self._on_probe),
         ):
@@ -309,6 +313,34 @@ class Agent:
             return self._drain_reply()
 
         await respond(self.nc, msg, DrainCommand, drain)
+
+    async def _on_job(self, msg: Msg) -> None:
+        async def job(q: JobQuery) -> JobReply:
+            return JobReply(pipeline_id=q.pipeline_id, task_id=q.task_id, state=self.job_state(q))
+
+        await respond(self.nc, msg, JobQuery, job)
+
+    def job_state(self, q: JobQuery) -> JobHeld:
+        """Whether this agent holds the job under the token; an ended one's end event is sent
+        again (ignored by the journal if it was delivered), and for one held by nobody a
+        `cancelled` event under the token says so: its owner places it again."""
+        key = (q.pipeline_id, q.task_id)
+        held = self.core.jobs.get(key)
+        if held is not None and held.offer.token == q.token:
+            return "held"
+        end = self.core.end_of(key, q.token)
+        if end is not None:
+            self.outbox.emit(*end)
+            return "ended"
+        log.warning(
+            "asked about %s/%s under token %d: no such job here; saying it is cancelled",
+            q.pipeline_id, q.task_id, q.token,
+        )  # fmt: skip
+        self._seq_event(
+            q.pipeline_id, q.task_id, q.device_id, q.token, "cancelled",
+            error=f"{self.agent_id} holds no job of {q.task_id} under token {q.token}",
+        )  # fmt: skip
+        return "gone"
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
@@ -604,26 +636,48 @@ class Agent:
         output: Output | None = None,
         error: str = "",
     ) -> None:
-        self._event_seq += 1
         offer = job.offer
+        end = self._seq_event(
+            offer.pipeline_id, offer.task.id, offer.device_id, offer.token, state,
+            duration=duration, output=output, error=error,
+        )  # fmt: skip
+        if state == "started":
+            job.start_reported = True
+        elif state in TASK_ENDED_STATES and job.start_reported:
+            self.core.remember_end(job.key, offer.token, *end)
+
+    def _seq_event(
+        self,
+        pipeline_id: str,
+        task_id: str,
+        device_id: str,
+        token: int,
+        state: TaskEventState,
+        *,
+        duration: float | None = None,
+        output: Output | None = None,
+        error: str = "",
+    ) -> tuple[str, str, bytes]:
+        """Send a task event (subject, event id and data returned)."""
+        self._event_seq += 1
         ev = TaskEvent(
             event_id=f"{self.incarnation}-{self._event_seq}",
-            pipeline_id=offer.pipeline_id,
-            task_id=offer.task.id,
+            pipeline_id=pipeline_id,
+            task_id=task_id,
             agent_id=self.agent_id,
             incarnation=self.incarnation,
-            device_id=offer.device_id,
-            token=offer.token,
+            device_id=device_id,
+            token=token,
             state=state,
             duration_s=duration,
             output_bytes=len(output.data) if output else 0,
             result=output.result[:256] if output else "",
             error=error[:2048],
         )
+        sent = (subjects.task_event(pipeline_id, task_id), ev.event_id, encode(ev))
         # journaled first: sent now if connected, replayed in order after a reconnect or restart
-        self.outbox.emit(
-            subjects.task_event(offer.pipeline_id, offer.task.id), ev.event_id, encode(ev)
-        )
+        self.outbox.emit(*sent)
+        return sent
 
 
 async def run_agent(

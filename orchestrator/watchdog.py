@@ -7,6 +7,12 @@ reported started within `stall_s`, or a started task whose end is not reported w
 asked to start it again (commits are idempotent; a repeated one also makes the agent fetch
 any input still missing), and for either the pipeline's task events
 are read again from MARS_EVENTS (repeats are ignored by event id; at most MAX_REPLAYS at once).
+A started task still overdue STARVED_AFTER_LOOKS looks after that (the stream holds no end
+either) has its agent asked whether it holds the job under its token (`JobQuery`), again every
+STARVED_AFTER_LOOKS looks: a job still held is left to run (its executor's time limit ends
+it); one that ended has its end event sent again; one the agent does not hold (its end event
+lost before the stream, e.g. dropped by a full journal while offline) is reported `cancelled`
+by the agent, and recovery places it again as for any task its agent gave up.
 """
 
 from __future__ import annotations
@@ -17,7 +23,12 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import nats.errors
+
 from orchestrator.pipelines import PipelineRun
+from schemas import subjects
+from schemas.placement import JobQuery, JobReply
+from schemas.rpc import RemoteError, request
 
 if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
@@ -29,7 +40,11 @@ STALL_S = 10.0
 #: A started task is overdue after STALL_S plus this many times its predicted duration.
 OVERDUE_FACTOR = 3.0
 #: Asked again this many watchdog looks ago and still not started: its inputs are re-made.
+#: Also: overdue (its events read again) this many looks ago and still no end: its agent is
+#: asked about the job, and again every this many looks.
 STARVED_AFTER_LOOKS = 2
+#: Seconds to wait for an agent's answer about a job.
+JOB_QUERY_TIMEOUT_S = 2.0
 #: Replays of pipelines' task events under way at once (each opens a JetStream consumer): an
 #: overloaded orchestrator, whose every pipeline looks stalled, is not buried under its own
 #: replays; the others are due at a later look.
@@ -50,6 +65,12 @@ class Watchdog:
         self._replayed: dict[str, float] = {}
         #: (pipeline, task, token) stalled -> looks it has stayed stalled since first seen
         self._stalled_looks: dict[tuple[str, str, int], int] = {}
+        #: (pipeline, task, token) overdue -> looks it has stayed overdue since first seen
+        self._overdue_looks: dict[tuple[str, str, int], int] = {}
+        #: agents found not answering job queries for want of a responder (an older release)
+        self._unasked: set[str] = set()
+        #: What agents answered about jobs, by answer (and "no_responders", "no_answer").
+        self.job_answers: dict[str, int] = {}
         #: pipelines whose events are being read again now
         self.replaying: set[str] = set()
         #: Looks skipped because the orchestrator was behind on its task events.
@@ -84,6 +105,7 @@ class Watchdog:
             return
         live = set()
         looks: dict[tuple[str, str, int], int] = {}
+        late: dict[tuple[str, str, int], int] = {}
         visited = 0
         for run in list(o.pipelines.values()):
             if visited >= SLICE_TASKS:
@@ -96,6 +118,9 @@ class Watchdog:
                     self._stalled_looks = {
                         k: n for k, n in self._stalled_looks.items() if k[0] not in live
                     } | looks
+                    self._overdue_looks = {
+                        k: n for k, n in self._overdue_looks.items() if k[0] not in live
+                    } | late
                     return
             if run.terminal or not o.failover.may_act(run.pipeline_id):
                 continue
@@ -129,6 +154,9 @@ class Watchdog:
                 "started on {} but not reported finished, "
                 "far past its prediction; reading its events again",
             )
+            ask = self._due_to_ask(run, overdue, late)
+            if ask:
+                o._spawn(self._ask_agents(run, ask))
             last = self._replayed.get(run.pipeline_id, -math.inf)
             if (
                 (stalled or overdue)
@@ -140,6 +168,7 @@ class Watchdog:
                 self.replaying.add(run.pipeline_id)
                 o._spawn(self._replay(run))
         self._stalled_looks = looks  # a task that started (or moved) is forgotten
+        self._overdue_looks = late  # one that ended (or moved) too
         self._reported = {r for r in self._reported if r[0] in live}
         self._replayed = {p: t for p, t in self._replayed.items() if p in live}
 
@@ -155,6 +184,63 @@ class Watchdog:
             if n == 1 + STARVED_AFTER_LOOKS:
                 out.add(t)
         return out
+
+    def _due_to_ask(
+        self, run: PipelineRun, overdue: list[str], late: dict[tuple[str, str, int], int]
+    ) -> list[str]:
+        """Count this look for each overdue task (under its current token); those whose agent
+        is due to be asked about them: every STARVED_AFTER_LOOKS looks, from that many looks
+        after the first that found them overdue (whose replay of the events found no end)."""
+        out = []
+        for t in overdue:
+            key = (run.pipeline_id, t, run.tasks[t].token)
+            n = late[key] = self._overdue_looks.get(key, 0) + 1
+            if n > STARVED_AFTER_LOOKS and (n - 1) % STARVED_AFTER_LOOKS == 0:
+                out.append(t)
+        return out
+
+    async def _ask_agents(self, run: PipelineRun, tids: list[str]) -> None:
+        await asyncio.gather(*(self._ask_agent(run, t) for t in tids))
+
+    async def _ask_agent(self, run: PipelineRun, tid: str) -> None:
+        """Ask the agent of a started task whose end was never heard whether it holds the job
+        (`JobQuery`); what it does about its answer is the agent's (module docstring)."""
+        o = self.o
+        tr = run.tasks[tid]
+        agent, device, token = tr.agent_id, tr.device_id, tr.token
+        if o.nc is None or agent is None or device is None or token < 1:
+            return
+        q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
+        try:
+            rep = await request(
+                o.nc, subjects.job(agent), q, JobReply,
+                timeout=JOB_QUERY_TIMEOUT_S, level=o.wire_of(agent),
+            )  # fmt: skip
+        except nats.errors.NoRespondersError:
+            self._count("no_responders")
+            if agent not in self._unasked:  # said once per agent
+                self._unasked.add(agent)
+                log.warning(
+                    "agent %s does not answer job queries (a release before them): %s/%s, "
+                    "overdue, is left to it",
+                    agent, run.pipeline_id, tid,
+                )  # fmt: skip
+            return
+        except (TimeoutError, nats.errors.Error, RemoteError) as exc:
+            self._count("no_answer")
+            log.info("asking %s about %s/%s: %s", agent, run.pipeline_id, tid, exc)
+            return
+        self._count(rep.state)
+        said = {
+            "held": "holds it: left to run",
+            "ended": "ran it: its end event is sent again",
+            "gone": "holds no such job: it reports it cancelled, to be placed again",
+        }[rep.state]
+        run.note(f"{tid} overdue, asked {agent} about token {token}: {said}")
+        log.warning("pipeline %s: task %s overdue; %s %s", run.pipeline_id, tid, agent, said)
+
+    def _count(self, answer: str) -> None:
+        self.job_answers[answer] = self.job_answers.get(answer, 0) + 1
 
     def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
         """Log each task of `tids` not reported yet as `kind`; True if any was new."""

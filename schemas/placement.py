@@ -156,6 +156,30 @@ class DrainReply(WireModel):
     queued: Annotated[int, Field(ge=0, le=1 << 20)]
 
 
+class JobQuery(WireModel):
+    """Does the agent hold `task_id`'s job under `token`? Asked by the stall watchdog about a
+    started task whose end it never heard, not even from the events stream."""
+
+    pipeline_id: Ident
+    task_id: Ident
+    #: Where the asker placed it (named by the `cancelled` event of a job gone).
+    device_id: Ident
+    token: Annotated[int, Field(ge=1, le=1 << 53)]
+
+
+#: held: queued or running here under the token (its executor's time limit ends it);
+#: ended: it ended here and its end event is sent again; gone: nothing under the token (never
+#: held, given up, or its end forgotten): a `cancelled` event under the token says so, and its
+#: owner places the task again.
+JobHeld = Literal["held", "ended", "gone"]
+
+
+class JobReply(WireModel):
+    pipeline_id: Ident
+    task_id: Ident
+    state: JobHeld
+
+
 class EvictNotice(WireModel):
     """Reservations of `pipeline_id` taken by a higher-priority pipeline."""
 

@@ -60,6 +60,11 @@ def cancel(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.cmd.cancel"
 
 
+def job(agent_id: str) -> str:
+    """Ask an agent whether it holds a task's job under a token (`JobQuery` -> `JobReply`)."""
+    return f"{PREFIX}.agents.{agent_id}.cmd.job"
+
+
 def data(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.data"
 

@@ -29,6 +29,7 @@ from schemas import (
     DrainCommand,
     ErrorEnvelope,
     FetchRequest,
+    JobQuery,
     ListReply,
     ListRequest,
     OfferBatch,
@@ -60,6 +61,7 @@ SUBJECTS = [
     subjects.fetch(AGENT),
     subjects.data_ack(AGENT),
     subjects.drain(AGENT),
+    subjects.job(AGENT),
 ]
 MODELS: dict[str, type[WireModel]] = {
     subjects.SUBMIT: SubmitRequest,
@@ -78,6 +80,7 @@ MODELS: dict[str, type[WireModel]] = {
     subjects.fetch(AGENT): FetchRequest,
     subjects.data_ack(AGENT): DataAck,
     subjects.drain(AGENT): DrainCommand,
+    subjects.job(AGENT): JobQuery,
 }
 HOSTILE = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -1,0 +1,155 @@
+"""A started task whose end the orchestrator never heard, not even from the events stream:
+the watchdog asks its agent about the job (`JobQuery`) over a real nats-server. An end event
+lost before the stream (dropped by a full journal while offline) used to hold its pipeline
+open for ever: every replay found nothing, and nothing else was done."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import pytest
+
+from edge_agent.core import Job
+from edge_agent.executors import Output
+from orchestrator.pipelines import PipelineRun
+from orchestrator.service import Orchestrator
+from schemas import PipelineSpec, subjects
+from schemas.codec import decode
+from schemas.events import TaskEvent
+from tests.harness import RecordingAgent, one_device_agent
+
+pytestmark = pytest.mark.integration
+
+STALL_S = 0.4
+
+
+def one_task(seconds: float) -> PipelineSpec:
+    return PipelineSpec.model_validate(
+        {"name": "p", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": seconds}}]}
+    )
+
+
+def lose_first_end(agent: RecordingAgent) -> list[str]:
+    """The first end event of task t is lost before the stream (as a full journal drops one
+    while offline); its id is listed. Everything else is sent as usual."""
+    real = agent.outbox.emit
+    lost: list[str] = []
+
+    def emit(subject: str, key: str, data: bytes) -> None:
+        ev = decode(data, TaskEvent)
+        if ev.task_id == "t" and ev.state == "succeeded" and not lost:
+            lost.append(key)
+            return
+        real(subject, key, data)
+
+    agent.outbox.emit = emit  # type: ignore[method-assign]
+    return lost
+
+
+def forget_first_end(agent: RecordingAgent) -> None:
+    """The agent keeps no record of task t's first end (nothing to send again)."""
+    real = agent.core.remember_end
+    seen: list[str] = []
+
+    def remember(
+        key: tuple[str, str], token: int, subject: str, event_id: str, data: bytes
+    ) -> None:
+        if key[1] == "t" and not seen:
+            seen.append(event_id)
+            return
+        real(key, token, subject, event_id, data)
+
+    agent.core.remember_end = remember  # type: ignore[method-assign]
+
+
+def slow_first_run(agent: RecordingAgent, extra_s: float) -> None:
+    """Task t's first run takes `extra_s` longer than its spec says (and than predicted)."""
+    real = agent._run
+    runs: list[str] = []
+
+    async def run(job: Job) -> Output:
+        if job.offer.task.id == "t" and not runs:
+            runs.append(job.offer.pipeline_id)
+            await asyncio.sleep(extra_s)  # the task's own (emulated) run time, not a wait
+        return await real(job)
+
+    agent._run = run  # type: ignore[method-assign]
+
+
+@contextlib.asynccontextmanager
+async def cluster(nats_url: str) -> AsyncIterator[tuple[Orchestrator, RecordingAgent]]:
+    orch = Orchestrator(nats_url, stall_s=STALL_S)
+    await orch.start()
+    agent = await one_device_agent(nats_url)
+    try:
+        assert await orch.wait_for_agents(1, timeout=10.0) == 1
+        yield orch, agent
+    finally:
+        await agent.stop()
+        await orch.stop()
+
+
+async def run_to_end(orch: Orchestrator, spec: PipelineSpec) -> PipelineRun:
+    await orch.submit_spec(spec, "p")
+    run = await orch.wait_terminal("p", 20.0)
+    assert run.state == "succeeded", run.reason
+    return run
+
+
+async def test_an_end_event_lost_before_the_stream_is_sent_again_when_asked(
+    nats_url: str,
+) -> None:
+    async with cluster(nats_url) as (orch, agent):
+        lost = lose_first_end(agent)
+        run = await run_to_end(orch, one_task(0.1))
+        assert lost  # the end really was lost
+        assert orch.watchdog.job_answers == {"ended": 1}
+        assert [x for x in run.placement_log if "its end event is sent again" in x]
+        assert run.recoveries == 0  # not run again: its own end came
+        assert [e[1] for e in agent.log] == ["t"]
+
+
+async def test_a_started_job_its_agent_no_longer_holds_is_placed_again(nats_url: str) -> None:
+    async with cluster(nats_url) as (orch, agent):
+        lost = lose_first_end(agent)
+        forget_first_end(agent)
+        run = await run_to_end(orch, one_task(0.1))
+        assert lost
+        assert orch.watchdog.job_answers == {"gone": 1}
+        log = run.placement_log
+        assert [x for x in log if "holds no such job" in x]
+        assert [x for x in log if "cancelled t itself" in x and "re-placed t" in x]
+        assert run.recoveries == 1
+        assert [e[1] for e in agent.log] == ["t", "t"]  # ran again, under a new token
+        assert run.tasks["t"].token > 0
+
+
+async def test_a_job_still_running_is_left_to_run(nats_url: str) -> None:
+    async with cluster(nats_url) as (orch, agent):
+        slow_first_run(agent, extra_s=8 * STALL_S)  # overdue long before it ends
+        run = await run_to_end(orch, one_task(0.1))
+        answers = orch.watchdog.job_answers
+        assert answers.get("held", 0) >= 1 and set(answers) == {"held"}
+        assert [x for x in run.placement_log if "holds it: left to run" in x]
+        assert run.recoveries == 0
+        assert [e[1] for e in agent.log] == ["t"]
+
+
+async def test_an_agent_from_before_job_queries_is_left_alone(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with cluster(nats_url) as (orch, agent):
+        job_subject = subjects.job(agent.agent_id)
+        for sub in [s for s in agent._subs if s.subject == job_subject]:
+            await sub.unsubscribe()  # as an agent of an older release: nobody answers
+        slow_first_run(agent, extra_s=8 * STALL_S)
+        with caplog.at_level(logging.WARNING, logger="mars"):
+            run = await run_to_end(orch, one_task(0.1))
+        answers = orch.watchdog.job_answers
+        assert answers.get("no_responders", 0) >= 1 and set(answers) == {"no_responders"}
+        said = [r for r in caplog.records if "does not answer job queries" in r.getMessage()]
+        assert len(said) == 1  # once per agent, not per ask
+        assert run.recoveries == 0
