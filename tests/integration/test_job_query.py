@@ -6,20 +6,17 @@ open for ever: every replay found nothing, and nothing else was done."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
-from orchestrator.pipelines import PipelineRun
-from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
 from schemas.events import TaskEvent
-from tests.harness import RecordingAgent, one_device_agent
+from tests.harness import RecordingAgent
+from tests.integration.test_stall import one_agent, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -79,30 +76,10 @@ def slow_first_run(agent: RecordingAgent, extra_s: float) -> None:
     agent._run = run  # type: ignore[method-assign]
 
 
-@contextlib.asynccontextmanager
-async def cluster(nats_url: str) -> AsyncIterator[tuple[Orchestrator, RecordingAgent]]:
-    orch = Orchestrator(nats_url, stall_s=STALL_S)
-    await orch.start()
-    agent = await one_device_agent(nats_url)
-    try:
-        assert await orch.wait_for_agents(1, timeout=10.0) == 1
-        yield orch, agent
-    finally:
-        await agent.stop()
-        await orch.stop()
-
-
-async def run_to_end(orch: Orchestrator, spec: PipelineSpec) -> PipelineRun:
-    await orch.submit_spec(spec, "p")
-    run = await orch.wait_terminal("p", 20.0)
-    assert run.state == "succeeded", run.reason
-    return run
-
-
 async def test_an_end_event_lost_before_the_stream_is_sent_again_when_asked(
     nats_url: str,
 ) -> None:
-    async with cluster(nats_url) as (orch, agent):
+    async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
         lost = lose_first_end(agent)
         run = await run_to_end(orch, one_task(0.1))
         assert lost  # the end really was lost
@@ -113,7 +90,7 @@ async def test_an_end_event_lost_before_the_stream_is_sent_again_when_asked(
 
 
 async def test_a_started_job_its_agent_no_longer_holds_is_placed_again(nats_url: str) -> None:
-    async with cluster(nats_url) as (orch, agent):
+    async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
         lost = lose_first_end(agent)
         forget_first_end(agent)
         run = await run_to_end(orch, one_task(0.1))
@@ -128,7 +105,7 @@ async def test_a_started_job_its_agent_no_longer_holds_is_placed_again(nats_url:
 
 
 async def test_a_job_still_running_is_left_to_run(nats_url: str) -> None:
-    async with cluster(nats_url) as (orch, agent):
+    async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
         slow_first_run(agent, extra_s=8 * STALL_S)  # overdue long before it ends
         run = await run_to_end(orch, one_task(0.1))
         answers = orch.watchdog.job_answers
@@ -141,7 +118,7 @@ async def test_a_job_still_running_is_left_to_run(nats_url: str) -> None:
 async def test_an_agent_from_before_job_queries_is_left_alone(
     nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with cluster(nats_url) as (orch, agent):
+    async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
         job_subject = subjects.job(agent.agent_id)
         for sub in [s for s in agent._subs if s.subject == job_subject]:
             await sub.unsubscribe()  # as an agent of an older release: nobody answers
