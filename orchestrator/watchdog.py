@@ -231,6 +231,11 @@ class Watchdog:
             log.info("asking %s about %s/%s: %s", agent, run.pipeline_id, tid, exc)
             return
         self._count(rep.state)
+        if rep.state == "held":  # asked again every few looks while it runs: said once
+            seen = (run.pipeline_id, tid, token, "held")
+            if seen in self._reported:
+                return
+            self._reported.add(seen)
         said = {
             "held": "holds it: left to run",
             "ended": "ran it: its end event is sent again",

@@ -109,8 +109,9 @@ async def test_a_job_still_running_is_left_to_run(nats_url: str) -> None:
         slow_first_run(agent, extra_s=8 * STALL_S)  # overdue long before it ends
         run = await run_to_end(orch, one_task(0.1))
         answers = orch.watchdog.job_answers
-        assert answers.get("held", 0) >= 1 and set(answers) == {"held"}
-        assert [x for x in run.placement_log if "holds it: left to run" in x]
+        assert answers.get("held", 0) >= 2 and set(answers) == {"held"}
+        # asked every two looks while it ran, said once
+        assert len([x for x in run.placement_log if "holds it: left to run" in x]) == 1
         assert run.recoveries == 0
         assert [e[1] for e in agent.log] == ["t"]
 
