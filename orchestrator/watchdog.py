@@ -221,8 +221,8 @@ class Watchdog:
             if agent not in self._unasked:  # said once per agent
                 self._unasked.add(agent)
                 log.warning(
-                    "agent %s does not answer job queries (a release before them): %s/%s, "
-                    "overdue, is left to it",
+                    "agent %s does not answer job queries (no responder: a release before "
+                    "them, or not connected now): %s/%s, overdue, is left to it; asked again",
                     agent, run.pipeline_id, tid,
                 )  # fmt: skip
             return

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
+from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
-from schemas.events import TaskEvent
-from tests.harness import RecordingAgent
+from schemas.events import TaskEvent, TaskEventState
+from tests.harness import EMULATED_CPU, RecordingAgent, agent_config
+from tests.integration.test_offline import Proxy
 from tests.integration.test_stall import one_agent, run_to_end
 
 pytestmark = pytest.mark.integration
@@ -131,3 +135,84 @@ async def test_an_agent_from_before_job_queries_is_left_alone(
         said = [r for r in caplog.records if "does not answer job queries" in r.getMessage()]
         assert len(said) == 1  # once per agent, not per ask
         assert run.recoveries == 0
+
+
+class GatedFleetAgent(RecordingAgent):
+    """A real agent whose tasks all wait for the test's go once started, and which counts the
+    end events handed to its outbox."""
+
+    def __init__(self, *a: Any, tasks: int, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.tasks = tasks
+        self.gate = asyncio.Event()
+        self.all_in = asyncio.Event()
+        self.all_ended = asyncio.Event()
+        self.entered = 0
+        self.ends = 0
+
+    async def _run(self, job: Job) -> Output:
+        self.entered += 1
+        if self.entered == self.tasks:
+            self.all_in.set()
+        await self.gate.wait()
+        return await super()._run(job)
+
+    def _emit(self, job: Job, state: TaskEventState, **kw: Any) -> None:
+        super()._emit(job, state, **kw)
+        if state == "succeeded":
+            self.ends += 1
+            if self.ends == self.tasks:
+                self.all_ended.set()
+
+
+async def test_ends_a_full_journal_dropped_offline_are_sent_again_when_asked(
+    nats_url: str, nats_server: Any, tmp_path: Path
+) -> None:
+    """The case itself, nothing injected: an agent cut off from NATS (a TCP proxy) while its
+    tasks end journals their end events until its journal's byte bound, and drops the rest
+    (offline, not even sent best-effort). Back online, the journaled ends are delivered; the
+    dropped ones reach the orchestrator only because the watchdog asks about their jobs."""
+    n = 24
+    syn = {"kind": "synthetic", "mode": "sleep", "seconds": 0.01}
+    spec = PipelineSpec.model_validate(
+        {"name": "lost", "tasks": [{"id": f"t{i}", "run": syn} for i in range(n)]}
+    )
+    proxy = Proxy(nats_server.port)
+    await proxy.open()
+    orch = Orchestrator(nats_url, stall_s=2.0)  # no job asked about while it is cut off
+    await orch.start()
+    config = agent_config(
+        "s", "edge", probe_cpu=False, devices=[{**EMULATED_CPU, "slots": n}],
+        buffer_dir=str(tmp_path / "buf"), buffer_max_bytes=4096,  # the bound allowed
+        reconnect_base_s=0.05, reconnect_max_s=0.2, started_event_after_s=0,
+    )  # fmt: skip
+    agent = GatedFleetAgent(proxy.url, config, agent_id="edge-1", calibrate=False, tasks=n)
+    await agent.start()
+    try:
+        assert await orch.wait_for_agents(1, 10.0) == 1
+        await orch.submit_spec(spec, pipeline_id="lost-1")
+        run = orch.pipelines["lost-1"]
+        async with asyncio.timeout(10):
+            await agent.all_in.wait()
+        await orch.wait_for(lambda: all(t.state == "started" for t in run.tasks.values()), 10)
+        assert await agent.outbox.wait_empty(5.0)
+        before = agent.outbox.dropped  # starts past the bound, sent best-effort while online
+        await proxy.cut()
+        async with asyncio.timeout(10):
+            await agent.offline.wait()
+        agent.gate.set()  # every task ends while the agent is cut off
+        async with asyncio.timeout(10):
+            await agent.all_ended.wait()
+        dropped = agent.outbox.dropped - before
+        assert 0 < dropped < n  # some journaled, the rest lost for good
+        assert len(agent.outbox.journal) == n - dropped
+        await proxy.open()
+        run = await orch.wait_terminal("lost-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert orch.watchdog.job_answers == {"ended": dropped}  # each asked, and sent again
+        assert run.recoveries == 0
+        assert sorted(e[1] for e in agent.log) == sorted(t.id for t in spec.tasks)  # ran once
+    finally:
+        await agent.stop()
+        await orch.stop()
+        await proxy.close()
