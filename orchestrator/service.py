@@ -420,6 +420,11 @@ class Orchestrator:
                 "behind on task events: %d submissions waited for them, %d watchdog looks "
                 "skipped", self.held_submissions, self.watchdog.skipped,
             )  # fmt: skip
+        if self.watchdog.job_answers:
+            log.warning(
+                "agents asked about overdue started tasks: %s",
+                ", ".join(f"{k} {n}" for k, n in sorted(self.watchdog.job_answers.items())),
+            )
         await self.failover.stop()
         self.adaptive.stop()
         await self.replicas.leave()

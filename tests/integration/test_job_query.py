@@ -108,16 +108,22 @@ async def test_a_started_job_its_agent_no_longer_holds_is_placed_again(nats_url:
         assert run.tasks["t"].token > 0
 
 
-async def test_a_job_still_running_is_left_to_run(nats_url: str) -> None:
-    async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
-        slow_first_run(agent, extra_s=8 * STALL_S)  # overdue long before it ends
-        run = await run_to_end(orch, one_task(0.1))
-        answers = orch.watchdog.job_answers
-        assert answers.get("held", 0) >= 2 and set(answers) == {"held"}
-        # asked every two looks while it ran, said once
-        assert len([x for x in run.placement_log if "holds it: left to run" in x]) == 1
-        assert run.recoveries == 0
-        assert [e[1] for e in agent.log] == ["t"]
+async def test_a_job_still_running_is_left_to_run(
+    nats_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="mars"):
+        async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
+            slow_first_run(agent, extra_s=8 * STALL_S)  # overdue long before it ends
+            run = await run_to_end(orch, one_task(0.1))
+            answers = orch.watchdog.job_answers
+            assert answers.get("held", 0) >= 2 and set(answers) == {"held"}
+            # asked every two looks while it ran, said once
+            assert len([x for x in run.placement_log if "holds it: left to run" in x]) == 1
+            assert run.recoveries == 0
+            assert [e[1] for e in agent.log] == ["t"]
+    # the orchestrator's stop sums up what agents were asked
+    said = f"agents asked about overdue started tasks: held {orch.watchdog.job_answers['held']}"
+    assert [r for r in caplog.records if r.getMessage() == said]
 
 
 async def test_an_agent_from_before_job_queries_is_left_alone(
