@@ -45,6 +45,9 @@ OVERDUE_FACTOR = 3.0
 STARVED_AFTER_LOOKS = 2
 #: Seconds to wait for an agent's answer about a job.
 JOB_QUERY_TIMEOUT_S = 2.0
+#: Job queries under way at once: under overload, when many tasks look overdue, the rest are
+#: asked at a later look.
+MAX_ASKS = 64
 #: Replays of pipelines' task events under way at once (each opens a JetStream consumer): an
 #: overloaded orchestrator, whose every pipeline looks stalled, is not buried under its own
 #: replays; the others are due at a later look.
@@ -71,6 +74,8 @@ class Watchdog:
         self._unasked: set[str] = set()
         #: What agents answered about jobs, by answer (and "no_responders", "no_answer").
         self.job_answers: dict[str, int] = {}
+        #: Job queries under way now.
+        self.asking = 0
         #: pipelines whose events are being read again now
         self.replaying: set[str] = set()
         #: Looks skipped because the orchestrator was behind on its task events.
@@ -191,18 +196,23 @@ class Watchdog:
         """Count this look for each overdue task (under its current token); those whose agent
         is due to be asked about them: every STARVED_AFTER_LOOKS looks, from that many looks
         after the first that found them overdue (whose replay of the events found no end)."""
-        out = []
+        out: list[str] = []
         for t in overdue:
             key = (run.pipeline_id, t, run.tasks[t].token)
             n = late[key] = self._overdue_looks.get(key, 0) + 1
-            if n > STARVED_AFTER_LOOKS and (n - 1) % STARVED_AFTER_LOOKS == 0:
+            due = n > STARVED_AFTER_LOOKS and (n - 1) % STARVED_AFTER_LOOKS == 0
+            if due and self.asking < MAX_ASKS:
                 out.append(t)
+                self.asking += 1  # given back once answered (`_ask_agents`)
         return out
 
     async def _ask_agents(self, run: PipelineRun, tids: list[str]) -> None:
-        await asyncio.gather(*(self._ask_agent(run, t) for t in tids))
+        try:
+            await asyncio.gather(*(self._ask(run, t) for t in tids))
+        finally:
+            self.asking -= len(tids)
 
-    async def _ask_agent(self, run: PipelineRun, tid: str) -> None:
+    async def _ask(self, run: PipelineRun, tid: str) -> None:
         """Ask the agent of a started task whose end was never heard whether it holds the job
         (`JobQuery`); what it does about its answer is the agent's (module docstring)."""
         o = self.o

@@ -5,6 +5,8 @@ its live pipelines made by hand."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -88,3 +90,29 @@ async def test_what_a_look_cut_short_counted_stands_at_the_next_look() -> None:
     after = o.watchdog._stalled_looks
     assert all(after[k] == 2 for k in counted)
     assert {n for (pid, *_), n in after.items() if pid not in first} == {1}
+
+
+def test_one_look_asks_agents_about_at_most_max_asks_overdue_tasks() -> None:
+    """Under overload many started tasks look overdue at once: a look asks their agents
+    about MAX_ASKS of them at most (each query is a request); the others wait for a later
+    look."""
+    o, _ = idle_orchestrator(100)
+    overdue = 0
+    for run in o.pipelines.values():
+        for tr in run.tasks.values():
+            if tr.state == "started":
+                tr.started_s = NOW - 1e4  # far past any prediction
+                overdue += 1
+    assert overdue > watchdog.MAX_ASKS
+    asked: list[str] = []
+
+    def ask(run: object, tids: list[str]) -> Coroutine[Any, Any, None]:
+        asked.extend(tids)
+        return asyncio.sleep(0)  # closed unrun by the idle orchestrator's spawn
+
+    o.watchdog._ask_agents = ask  # type: ignore[method-assign]
+    for _ in range(watchdog.STARVED_AFTER_LOOKS):
+        o.watchdog.check()  # overdue, events read again: not asked yet
+    assert asked == []
+    o.watchdog.check()
+    assert len(asked) == watchdog.MAX_ASKS == o.watchdog.asking  # none answered yet
