@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,14 @@ import pytest
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
+from orchestrator import procs
+from orchestrator.client import Client
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
 from schemas.events import TaskEvent, TaskEventState
 from tests.harness import EMULATED_CPU, RecordingAgent, agent_config
+from tests.integration.test_failover import EventTap, configs
 from tests.integration.test_offline import Proxy
 from tests.integration.test_stall import one_agent, run_to_end
 
@@ -222,3 +226,42 @@ async def test_ends_a_full_journal_dropped_offline_are_sent_again_when_asked(
         await agent.stop()
         await orch.stop()
         await proxy.close()
+
+
+async def test_an_adopter_asks_about_a_started_task_of_the_dead_owner(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """Its owner SIGKILLed while t runs, and t's end lost before the stream: the replica that
+    adopts the pipeline reads t's start from the stream, finds t overdue, and its watchdog
+    asks t's agent, named by the dead owner's records."""
+    with (tmp_path / "orchestrator.log").open("wb") as log:
+        proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
+    agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
+    lost = lose_first_end(agent)
+    client = await Client.connect(nats_url)
+    tap, survivor = EventTap(), None
+    try:
+        await agent.start()
+        assert await client.wait_for_agents(1, timeout=30.0) == 1  # the doomed replica alone
+        await tap.start(nats_url, "adopted-1")
+        reply = await client.submit(one_task(1.0), pipeline_id="adopted-1")
+        assert reply.state == "running"
+        survivor = Orchestrator(nats_url, name="survivor", stall_s=STALL_S)
+        await survivor.start()
+        assert await survivor.wait_for_agents(1, 10.0) == 1
+        await tap.wait("t", "started")
+        proc.send_signal(signal.SIGKILL)  # kill -9: no lease released, nothing flushed
+        proc.wait(10)
+        run = await survivor.wait_terminal("adopted-1", 40.0)
+        assert run.state == "succeeded", run.reason
+        assert run.owner == "survivor" and survivor.failover.adopted == 1
+        assert lost  # the end never reached the stream by itself
+        assert survivor.watchdog.job_answers == {"ended": 1}
+        assert [e[1] for e in agent.log] == ["t"]  # not run again
+    finally:
+        procs.stop_all([proc])
+        await tap.close()
+        await client.close()
+        await agent.stop()
+        if survivor is not None:
+            await survivor.stop()
