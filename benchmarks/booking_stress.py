@@ -1063,6 +1063,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             "windows found gone by an audit (no eviction notice heard)",
             logged(statuses, lambda x: x.startswith("windows gone")),
         ],
+        [
+            "overdue started tasks whose agent was asked about them (log lines)",
+            logged(statuses, lambda x: " overdue, asked " in x),
+        ],
         ["pipelines with a status", len(statuses)],
         *kill_rows(args, load, statuses),
         *restart_rows(args, load, statuses),
