@@ -27,6 +27,7 @@ import nats.errors
 
 from orchestrator.pipelines import PipelineRun
 from schemas import subjects
+from schemas.codec import DecodeError
 from schemas.placement import JobQuery, JobReply
 from schemas.rpc import RemoteError, request
 
@@ -236,7 +237,7 @@ class Watchdog:
                     agent, run.pipeline_id, tid,
                 )  # fmt: skip
             return
-        except (TimeoutError, nats.errors.Error, RemoteError) as exc:
+        except (TimeoutError, nats.errors.Error, RemoteError, DecodeError) as exc:
             self._count("no_answer")
             log.info("asking %s about %s/%s: %s", agent, run.pipeline_id, tid, exc)
             return

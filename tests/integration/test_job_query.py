@@ -6,12 +6,14 @@ open for ever: every replay found nothing, and nothing else was done."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nats.aio.msg import Msg
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
@@ -19,8 +21,10 @@ from orchestrator import procs
 from orchestrator.client import Client
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
-from schemas.codec import decode
+from schemas.codec import decode, headers_for
 from schemas.events import TaskEvent, TaskEventState
+from schemas.placement import JobQuery
+from schemas.rpc import settle
 from tests.harness import EMULATED_CPU, RecordingAgent, agent_config
 from tests.integration.test_failover import EventTap, configs
 from tests.integration.test_offline import Proxy
@@ -145,6 +149,30 @@ async def test_an_agent_from_before_job_queries_is_left_alone(
         said = [r for r in caplog.records if "does not answer job queries" in r.getMessage()]
         assert len(said) == 1  # once per agent, not per ask
         assert run.recoveries == 0
+
+
+async def test_an_answer_that_does_not_decode_leaves_the_task_alone(nats_url: str) -> None:
+    """A reply this release cannot read (a later release's state, say) is no answer: the
+    task is left where it runs, and the watchdog goes on."""
+    async with one_agent(nats_url, stall_s=STALL_S) as (orch, agent, _):
+        assert agent.nc is not None
+        for sub in [s for s in agent._subs if s.subject == subjects.job(agent.agent_id)]:
+            await sub.unsubscribe()
+        nc = agent.nc
+
+        async def future_reply(msg: Msg) -> None:
+            q = decode(msg.data, JobQuery)
+            body = {"pipeline_id": q.pipeline_id, "task_id": q.task_id, "state": "paused"}
+            await nc.publish(msg.reply, json.dumps(body).encode(), headers=headers_for("json"))
+
+        agent._subs.append(await nc.subscribe(subjects.job(agent.agent_id), cb=future_reply))
+        await settle(nc)
+        slow_first_run(agent, extra_s=8 * STALL_S)
+        run = await run_to_end(orch, one_task(0.1))
+        answers = orch.watchdog.job_answers
+        assert answers.get("no_answer", 0) >= 1 and set(answers) == {"no_answer"}
+        assert run.recoveries == 0
+        assert [e[1] for e in agent.log] == ["t"]
 
 
 class GatedFleetAgent(RecordingAgent):
