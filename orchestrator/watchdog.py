@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -74,7 +75,7 @@ class Watchdog:
         #: agents found not answering job queries for want of a responder (an older release)
         self._unasked: set[str] = set()
         #: What agents answered about jobs, by answer (and "no_responders", "no_answer").
-        self.job_answers: dict[str, int] = {}
+        self.job_answers: Counter[str] = Counter()
         #: Job queries under way now.
         self.asking = 0
         #: pipelines whose events are being read again now
@@ -219,8 +220,8 @@ class Watchdog:
         o = self.o
         tr = run.tasks[tid]
         agent, device, token = tr.agent_id, tr.device_id, tr.token
-        if o.nc is None or agent is None or device is None or token < 1:
-            return
+        if o.nc is None or tr.state != "started" or agent is None or device is None or token < 1:
+            return  # (it ended, or was placed again, since the look that found it overdue)
         q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
         try:
             rep = await request(
@@ -228,7 +229,7 @@ class Watchdog:
                 timeout=JOB_QUERY_TIMEOUT_S, level=o.wire_of(agent),
             )  # fmt: skip
         except nats.errors.NoRespondersError:
-            self._count("no_responders")
+            self.job_answers["no_responders"] += 1
             if agent not in self._unasked:  # said once per agent
                 self._unasked.add(agent)
                 log.warning(
@@ -238,10 +239,10 @@ class Watchdog:
                 )  # fmt: skip
             return
         except (TimeoutError, nats.errors.Error, RemoteError, DecodeError) as exc:
-            self._count("no_answer")
+            self.job_answers["no_answer"] += 1
             log.info("asking %s about %s/%s: %s", agent, run.pipeline_id, tid, exc)
             return
-        self._count(rep.state)
+        self.job_answers[rep.state] += 1
         if rep.state == "held":  # asked again every few looks while it runs: said once
             seen = (run.pipeline_id, tid, token, "held")
             if seen in self._reported:
@@ -254,9 +255,6 @@ class Watchdog:
         }[rep.state]
         run.note(f"{tid} overdue, asked {agent} about token {token}: {said}")
         log.warning("pipeline %s: task %s overdue; %s %s", run.pipeline_id, tid, agent, said)
-
-    def _count(self, answer: str) -> None:
-        self.job_answers[answer] = self.job_answers.get(answer, 0) + 1
 
     def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
         """Log each task of `tids` not reported yet as `kind`; True if any was new."""

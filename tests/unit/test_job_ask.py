@@ -1,0 +1,49 @@
+"""What the watchdog asks an agent about, and only that: no NATS here, a stand-in
+connection that records the requests and answers them as an agent would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.watchdog_look import idle_orchestrator
+from schemas.codec import decode, encode, headers_for
+from schemas.placement import JobQuery, JobReply
+
+
+@dataclass
+class Reply:
+    data: bytes
+    headers: dict[str, str]
+
+
+@dataclass
+class Recorder:
+    """Answers every job query `held`, and keeps them."""
+
+    asked: list[tuple[str, JobQuery]] = field(default_factory=list)
+
+    async def request(self, subject: str, data: bytes, **_: Any) -> Reply:
+        q = decode(data, JobQuery)
+        self.asked.append((subject, q))
+        rep = JobReply(pipeline_id=q.pipeline_id, task_id=q.task_id, state="held")
+        return Reply(encode(rep), headers_for("msgpack"))
+
+
+async def test_only_a_task_still_started_is_asked_about_under_its_current_token() -> None:
+    o, _ = idle_orchestrator(1)
+    run = o.pipelines["p0"]
+    started = sorted(t for t, tr in run.tasks.items() if tr.state == "started")
+    assert len(started) >= 2
+    nc = Recorder()
+    o.nc = nc  # type: ignore[assignment]
+    first, second = started[:2]
+    run.tasks[second].state = "succeeded"  # its end heard between the look and the ask
+    run.tasks[first].token = 7  # placed again meanwhile: asked under the new token
+    o.watchdog.asking = 2  # as the look that chose them counted them
+    await o.watchdog._ask_agents(run, [first, second])
+    assert o.watchdog.asking == 0  # given back, answered or not
+    assert [(s, q.task_id, q.token, q.device_id) for s, q in nc.asked] == [
+        ("mars.v1.agents.a.cmd.job", first, 7, "cpu0")
+    ]
+    assert o.watchdog.job_answers == {"held": 1}
