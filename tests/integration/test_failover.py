@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -159,6 +160,25 @@ def orch_log(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "orchestrator.log"
 
 
+async def adopted_after_kill(
+    proc: subprocess.Popen[bytes],
+    survivor: Orchestrator,
+    agents: int,
+    tap: EventTap,
+    task: str,
+    pid: str,
+) -> PipelineRun:
+    """Start `survivor` and let it see the `agents`; once `task` has started, SIGKILL the
+    replica process `proc` (no lease released, nothing flushed); the pipeline as `survivor`
+    ends it."""
+    await survivor.start()
+    assert await survivor.wait_for_agents(agents, 10.0) == agents
+    await tap.wait(task, "started")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    return await survivor.wait_terminal(pid, 40.0)
+
+
 async def test_killed_replica_pipeline_is_adopted_and_finished(
     nats_url: str, orch_log: Path
 ) -> None:
@@ -179,12 +199,7 @@ async def test_killed_replica_pipeline_is_adopted_and_finished(
         reply = await client.submit(spec, pipeline_id="killed-1")
         assert reply.state == "running"
         survivor = Orchestrator(nats_url, name="survivor")
-        await survivor.start()
-        assert await survivor.wait_for_agents(2, 10.0) == 2
-        await tap.wait("t1", "started")
-        proc.send_signal(signal.SIGKILL)  # kill -9: no lease released, nothing flushed
-        proc.wait(10)
-        run = await survivor.wait_terminal("killed-1", 40.0)
+        run = await adopted_after_kill(proc, survivor, 2, tap, "t1", "killed-1")
         assert run.state == "succeeded", run.reason
         assert run.owner == "survivor"
         assert survivor.failover.adopted == 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from schemas.events import TaskEvent, TaskEventState
 from schemas.placement import JobQuery
 from schemas.rpc import settle
 from tests.harness import EMULATED_CPU, RecordingAgent, agent_config
-from tests.integration.test_failover import EventTap, configs
+from tests.integration.test_failover import EventTap, adopted_after_kill, configs
 from tests.integration.test_offline import Proxy
 from tests.integration.test_stall import one_agent, run_to_end
 
@@ -275,12 +274,7 @@ async def test_an_adopter_asks_about_a_started_task_of_the_dead_owner(
         reply = await client.submit(one_task(1.0), pipeline_id="adopted-1")
         assert reply.state == "running"
         survivor = Orchestrator(nats_url, name="survivor", stall_s=STALL_S)
-        await survivor.start()
-        assert await survivor.wait_for_agents(1, 10.0) == 1
-        await tap.wait("t", "started")
-        proc.send_signal(signal.SIGKILL)  # kill -9: no lease released, nothing flushed
-        proc.wait(10)
-        run = await survivor.wait_terminal("adopted-1", 40.0)
+        run = await adopted_after_kill(proc, survivor, 1, tap, "t", "adopted-1")
         assert run.state == "succeeded", run.reason
         assert run.owner == "survivor" and survivor.failover.adopted == 1
         assert lost  # the end never reached the stream by itself
