@@ -21,7 +21,6 @@ from schemas import subjects
 from schemas.bookings import BookingWindow
 from schemas.codec import DecodeError, decode, encode
 from schemas.placement import DataTransfer, EvictNotice, FetchRequest, InputGone
-from schemas.rpc import request
 
 if TYPE_CHECKING:
     from orchestrator.pipelines import PipelineRun
@@ -383,10 +382,7 @@ class Displaced:
             # "not finished, sent when it is" is the expected answer; a finished producer
             # serves the new consumer's own fetch instead (or is found gone by it)
             with contextlib.suppress(Exception):
-                await request(
-                    nc, subjects.fetch(agent), req, DataTransfer, timeout=2.0,
-                    level=self.o.wire_of(agent),
-                )  # fmt: skip
+                await self.o.ask_agent(subjects.fetch, agent, req, DataTransfer, timeout=2.0)
 
         asks = []
         for tid in sorted(moved):

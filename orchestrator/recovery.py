@@ -45,7 +45,7 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.events import TaskEvent
 from schemas.placement import CancelCommand, DataTransfer, FetchRequest
 from schemas.recovery import ClusterEvent, ClusterEventKind
-from schemas.rpc import RemoteError, request
+from schemas.rpc import RemoteError
 
 if TYPE_CHECKING:
     from orchestrator.pipelines import PipelineRun
@@ -656,10 +656,9 @@ class Recovery:
             token=tr.token,
         )
         try:
-            await request(
-                nc, subjects.fetch(tr.agent_id), req, DataTransfer, timeout=PROBE_TIMEOUT_S,
-                level=self.o.wire_of(tr.agent_id),
-            )  # fmt: skip
+            await self.o.ask_agent(
+                subjects.fetch, tr.agent_id, req, DataTransfer, timeout=PROBE_TIMEOUT_S
+            )
             return True
         except (TimeoutError, RemoteError, nats.errors.Error) as exc:
             log.info("%s/%s not held by %s: %s", run.pipeline_id, producer, tr.agent_id, exc)
@@ -679,6 +678,4 @@ class Recovery:
                     task_ids=stale,
                 )  # fmt: skip
                 with contextlib.suppress(Exception):
-                    await nc.publish(
-                        subjects.cancel(agent_id), encode(cmd, level=self.o.wire_of(agent_id))
-                    )
+                    await self.o.tell_agent(subjects.cancel, agent_id, cmd)

@@ -905,13 +905,36 @@ class Orchestrator:
         entry = self.view.agents.get(agent_id)
         return entry.wire if entry is not None else 1
 
+    async def ask_agent(
+        self, subject_of: Callable[[str], str], agent_id: str, msg: WireModel,
+        reply_model: type[M], *, timeout: float, encoding: Encoding = "msgpack",
+    ) -> M:  # fmt: skip
+        """A request to one agent, written at the wire level it reads. Every message this
+        process sends to an agent goes through here or `tell_agent`, so none can forget the
+        level (tests/unit/test_agent_sends.py holds the package to that)."""
+        assert self.nc is not None
+        return await request(
+            self.nc, subject_of(agent_id), msg, reply_model,
+            timeout=timeout, encoding=encoding, level=self.wire_of(agent_id),
+        )  # fmt: skip
+
+    async def tell_agent(
+        self, subject_of: Callable[[str], str], agent_id: str, msg: WireModel,
+        *, encoding: Encoding = "msgpack",
+    ) -> None:  # fmt: skip
+        """A plain message to one agent, at the wire level it reads (see `ask_agent`)."""
+        assert self.nc is not None
+        await self.nc.publish(
+            subject_of(agent_id), encode(msg, encoding, self.wire_of(agent_id)),
+            headers=headers_for(encoding),
+        )  # fmt: skip
+
     async def offer(self, offer: TaskOffer) -> OfferReply:
         assert self.nc is not None
         try:
-            return await request(
-                self.nc, subjects.offer(offer.agent_id), offer, OfferReply,
+            return await self.ask_agent(
+                subjects.offer, offer.agent_id, offer, OfferReply,
                 timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
-                level=self.wire_of(offer.agent_id),
             )  # fmt: skip
         except (TimeoutError, nats.errors.NoRespondersError, RemoteError) as exc:
             return _unanswered(offer, f"no answer to offer: {type(exc).__name__} {exc}"[:2048])
@@ -937,10 +960,9 @@ class Orchestrator:
                 return
             assert self.nc is not None
             try:
-                rep = await request(
-                    self.nc, subjects.offers(agent_id), OfferBatch(offers=mine), OfferBatchReply,
+                rep = await self.ask_agent(
+                    subjects.offers, agent_id, OfferBatch(offers=mine), OfferBatchReply,
                     timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
-                    level=self.wire_of(agent_id),
                 )  # fmt: skip
                 replies: list[OfferReply] = rep.replies
             except nats.errors.NoRespondersError:
@@ -992,10 +1014,9 @@ class Orchestrator:
             while True:
                 attempt += 1
                 try:
-                    await request(
-                        self.nc, subjects.commit(agent_id), cmd, CommitCommand,
+                    await self.ask_agent(
+                        subjects.commit, agent_id, cmd, CommitCommand,
                         timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
-                        level=self.wire_of(agent_id),
                     )  # fmt: skip
                     return
                 except Exception as exc:
@@ -1015,10 +1036,7 @@ class Orchestrator:
         later (`_confirm_loop`); False when it could not be sent (ask by request)."""
         assert self.nc is not None
         try:
-            await self.nc.publish(
-                subjects.commit(agent_id), encode(cmd, AGENT_ENCODING, self.wire_of(agent_id)),
-                headers=headers_for(AGENT_ENCODING),
-            )  # fmt: skip
+            await self.tell_agent(subjects.commit, agent_id, cmd, encoding=AGENT_ENCODING)
         except Exception as exc:
             log.warning("commit to %s not sent (asking by request): %s", agent_id, exc)
             return False
@@ -1089,9 +1107,7 @@ class Orchestrator:
                 max_token=max_token,
             )  # fmt: skip
             with contextlib.suppress(Exception):
-                await self.nc.publish(
-                    subjects.cancel(agent_id), encode(cmd, level=self.wire_of(agent_id))
-                )
+                await self.tell_agent(subjects.cancel, agent_id, cmd)
 
     def _give_back_later(self, run: PipelineRun, task_id: str) -> None:
         """A task ended while its pipeline runs on: its window would otherwise hold its device
@@ -1188,7 +1204,7 @@ class Orchestrator:
         agents = sorted({tr.agent_id for tr in run.tasks.values() if tr.agent_id})
         for a in agents:
             with contextlib.suppress(Exception):
-                await self.nc.publish(subjects.cancel(a), encode(cmd, level=self.wire_of(a)))
+                await self.tell_agent(subjects.cancel, a, cmd)
 
     def _acting_on(self, pid: str) -> PipelineRun | None:
         """The run of a pipeline this replica answers for itself: ended here, or held under

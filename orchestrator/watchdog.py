@@ -30,7 +30,7 @@ from orchestrator.pipelines import PipelineRun
 from schemas import subjects
 from schemas.codec import DecodeError
 from schemas.placement import JobQuery, JobReply
-from schemas.rpc import RemoteError, request
+from schemas.rpc import RemoteError
 
 if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
@@ -224,10 +224,7 @@ class Watchdog:
             return  # (it ended, or was placed again, since the look that found it overdue)
         q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
         try:
-            rep = await request(
-                o.nc, subjects.job(agent), q, JobReply,
-                timeout=JOB_QUERY_TIMEOUT_S, level=o.wire_of(agent),
-            )  # fmt: skip
+            rep = await o.ask_agent(subjects.job, agent, q, JobReply, timeout=JOB_QUERY_TIMEOUT_S)
         except nats.errors.NoRespondersError:
             self.job_answers["no_responders"] += 1
             if agent not in self._unasked:  # said once per agent
