@@ -351,6 +351,22 @@ def host_note(phase: Phase) -> str:
     )
 
 
+def own_cpu_note(phase: Phase, replicas: int) -> str:
+    """The placements each CPU-second of the orchestrator processes paid for. On a host
+    whose cores the emulated fleet and the broker share, the processes cannot all be busy at
+    once, and this is what one would place with a core of its own (derived from the measured
+    CPU, not itself a measured rate; latency it does not show)."""
+    orch = sum(v for k, v in phase.cpu_s.items() if k.startswith("orchestrator"))
+    if not orch or not phase.latencies_s:
+        return "orchestrator CPU: not measured"
+    per = 1e3 * orch / len(phase.latencies_s)
+    return (
+        f"orchestrator CPU {per:.1f} ms per pipeline: {phase.placed_tasks / orch:,.0f} "
+        "placements per CPU-second of orchestrator (derived: the rate of one process with a "
+        f"core to itself{', each of ' + str(replicas) if replicas > 1 else ''})"
+    )
+
+
 def paced_name(offered: float, tasks: int) -> str:
     return f"paced {offered / tasks:g}/s"
 
@@ -442,6 +458,7 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
         print(f"(all {args.replicas} orchestrator processes together: the goal is per process)")
     print(f"CPU: {cpu_note(thr)}")
     print(host_note(thr))
+    print(own_cpu_note(thr, args.replicas))
     print("pipelines: " + ", ".join(f"{k} {v}" for k, v in sorted(r.throughput_states.items())))
     for name, phase in (
         ("latency", r.latency), ("isolated", r.isolated),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.booking_stress import Services
-from benchmarks.placement_latency import Phase, host_note
+from benchmarks.placement_latency import Phase, host_note, own_cpu_note
 
 
 def test_a_watched_process_is_counted_with_the_children(tmp_path: Path) -> None:
@@ -30,4 +30,19 @@ def test_host_note_spreads_all_processes_cpu_over_the_cores(
     assert host_note(phase) == (
         "all processes 18.0 ms CPU per pipeline, 45% of 2 cores over the phase "
         "(a floor of 9.0 ms per pipeline when they are all busy)"
+    )
+
+
+def test_own_cpu_note_counts_only_the_orchestrator_processes() -> None:
+    phase = Phase(
+        latencies_s=[0.01] * 10, wall_s=0.2, placed_tasks=200,
+        cpu_s={"orchestrator": 0.1, "orchestrator-1": 0.1, "sim-agents": 5.0},
+    )  # fmt: skip
+    # 0.2 s of orchestrator CPU for 10 pipelines of 200 placements: 20 ms each, 1,000 per s
+    assert own_cpu_note(phase, 2) == (
+        "orchestrator CPU 20.0 ms per pipeline: 1,000 placements per CPU-second of "
+        "orchestrator (derived: the rate of one process with a core to itself, each of 2)"
+    )
+    assert own_cpu_note(Phase(latencies_s=[0.01], cpu_s={"sim-agents": 1.0}), 1) == (
+        "orchestrator CPU: not measured"
     )
