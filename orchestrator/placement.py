@@ -379,21 +379,33 @@ class Placer:
             if stale:
                 t_offer = clock()
                 again = await o.offer_many(stale)
-                # A producer that ended (or started) at its agent before its end was heard
-                # here cannot be told where its consumers went, and re-planning would not
-                # change that: it sent its output to where they were. Their new offers say it
-                # is ready, so their agents fetch it at commit (and say so if it is gone).
-                ended = {
-                    r.task_id for r in again
-                    if not r.accepted and r.code == "duplicate" and r.task_id not in todo
-                    and r.task_id not in st.sent
+                # A producer placed before this placement that cannot be told where its
+                # consumers went: it ended (or started) at its agent before its end was heard
+                # here (`duplicate`: it sent its output to where they were), or its agent
+                # began draining, restarted, or does not answer. Re-planning would change
+                # none of that. Their new offers say its output is ready, so their agents
+                # fetch it at commit: sent at once if it is there, pushed when the producer
+                # ends if it has not, reported gone if nobody holds it.
+                refusals = {
+                    rep.task_id: rep for rep in again
+                    if not rep.accepted and rep.task_id not in todo and rep.task_id not in st.sent
                 }  # fmt: skip
+                ended = set(refusals)
                 if ended:
                     st.ended |= ended
-                    run.note(
-                        f"round {rnd}: {', '.join(sorted(ended))} already ended or running on "
-                        "their agents; their consumers fetch the output"
-                    )
+                    done = sorted(t for t, rep in refusals.items() if rep.code == "duplicate")
+                    if done:
+                        run.note(
+                            f"round {rnd}: {', '.join(done)} already ended or running on "
+                            "their agents; their consumers fetch the output"
+                        )
+                    for t, rep in sorted(refusals.items()):
+                        if rep.code != "duplicate":
+                            run.note(
+                                f"round {rnd}: {t} on {rep.agent_id} was not told where its "
+                                f"consumers went ({rep.code}: {rep.reason[:200]}); they fetch "
+                                "its output"
+                            )
                     fed = {c for d in ended for c in run.children[d] if c in final and c in todo}
                     final.update({c: self._offer(run, c, placements, st, order) for c in fed})
                     again = [r for r in again if r.task_id not in ended]
@@ -403,8 +415,13 @@ class Placer:
                 steps["offer"] += clock() - t_offer
                 refused = [r for r in again if not r.accepted]
                 if refused:
-                    why = "; ".join(f"{r.task_id} on {r.agent_id}: {r.code}" for r in refused)
-                    run.note(f"round {rnd}: routing update refused ({why[:500]}); re-planning")
+                    for rep in again:
+                        if rep.accepted and rep.task_id in st.sent:
+                            st.sent[rep.task_id] = final[rep.task_id]
+                    placed_here = set(placements) if only is None else set(only)
+                    await self._unplace_refused(
+                        run, st, refused, todo, placements, by_key, placed_here, rnd, reasons
+                    )
                     continue
             run.placements = placements
             run.plan = planned_view(placements)
@@ -423,6 +440,62 @@ class Placer:
                 tr.state = "accepted"
             return
         raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", reasons)
+
+    async def _unplace_refused(
+        self,
+        run: PipelineRun,
+        st: Round,
+        refused: list[OfferReply],
+        todo: dict[str, Placement],
+        placements: dict[str, Placement],
+        by_key: dict[str, list[BookingWindow]],
+        placed_here: set[str],
+        rnd: int,
+        reasons: dict[str, str],
+    ) -> None:
+        """Tasks of this placement (accepted in an earlier round, or offered again in this
+        one) whose agent refused the offer that tells them their token or where their
+        consumers went: it began draining, restarted, or stopped answering since. As for a
+        rejection, that (task, device) is ruled out (device-wide for DEVICE_WIDE codes), and
+        the task and what it feeds are placed again, their windows given back and their
+        offers withdrawn; the rest of the round stays. Before, the same offer was sent again
+        each round and refused each time, until the rounds ran out and the pipeline failed
+        (`booking_stress` with a fleet restart: "no placement after 8 rounds")."""
+        o = self.o
+        for rep in refused:
+            run.rejections += 1
+            dev = placements[rep.task_id].device_id
+            st.excluded.add((rep.task_id, dev))
+            if rep.code in DEVICE_WIDE:
+                st.excluded.update((t.id, dev) for t in run.spec.tasks)
+            msg = f"{rep.code}: {rep.reason}"
+            reasons[f"{rep.task_id}@{dev}"] = msg
+            run.note(
+                f"round {rnd}: {rep.agent_id} refused {rep.task_id}'s updated offer ({msg}); "
+                "re-planning elsewhere"
+            )
+        affected = descendants(run, {r.task_id for r in refused}) & placed_here - st.kept
+        now = o.wall()
+        await self._release(run, by_key, affected & set(todo), set())
+        earlier: dict[str, list[str]] = {}  # booked in an earlier round of this placement
+        for t in sorted(affected - set(todo)):
+            if t in st.fixed and t in run.windows:
+                earlier.setdefault(run.windows[t][0], []).append(t)
+        await asyncio.gather(
+            *(o.store.release(k, run.pipeline_id, now, ts) for k, ts in sorted(earlier.items()))
+        )
+        withdrawn = {t: placements[t] for t in affected if t in st.sent}
+        if withdrawn:
+            await o.cancel_tasks(
+                run, withdrawn, "re-planned after an updated offer was refused",
+                max_token=max(st.sent[t].token for t in withdrawn),
+            )  # fmt: skip
+        for t in affected:
+            st.sent.pop(t, None)
+            st.fixed.pop(t, None)
+        for tid, p in todo.items():
+            if tid not in affected:
+                st.fixed[tid] = p
 
     def _offer(
         self,
