@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 
 from edge_agent.journal import Journal, JournalFull
 from schemas import subjects
-from schemas.rpc import settle
+from schemas.rpc import nats_error_logger, settle
 
 log = logging.getLogger("mars.agent.outbox")
 MSG_ID = "Nats-Msg-Id"
@@ -56,13 +56,6 @@ def reconnect_handler(
     return pick
 
 
-async def _log_nats_error(exc: Exception) -> None:
-    # failed reconnect attempts are expected while offline; anything else is worth a look
-    lost = (OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
-    level = logging.DEBUG if isinstance(exc, lost) else logging.WARNING
-    logging.getLogger("mars.agent").log(level, "nats: %r", exc)
-
-
 async def connect_agent(
     url: str,
     name: str,
@@ -79,7 +72,7 @@ async def connect_agent(
         max_reconnect_attempts=-1,
         disconnected_cb=disconnected,
         reconnected_cb=reconnected,
-        error_cb=_log_nats_error,
+        error_cb=nats_error_logger(logging.getLogger("mars.agent")),
         **reconnect_options(reconnect_base_s, reconnect_max_s),
     )
 

@@ -99,11 +99,14 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
     from schemas import subjects
     from schemas.placement import DrainCommand, DrainReply
-    from schemas.rpc import request
+    from schemas.rpc import nats_error_logger, request
 
     async def go() -> int:
         cmd = DrainCommand(agent_id=args.agent_id, deadline_s=args.deadline, resume=args.resume)
-        nc = await nats.connect(args.nats, name="mars-cli", connect_timeout=5)
+        nc = await nats.connect(
+            args.nats, name="mars-cli", connect_timeout=5,
+            error_cb=nats_error_logger(logging.getLogger("mars.cli")),
+        )  # fmt: skip
         try:
             rep = await request(
                 nc, subjects.drain(args.agent_id), cmd, DrainReply, timeout=args.timeout

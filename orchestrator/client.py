@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import nats
@@ -26,7 +27,9 @@ from schemas.api import (
 )
 from schemas.codec import Encoding
 from schemas.pipeline import PipelineSpec
-from schemas.rpc import request
+from schemas.rpc import nats_error_logger, request
+
+log = logging.getLogger("mars.client")
 
 
 class Client:
@@ -44,8 +47,9 @@ class Client:
         """`reconnects`: attempts to get a lost connection back (2 s apart) before giving up
         for good; -1, for ever (a long-lived client that must outlast a server restart)."""
         nc = await nats.connect(
-            url, name="mars-client", connect_timeout=5, max_reconnect_attempts=reconnects
-        )
+            url, name="mars-client", connect_timeout=5, max_reconnect_attempts=reconnects,
+            error_cb=nats_error_logger(log),
+        )  # fmt: skip
         return cls(nc, timeout)
 
     async def close(self) -> None:

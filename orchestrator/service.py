@@ -99,6 +99,7 @@ from schemas.rpc import (
     ServiceError,
     handle,
     let_sends_out,
+    nats_error_logger,
     request,
     respond,
     settle,
@@ -290,6 +291,7 @@ class Orchestrator:
             reconnect_time_wait=0.5,
             disconnected_cb=self._on_nats_down,
             reconnected_cb=self._on_nats_up,
+            error_cb=nats_error_logger(log),
         )
         nc = self.nc
         js = self.js = nc.jetstream()

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+import nats.errors
 from nats.errors import Error as NatsError
 
 from schemas.base import WireModel
@@ -150,3 +151,22 @@ async def let_sends_out() -> None:
     nothing depends on it but how soon the request leaves."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
+
+
+#: What a connection meets while its server is away or restarting: expected, not news.
+CONNECTION_LOST = (
+    OSError, TimeoutError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError
+)  # fmt: skip
+
+
+def nats_error_logger(logger: logging.Logger) -> Callable[[Exception], Awaitable[None]]:
+    """An `error_cb` for `nats.connect`: nats-py's own prints "nats: encountered error" with
+    a traceback for every failed reconnect attempt (to stderr, in a process that configured
+    no logging), so a routine server restart filled logs with tracebacks. Lost-connection
+    errors go to debug; anything else is a warning, without the traceback."""
+
+    async def log(exc: Exception) -> None:
+        level = logging.DEBUG if isinstance(exc, CONNECTION_LOST) else logging.WARNING
+        logger.log(level, "nats: %r", exc)
+
+    return log
