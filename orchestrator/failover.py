@@ -586,9 +586,21 @@ class Failover:
         self.give_back_strays(pid, keep=run.devices())
         if not run.terminal:
             await self.replace_lost(run)
+            self.commit_waiting(run)
             await o.persist(run)
         async with o._changed:
             o._changed.notify_all()
+
+    def commit_waiting(self, run: PipelineRun) -> None:
+        """An owner commits a new plan after its submit reply, by plain messages it confirms
+        a second later (docs/protocol.md): one that died in between left tasks accepted and
+        never committed, each waiting for this replica's stall watchdog (`stall_s`, 10 s by
+        default) to be told again. Commits are idempotent (an agent ignores one for a job it
+        committed, ran, or no longer holds, or under another token), so every task the
+        pipeline holds as accepted is committed again now, by request."""
+        waiting = {t for t, tr in run.tasks.items() if tr.state == "accepted" and tr.agent_id}
+        if waiting:
+            self.o._spawn(self.o._commit_all(run, waiting))
 
     async def _give_back_ended(self, owner: str) -> None:
         """A dead owner's windows of pipelines that have ended (their lease kept as done) or

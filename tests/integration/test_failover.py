@@ -179,6 +179,60 @@ async def adopted_after_kill(
     return await survivor.wait_terminal(pid, 40.0)
 
 
+async def test_an_adopter_commits_what_its_dead_owner_had_not(
+    nats_url: str, orch_log: Path
+) -> None:
+    """The owner answers, records the pipeline and dies before its commit took effect (the
+    agent hears no commit while it lives: as if lost on the way), so its check a second
+    later died with it. The adopter commits the accepted task at once, not when its stall
+    watchdog (60 s here) would have sent the commit again."""
+    with orch_log.open("wb") as log:
+        proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
+    agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
+    commit, dropped, deaf = agent.core.commit, asyncio.Event(), [True]
+
+    def commit_unless_deaf(cmd: Any) -> int:
+        if deaf[0]:
+            dropped.set()
+            return 0
+        return commit(cmd)
+
+    agent.core.commit = commit_unless_deaf  # type: ignore[method-assign]
+    client = await Client.connect(nats_url)
+    survivor = None
+    one = PipelineSpec.model_validate(
+        {"name": "one", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0.05}}]}
+    )
+    try:
+        await agent.start()
+        assert await client.wait_for_agents(1, timeout=30.0) == 1  # the doomed replica alone
+        reply = await client.submit(one, pipeline_id="uncommitted-1")
+        assert reply.state == "running"
+        rec = await kv_until(
+            nats_url, RUNS_BUCKET, run_key("uncommitted-1"), PipelineRecord, lambda r: True, 10
+        )
+        assert rec.tasks[0].status.state == "accepted"
+        async with asyncio.timeout(10):
+            await dropped.wait()  # the owner's commit reached the agent, and did nothing
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deaf[0] = False
+        assert agent.log == [] and ("uncommitted-1", "t") in agent.core.jobs
+        survivor = Orchestrator(nats_url, name="survivor", stall_s=60.0)
+        await survivor.start()
+        run = await survivor.wait_terminal("uncommitted-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert survivor.failover.adopted == 1
+        assert [e[1] for e in agent.log] == ["t"]
+        assert not [x for x in run.placement_log if "stalled" in x], run.placement_log
+    finally:
+        procs.stop_all([proc])
+        await client.close()
+        await agent.stop()
+        if survivor is not None:
+            await survivor.stop()
+
+
 async def test_killed_replica_pipeline_is_adopted_and_finished(
     nats_url: str, orch_log: Path
 ) -> None:
