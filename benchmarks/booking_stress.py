@@ -1064,8 +1064,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             logged(statuses, lambda x: x.startswith("windows gone")),
         ],
         [
-            "overdue started tasks whose agent was asked about them (log lines)",
-            logged(statuses, lambda x: " overdue, asked " in x),
+            "stalled or overdue tasks whose agent was asked about them (log lines)",
+            logged(statuses, lambda x: " overdue, asked " in x or " stalled, asked " in x),
         ],
         ["pipelines with a status", len(statuses)],
         *kill_rows(args, load, statuses),

@@ -424,7 +424,7 @@ class Orchestrator:
             )  # fmt: skip
         if self.watchdog.job_answers:
             log.warning(
-                "agents asked about overdue started tasks: %s",
+                "agents asked about stalled or overdue tasks: %s",
                 ", ".join(f"{k} {n}" for k, n in sorted(self.watchdog.job_answers.items())),
             )
         await self.failover.stop()

@@ -7,6 +7,10 @@ reported started within `stall_s`, or a started task whose end is not reported w
 asked to start it again (commits are idempotent; a repeated one also makes the agent fetch
 any input still missing), and for either the pipeline's task events
 are read again from MARS_EVENTS (repeats are ignored by event id; at most MAX_REPLAYS at once).
+A stalled task the events read again say nothing of has its agent asked whether it holds
+the job at all (`JobQuery`, below): one it lost, e.g. with a process restarted while this
+replica could not see it, is reported `cancelled` and placed again at once, not two looks
+later as starved.
 A started task still overdue STARVED_AFTER_LOOKS looks after that (the stream holds no end
 either) has its agent asked whether it holds the job under its token (`JobQuery`), again every
 STARVED_AFTER_LOOKS looks: a job still held is left to run (its executor's time limit ends
@@ -135,13 +139,14 @@ class Watchdog:
             now = o._now()
             live.add(run.pipeline_id)
             stalled = run.stalled(now, self.stall_s)
-            if self._report(
+            fresh = self._report(
                 run,
                 stalled,
                 "stalled",
                 "free to start on {} for over "
                 f"{self.stall_s:.0f} s and not started; asking again",
-            ):
+            )
+            if fresh:
                 run.note(f"stalled, commit sent again: {', '.join(stalled)}")
             if stalled:
                 o._spawn(o._commit_all(run, set(stalled)))
@@ -163,7 +168,7 @@ class Watchdog:
             )
             ask = self._due_to_ask(run, overdue, late)
             if ask:
-                o._spawn(self._ask_agents(run, ask))
+                o._spawn(self._ask_agents(run, ask, "overdue"))
             last = self._replayed.get(run.pipeline_id, -math.inf)
             if (
                 (stalled or overdue)
@@ -173,7 +178,7 @@ class Watchdog:
             ):
                 self._replayed[run.pipeline_id] = now
                 self.replaying.add(run.pipeline_id)
-                o._spawn(self._replay(run))
+                o._spawn(self._replay(run, {t: run.tasks[t].token for t in stalled}))
         self._stalled_looks = looks  # a task that started (or moved) is forgotten
         self._overdue_looks = late  # one that ended (or moved) too
         self._reported = {r for r in self._reported if r[0] in live}
@@ -198,30 +203,37 @@ class Watchdog:
         """Count this look for each overdue task (under its current token); those whose agent
         is due to be asked about them: every STARVED_AFTER_LOOKS looks, from that many looks
         after the first that found them overdue (whose replay of the events found no end)."""
-        out: list[str] = []
+        due = []
         for t in overdue:
             key = (run.pipeline_id, t, run.tasks[t].token)
             n = late[key] = self._overdue_looks.get(key, 0) + 1
-            due = n > STARVED_AFTER_LOOKS and (n - 1) % STARVED_AFTER_LOOKS == 0
-            if due and self.asking < MAX_ASKS:
-                out.append(t)
-                self.asking += 1  # given back once answered (`_ask_agents`)
+            if n > STARVED_AFTER_LOOKS and (n - 1) % STARVED_AFTER_LOOKS == 0:
+                due.append(t)
+        return self._reserve_asks(due)
+
+    def _reserve_asks(self, tids: list[str]) -> list[str]:
+        """As many of `tids` as MAX_ASKS leaves room for, counted as under way now (given back
+        once answered, `_ask_agents`); the rest wait for a later look."""
+        out = tids[: max(0, MAX_ASKS - self.asking)]
+        self.asking += len(out)
         return out
 
-    async def _ask_agents(self, run: PipelineRun, tids: list[str]) -> None:
+    async def _ask_agents(self, run: PipelineRun, tids: list[str], kind: str) -> None:
         try:
-            await asyncio.gather(*(self._ask(run, t) for t in tids))
+            await asyncio.gather(*(self._ask(run, t, kind) for t in tids))
         finally:
             self.asking -= len(tids)
 
-    async def _ask(self, run: PipelineRun, tid: str) -> None:
-        """Ask the agent of a started task whose end was never heard whether it holds the job
-        (`JobQuery`); what it does about its answer is the agent's (module docstring)."""
+    async def _ask(self, run: PipelineRun, tid: str, kind: str) -> None:
+        """Ask the agent of a task whether it holds the job (`JobQuery`): an `overdue` started
+        task whose end was never heard, or a `stalled` one, committed and free to start but
+        not started. What it does about its answer is the agent's (module docstring)."""
         o = self.o
         tr = run.tasks[tid]
         agent, device, token = tr.agent_id, tr.device_id, tr.token
-        if o.nc is None or tr.state != "started" or agent is None or device is None or token < 1:
-            return  # (it ended, or was placed again, since the look that found it overdue)
+        state = "started" if kind == "overdue" else "accepted"
+        if o.nc is None or tr.state != state or agent is None or device is None or token < 1:
+            return  # (it ended, started, or was placed again since the look that found it)
         q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
         try:
             rep = await o.ask_agent(subjects.job, agent, q, JobReply, timeout=JOB_QUERY_TIMEOUT_S)
@@ -231,8 +243,8 @@ class Watchdog:
                 self._unasked.add(agent)
                 log.warning(
                     "agent %s does not answer job queries (no responder: a release before "
-                    "them, or not connected now): %s/%s, overdue, is left to it; asked again",
-                    agent, run.pipeline_id, tid,
+                    "them, or not connected now): %s/%s, %s, is left to it; asked again",
+                    agent, run.pipeline_id, tid, kind,
                 )  # fmt: skip
             return
         except (TimeoutError, nats.errors.Error, RemoteError, DecodeError) as exc:
@@ -250,27 +262,41 @@ class Watchdog:
             "ended": "ran it: its end event is sent again",
             "gone": "holds no such job: it reports it cancelled, to be placed again",
         }[rep.state]
-        run.note(f"{tid} overdue, asked {agent} about token {token}: {said}")
-        log.warning("pipeline %s: task %s overdue; %s %s", run.pipeline_id, tid, agent, said)
+        run.note(f"{tid} {kind}, asked {agent} about token {token}: {said}")
+        log.warning("pipeline %s: task %s %s; %s %s", run.pipeline_id, tid, kind, agent, said)
 
-    def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
-        """Log each task of `tids` not reported yet as `kind`; True if any was new."""
-        fresh = False
+    def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> list[str]:
+        """Log each task of `tids` not reported yet as `kind`; returns those."""
+        fresh = []
         for t in tids:
             tr = run.tasks[t]
             key = (run.pipeline_id, t, tr.token, kind)
             if key in self._reported:
                 continue
             self._reported.add(key)
-            fresh = True
+            fresh.append(t)
             where = f"{tr.agent_id}:{tr.device_id} (token {tr.token})"
             log.warning("pipeline %s: task %s %s", run.pipeline_id, t, what.format(where))
         return fresh
 
-    async def _replay(self, run: PipelineRun) -> None:
+    async def _replay(self, run: PipelineRun, stalled: dict[str, int]) -> None:
+        """Read the pipeline's events again; then ask the agents of the `stalled` tasks (task
+        -> token) the stream had no start or end of either whether they hold the job (asked
+        before the stream was read, the agent of a short task that had run, whose end only
+        the stream held, said `gone`, and the task ran again)."""
         try:
             await self.o.failover.replay(run)
         except Exception as exc:
             log.warning("replaying events of %s failed: %s", run.pipeline_id, exc)
+            return
         finally:
             self.replaying.discard(run.pipeline_id)
+        if run.terminal:
+            return
+        still = [
+            t for t, token in sorted(stalled.items())
+            if run.tasks[t].state == "accepted" and run.tasks[t].token == token
+        ]  # fmt: skip
+        ask = self._reserve_asks(still)
+        if ask:
+            await self._ask_agents(run, ask, "stalled")

@@ -22,7 +22,7 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, headers_for
 from schemas.events import TaskEvent, TaskEventState
-from schemas.placement import JobQuery
+from schemas.placement import CommitCommand, JobQuery
 from schemas.rpc import settle
 from tests.harness import EMULATED_CPU, RecordingAgent, agent_config
 from tests.integration.test_failover import EventTap, adopted_after_kill, configs
@@ -87,6 +87,41 @@ def slow_first_run(agent: RecordingAgent, extra_s: float) -> None:
     agent._run = run  # type: ignore[method-assign]
 
 
+def lose_job_at_first_commit(agent: RecordingAgent) -> list[int]:
+    """Task t's job is gone from the agent as its first commit arrives (as with a process
+    restarted where its owner could not see it); the tokens it was lost under are listed."""
+    real = agent.core.commit
+    lost: list[int] = []
+
+    def commit(cmd: CommitCommand) -> int:
+        if "t" in cmd.task_ids and not lost:
+            if agent.core.jobs.pop((cmd.pipeline_id, "t"), None) is not None:
+                lost.append(cmd.token_of()["t"])  # (the job held the provisional offer's 0)
+            return 0
+        return real(cmd)
+
+    agent.core.commit = commit  # type: ignore[method-assign]
+    return lost
+
+
+async def test_a_stalled_task_its_agent_lost_is_placed_again_once_asked(nats_url: str) -> None:
+    """t's agent no longer holds its job (booking_stress, seed 421: the fleet's process
+    restarted while the server was away, then t's owner died; its adopter could not tell).
+    The commit sent again for the stalled task finds nothing; asked at the same look, the
+    agent reports it cancelled and it is placed again at once, not two looks later as
+    starved."""
+    async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
+        lost = lose_job_at_first_commit(agent)
+        run = await run_to_end(orch, one_task(0.05))
+        assert len(lost) == 1
+        assert orch.watchdog.job_answers == {"gone": 1}
+        said = f"t stalled, asked {agent.agent_id} about token {lost[0]}: holds no such job"
+        assert [x for x in run.placement_log if x.startswith(said)], run.placement_log
+        assert not [x for x in run.placement_log if "starved" in x], run.placement_log
+        assert run.tasks["t"].token > lost[0]  # placed again
+        assert [e[1] for e in agent.log] == ["t"]  # and run once, there
+
+
 async def test_an_end_event_lost_before_the_stream_is_sent_again_when_asked(
     nats_url: str,
 ) -> None:
@@ -129,7 +164,7 @@ async def test_a_job_still_running_is_left_to_run(
             assert run.recoveries == 0
             assert [e[1] for e in agent.log] == ["t"]
     # the orchestrator's stop sums up what agents were asked
-    said = f"agents asked about overdue started tasks: held {orch.watchdog.job_answers['held']}"
+    said = f"agents asked about stalled or overdue tasks: held {orch.watchdog.job_answers['held']}"
     assert [r for r in caplog.records if r.getMessage() == said]
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.watchdog_look import idle_orchestrator
+from benchmarks.watchdog_look import NOW, idle_orchestrator
+from orchestrator.pipelines import PipelineRun
 from schemas.codec import decode, encode, headers_for
 from schemas.placement import JobQuery, JobReply
 
@@ -41,9 +42,42 @@ async def test_only_a_task_still_started_is_asked_about_under_its_current_token(
     run.tasks[second].state = "succeeded"  # its end heard between the look and the ask
     run.tasks[first].token = 7  # placed again meanwhile: asked under the new token
     o.watchdog.asking = 2  # as the look that chose them counted them
-    await o.watchdog._ask_agents(run, [first, second])
+    await o.watchdog._ask_agents(run, [first, second], "overdue")
     assert o.watchdog.asking == 0  # given back, answered or not
     assert [(s, q.task_id, q.token, q.device_id) for s, q in nc.asked] == [
         ("mars.v1.agents.a.cmd.job", first, 7, "cpu0")
     ]
     assert o.watchdog.job_answers == {"held": 1}
+
+
+async def test_after_its_events_are_read_again_a_task_still_stalled_is_asked_about() -> None:
+    """A stalled task's agent is asked whether it holds the job once the pipeline's events
+    have been read again, and only if they said nothing of it: asked before, the agent of a
+    short task that had run (its end only in the stream) answered `gone` and it ran again."""
+    o, _ = idle_orchestrator(2)
+    run = o.pipelines["p1"]  # its ninth task free to start and never started
+    (stalled,) = run.stalled(NOW, o.watchdog.stall_s)
+    found: list[str] = []
+
+    async def replay(r: PipelineRun) -> int:
+        for t in found:  # the stream held its end
+            r.tasks[t].state = "succeeded"
+        return len(found)
+
+    o.failover.replay = replay  # type: ignore[method-assign,assignment]
+    nc = Recorder()
+    o.nc = nc  # type: ignore[assignment]
+    token = run.tasks[stalled].token
+    found.append(stalled)
+    await o.watchdog._replay(run, {stalled: token})
+    assert nc.asked == [] and o.watchdog.asking == 0  # its end was in the stream
+    run.tasks[stalled].state = "accepted"
+    found.clear()
+    await o.watchdog._replay(run, {stalled: token + 1})  # placed again since the look
+    assert nc.asked == []
+    await o.watchdog._replay(run, {stalled: token})
+    assert [(q.task_id, q.token) for _, q in nc.asked] == [(stalled, token)]
+    assert o.watchdog.job_answers == {"held": 1} and o.watchdog.asking == 0
+    assert run.placement_log[-1] == (
+        f"{stalled} stalled, asked a about token {token}: holds it: left to run"
+    )

@@ -106,7 +106,7 @@ def test_one_look_asks_agents_about_at_most_max_asks_overdue_tasks() -> None:
     assert overdue > watchdog.MAX_ASKS
     asked: list[str] = []
 
-    def ask(run: object, tids: list[str]) -> Coroutine[Any, Any, None]:
+    def ask(run: object, tids: list[str], kind: str) -> Coroutine[Any, Any, None]:
         asked.extend(tids)
         return asyncio.sleep(0)  # closed unrun by the idle orchestrator's spawn
 
