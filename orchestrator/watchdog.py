@@ -226,12 +226,13 @@ class Watchdog:
 
     async def _ask(self, run: PipelineRun, tid: str, kind: str) -> None:
         """Ask the agent of a task whether it holds the job (`JobQuery`): an `overdue` started
-        task whose end was never heard, or a `stalled` one, committed and free to start but
-        not started. What it does about its answer is the agent's (module docstring)."""
+        task whose end was never heard, a `stalled` one, committed and free to start but not
+        started, or one `waiting` for inputs on the agent of a stalled one it had lost. What
+        it does about its answer is the agent's (module docstring)."""
         o = self.o
         tr = run.tasks[tid]
         agent, device, token = tr.agent_id, tr.device_id, tr.token
-        state = "started" if kind == "overdue" else "accepted"
+        state = "started" if kind == "overdue" else "accepted"  # stalled, or waiting
         if o.nc is None or tr.state != state or agent is None or device is None or token < 1:
             return  # (it ended, started, or was placed again since the look that found it)
         q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
@@ -254,7 +255,7 @@ class Watchdog:
         self.job_answers[rep.state] += 1
         if rep.state == "held":  # asked again every few looks while it runs: said once
             seen = (run.pipeline_id, tid, token, "held")
-            if seen in self._reported:
+            if seen in self._reported or kind == "waiting":  # (a waiting one: as expected)
                 return
             self._reported.add(seen)
         said = {
@@ -264,6 +265,16 @@ class Watchdog:
         }[rep.state]
         run.note(f"{tid} {kind}, asked {agent} about token {token}: {said}")
         log.warning("pipeline %s: task %s %s; %s %s", run.pipeline_id, tid, kind, agent, said)
+        if rep.state == "gone" and kind == "stalled":
+            # an agent that lost one job of the pipeline (a process restarted unseen) has
+            # likely lost the others queued there, waiting for inputs: asked now, not each
+            # when it is found stalled in turn (a look and a stall time apart)
+            waiting = self._reserve_asks(sorted(
+                t for t, other in run.tasks.items()
+                if t != tid and other.state == "accepted" and other.agent_id == agent
+            ))  # fmt: skip
+            if waiting:
+                await self._ask_agents(run, waiting, "waiting")
 
     def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> list[str]:
         """Log each task of `tids` not reported yet as `kind`; returns those."""

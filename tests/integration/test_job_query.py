@@ -87,18 +87,21 @@ def slow_first_run(agent: RecordingAgent, extra_s: float) -> None:
     agent._run = run  # type: ignore[method-assign]
 
 
-def lose_job_at_first_commit(agent: RecordingAgent) -> list[int]:
-    """Task t's job is gone from the agent as its first commit arrives (as with a process
-    restarted where its owner could not see it); the tokens it was lost under are listed."""
+def lose_jobs_at_first_commit(agent: RecordingAgent) -> dict[str, int]:
+    """The jobs of the first commit that reaches the agent are gone from it as it arrives (as
+    with a process restarted where its owner could not see it): task -> token lost."""
     real = agent.core.commit
-    lost: list[int] = []
+    lost: dict[str, int] = {}
+    first: list[bool] = []
 
     def commit(cmd: CommitCommand) -> int:
-        if "t" in cmd.task_ids and not lost:
-            if agent.core.jobs.pop((cmd.pipeline_id, "t"), None) is not None:
-                lost.append(cmd.token_of()["t"])  # (the job held the provisional offer's 0)
-            return 0
-        return real(cmd)
+        if first:
+            return real(cmd)
+        first.append(True)
+        for t, token in cmd.token_of().items():  # (the jobs held the provisional offers' 0)
+            if agent.core.jobs.pop((cmd.pipeline_id, t), None) is not None:
+                lost[t] = token
+        return 0
 
     agent.core.commit = commit  # type: ignore[method-assign]
     return lost
@@ -111,15 +114,36 @@ async def test_a_stalled_task_its_agent_lost_is_placed_again_once_asked(nats_url
     agent reports it cancelled and it is placed again at once, not two looks later as
     starved."""
     async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
-        lost = lose_job_at_first_commit(agent)
+        lost = lose_jobs_at_first_commit(agent)
         run = await run_to_end(orch, one_task(0.05))
-        assert len(lost) == 1
+        assert list(lost) == ["t"]
         assert orch.watchdog.job_answers == {"gone": 1}
-        said = f"t stalled, asked {agent.agent_id} about token {lost[0]}: holds no such job"
+        said = f"t stalled, asked {agent.agent_id} about token {lost['t']}: holds no such job"
         assert [x for x in run.placement_log if x.startswith(said)], run.placement_log
         assert not [x for x in run.placement_log if "starved" in x], run.placement_log
-        assert run.tasks["t"].token > lost[0]  # placed again
+        assert run.tasks["t"].token > lost["t"]  # placed again
         assert [e[1] for e in agent.log] == ["t"]  # and run once, there
+
+
+async def test_an_agent_that_lost_a_stalled_job_is_asked_about_the_pipelines_others(
+    nats_url: str,
+) -> None:
+    """t and u (fed by t) are both on the agent that lost their jobs: asked about stalled t,
+    it says `gone`, and is asked at once about u, queued there waiting for t's output: gone
+    too, and placed again with t, not a stall time after t ends (found stalled in turn)."""
+    chained = PipelineSpec.model_validate({"name": "p", "tasks": [
+        {"id": "t", "run": {"kind": "synthetic", "seconds": 0.05}},
+        {"id": "u", "run": {"kind": "synthetic", "seconds": 0.05}, "deps": ["t"]},
+    ]})  # fmt: skip
+    async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
+        lost = lose_jobs_at_first_commit(agent)
+        run = await run_to_end(orch, chained)
+        assert sorted(lost) == ["t", "u"]
+        assert orch.watchdog.job_answers == {"gone": 2}
+        said = f"u waiting, asked {agent.agent_id} about token {lost['u']}: holds no such job"
+        assert [x for x in run.placement_log if x.startswith(said)], run.placement_log
+        assert not [x for x in run.placement_log if "stalled, commit sent again: u" in x]
+        assert [e[1] for e in agent.log] == ["t", "u"]
 
 
 async def test_an_end_event_lost_before_the_stream_is_sent_again_when_asked(
