@@ -82,6 +82,8 @@ class Watchdog:
         self.job_answers: Counter[str] = Counter()
         #: Job queries under way now.
         self.asking = 0
+        #: (pipeline, task, token) asked about as stalled or waiting: once per placement
+        self._asked: set[tuple[str, str, int]] = set()
         #: pipelines whose events are being read again now
         self.replaying: set[str] = set()
         #: Looks skipped because the orchestrator was behind on its task events.
@@ -182,6 +184,7 @@ class Watchdog:
         self._stalled_looks = looks  # a task that started (or moved) is forgotten
         self._overdue_looks = late  # one that ended (or moved) too
         self._reported = {r for r in self._reported if r[0] in live}
+        self._asked = {r for r in self._asked if r[0] in live}
         self._replayed = {p: t for p, t in self._replayed.items() if p in live}
 
     def _starved(
@@ -219,6 +222,8 @@ class Watchdog:
         return out
 
     async def _ask_agents(self, run: PipelineRun, tids: list[str], kind: str) -> None:
+        if kind != "overdue":  # (asked again every few looks while overdue)
+            self._asked.update((run.pipeline_id, t, run.tasks[t].token) for t in tids)
         try:
             await asyncio.gather(*(self._ask(run, t, kind) for t in tids))
         finally:
@@ -272,6 +277,7 @@ class Watchdog:
             waiting = self._reserve_asks(sorted(
                 t for t, other in run.tasks.items()
                 if t != tid and other.state == "accepted" and other.agent_id == agent
+                and (run.pipeline_id, t, other.token) not in self._asked
             ))  # fmt: skip
             if waiting:
                 await self._ask_agents(run, waiting, "waiting")
@@ -307,6 +313,7 @@ class Watchdog:
         still = [
             t for t, token in sorted(stalled.items())
             if run.tasks[t].state == "accepted" and run.tasks[t].token == token
+            and (run.pipeline_id, t, token) not in self._asked
         ]  # fmt: skip
         ask = self._reserve_asks(still)
         if ask:

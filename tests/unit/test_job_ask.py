@@ -9,7 +9,7 @@ from typing import Any
 from benchmarks.watchdog_look import NOW, idle_orchestrator
 from orchestrator.pipelines import PipelineRun
 from schemas.codec import decode, encode, headers_for
-from schemas.placement import JobQuery, JobReply
+from schemas.placement import JobHeld, JobQuery, JobReply
 
 
 @dataclass
@@ -20,14 +20,15 @@ class Reply:
 
 @dataclass
 class Recorder:
-    """Answers every job query `held`, and keeps them."""
+    """Answers every job query `answer`, and keeps them."""
 
+    answer: JobHeld = "held"
     asked: list[tuple[str, JobQuery]] = field(default_factory=list)
 
     async def request(self, subject: str, data: bytes, **_: Any) -> Reply:
         q = decode(data, JobQuery)
         self.asked.append((subject, q))
-        rep = JobReply(pipeline_id=q.pipeline_id, task_id=q.task_id, state="held")
+        rep = JobReply(pipeline_id=q.pipeline_id, task_id=q.task_id, state=self.answer)
         return Reply(encode(rep), headers_for("msgpack"))
 
 
@@ -81,3 +82,21 @@ async def test_after_its_events_are_read_again_a_task_still_stalled_is_asked_abo
     assert run.placement_log[-1] == (
         f"{stalled} stalled, asked a about token {token}: holds it: left to run"
     )
+
+
+async def test_an_agent_that_lost_a_stalled_job_is_asked_about_each_other_task_once() -> None:
+    """Answered `gone` about stalled tasks, an agent is asked about the pipeline's other
+    tasks queued on it: each once, however many of its stalled tasks it said `gone` about."""
+    o, _ = idle_orchestrator(2)
+    run = o.pipelines["p1"]
+    queued = sorted(t for t, tr in run.tasks.items() if tr.state == "accepted")
+    assert len(queued) >= 4  # the stalled one, and others waiting for inputs
+    nc = Recorder(answer="gone")
+    o.nc = nc  # type: ignore[assignment]
+    o.watchdog.asking = 2
+    await o.watchdog._ask_agents(run, queued[:2], "stalled")
+    asked = [q.task_id for _, q in nc.asked]
+    assert sorted(asked) == queued and len(asked) == len(set(asked))
+    assert o.watchdog.job_answers == {"gone": len(queued)} and o.watchdog.asking == 0
+    await o.watchdog._ask_agents(run, queued[:1], "stalled")  # asked again (a later replay)
+    assert len(nc.asked) == len(queued) + 1  # its own query only: the others were asked
