@@ -26,7 +26,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import nats.errors
 
@@ -40,6 +40,10 @@ if TYPE_CHECKING:
     from orchestrator.service import Orchestrator
 
 log = logging.getLogger("mars.watchdog")
+
+#: What a job query is about: a started task `overdue`, a `stalled` one (free to start, not
+#: started), or one `waiting` for inputs on an agent that lost a stalled one.
+AskKind = Literal["overdue", "stalled", "waiting"]
 
 #: Seconds a task may be free to start without starting.
 STALL_S = 10.0
@@ -141,14 +145,13 @@ class Watchdog:
             now = o._now()
             live.add(run.pipeline_id)
             stalled = run.stalled(now, self.stall_s)
-            fresh = self._report(
+            if self._report(
                 run,
                 stalled,
                 "stalled",
                 "free to start on {} for over "
                 f"{self.stall_s:.0f} s and not started; asking again",
-            )
-            if fresh:
+            ):
                 run.note(f"stalled, commit sent again: {', '.join(stalled)}")
             if stalled:
                 o._spawn(o._commit_all(run, set(stalled)))
@@ -221,7 +224,7 @@ class Watchdog:
         self.asking += len(out)
         return out
 
-    async def _ask_agents(self, run: PipelineRun, tids: list[str], kind: str) -> None:
+    async def _ask_agents(self, run: PipelineRun, tids: list[str], kind: AskKind) -> None:
         if kind != "overdue":  # (asked again every few looks while overdue)
             self._asked.update((run.pipeline_id, t, run.tasks[t].token) for t in tids)
         try:
@@ -229,7 +232,7 @@ class Watchdog:
         finally:
             self.asking -= len(tids)
 
-    async def _ask(self, run: PipelineRun, tid: str, kind: str) -> None:
+    async def _ask(self, run: PipelineRun, tid: str, kind: AskKind) -> None:
         """Ask the agent of a task whether it holds the job (`JobQuery`): an `overdue` started
         task whose end was never heard, a `stalled` one, committed and free to start but not
         started, or one `waiting` for inputs on the agent of a stalled one it had lost. What
@@ -282,16 +285,16 @@ class Watchdog:
             if waiting:
                 await self._ask_agents(run, waiting, "waiting")
 
-    def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> list[str]:
-        """Log each task of `tids` not reported yet as `kind`; returns those."""
-        fresh = []
+    def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
+        """Log each task of `tids` not reported yet as `kind`; True if any was new."""
+        fresh = False
         for t in tids:
             tr = run.tasks[t]
             key = (run.pipeline_id, t, tr.token, kind)
             if key in self._reported:
                 continue
             self._reported.add(key)
-            fresh.append(t)
+            fresh = True
             where = f"{tr.agent_id}:{tr.device_id} (token {tr.token})"
             log.warning("pipeline %s: task %s %s", run.pipeline_id, t, what.format(where))
         return fresh
