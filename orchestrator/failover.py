@@ -298,6 +298,16 @@ class Failover:
         run = from_record(rec[0], spec, owner=rec[0].owner, mono=o.mono(), wall=o.wall())
         return run.status(o.mono())
 
+    async def lapsed_elsewhere(self, pid: str) -> bool:
+        """Whether a pipeline nobody holds now exists all the same: its lease lapsed and not
+        given up (its owner cut off or dead, an adopter not there yet), or its spec written
+        (answered) before any record. A status or cancel of it then says "ask again", not
+        "no such pipeline": before, a client told `not_found` of a live pipeline gave up on
+        it, and it ran to its end (`booking_stress` with the server down longer than a
+        lease, seed 461)."""
+        got, spec = await asyncio.gather(self.leases.read(pid), self.runs.spec(pid))
+        return spec is not None or (got is not None and got[0].expires > 0.0)
+
     async def holder(self, pid: str) -> str | None:
         """The replica holding a pipeline's ownership lease now (None: nobody does)."""
         got = await self.leases.read(pid)

@@ -1247,6 +1247,10 @@ class Orchestrator:
             return run.status(self._now())
         if holder is not None:
             raise ServiceError("unavailable", f"pipeline {pid} is being placed here; ask again")
+        if await self.failover.lapsed_elsewhere(pid):
+            raise ServiceError(
+                "unavailable", f"pipeline {pid} is held by no replica now; ask again"
+            )
         raise ServiceError("not_found", f"no pipeline {pid}")
 
     async def _status_held(self, req: StatusRequest) -> StatusReply:
@@ -1322,9 +1326,9 @@ class Orchestrator:
         if holder is not None:  # ours, and no run yet: being placed or adopted here
             raise ServiceError("unavailable", f"pipeline {pid} is being placed; ask again")
         st = await self.failover.status_elsewhere(pid)
-        if st is None:
+        if st is None and not await self.failover.lapsed_elsewhere(pid):
             raise ServiceError("not_found", f"no pipeline {pid}")
-        if st.state in TERMINAL_STATES:
+        if st is not None and st.state in TERMINAL_STATES:
             return CancelReply(pipeline_id=pid, state=st.state)
         raise ServiceError(
             "unavailable",

@@ -4,12 +4,17 @@ replica whose lease had lapsed is passed on to the replica that adopted the pipe
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import nats
 import pytest
 
+from orchestrator.service import Orchestrator
 from schemas import subjects
-from schemas.api import CancelReply, CancelRequest
-from schemas.codec import RemoteError
+from schemas.api import CancelReply, CancelRequest, StatusRequest
+from schemas.codec import RemoteError, encode
+from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, spec_key
 from schemas.rpc import ServiceError, request
 from tests.harness import two_replicas
 from tests.integration.test_failover import chain, configs, hold_renewals, settled_record
@@ -77,3 +82,46 @@ async def test_a_cancel_made_under_a_lapsed_lease_reaches_the_adopter(
             assert rec.state == "cancelled" and rec.owner == "orch-second"
         finally:
             renewing.set()
+
+
+async def test_a_pipeline_no_replica_holds_now_is_ask_again_not_not_found(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its owner's lease lapsed (the server away longer than a lease) before the owner wrote
+    its first record (after the reply): a cancel or a status given to another replica then
+    was answered `not_found`, and its client took a live pipeline for one that never existed
+    (`booking_stress` seed 461: answered "no pipeline", it ended succeeded). Now it is
+    `unavailable`, ask again; an id never claimed is still `not_found`."""
+    orch = Orchestrator(nats_url, name="other")
+
+    async def not_yet(pid: str, lease: Any, revision: int) -> None:
+        return None  # nobody adopts it while the test asks
+
+    monkeypatch.setattr(orch.failover, "adopt", not_yet)
+    await orch.start()
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        owners, runs = await js.key_value(OWNERS_BUCKET), await js.key_value(RUNS_BUCKET)
+        lapsed = OwnerLease(
+            pipeline_id="ghost-1", owner="orch-gone", expires=time.time() - 1.0, epoch=1
+        )
+        await owners.put("ghost-1", encode(lapsed))
+        await runs.put(spec_key("ghost-1"), encode(chain("ghost", [0.1])))  # answered
+        for ask in (
+            orch.cancel(CancelRequest(pipeline_id="ghost-1")),
+            orch.status(StatusRequest(pipeline_id="ghost-1")),
+        ):
+            with pytest.raises(ServiceError) as later:
+                await ask
+            assert later.value.code == "unavailable", later.value
+        for ask in (
+            orch.cancel(CancelRequest(pipeline_id="never-1")),
+            orch.status(StatusRequest(pipeline_id="never-1")),
+        ):
+            with pytest.raises(ServiceError) as nf:
+                await ask
+            assert nf.value.code == "not_found"
+    finally:
+        await nc.close()
+        await orch.stop()
