@@ -607,10 +607,15 @@ class Failover:
         never committed, each waiting for this replica's stall watchdog (`stall_s`, 10 s by
         default) to be told again. Commits are idempotent (an agent ignores one for a job it
         committed, ran, or no longer holds, or under another token), so every task the
-        pipeline holds as accepted is committed again now, by request."""
+        pipeline holds as accepted is committed again now, by request. Its agents are asked
+        too whether they hold those jobs (`JobQuery`): the record names a task's agent, not
+        the incarnation it was placed under, so an agent that restarted while the dead owner
+        could not act on it (its recovery held, or NATS away) lost them unseen; one it lost is
+        reported cancelled and placed again now, not a stall time later."""
         waiting = {t for t, tr in run.tasks.items() if tr.state == "accepted" and tr.agent_id}
         if waiting:
             self.o._spawn(self.o._commit_all(run, waiting))
+            self.o._spawn(self.o.watchdog.ask_about(run, sorted(waiting), "adopted"))
 
     async def _give_back_ended(self, owner: str) -> None:
         """A dead owner's windows of pipelines that have ended (their lease kept as done) or

@@ -233,6 +233,59 @@ async def test_an_adopter_commits_what_its_dead_owner_had_not(
             await survivor.stop()
 
 
+async def test_an_adopter_asks_about_jobs_its_dead_owner_placed(
+    nats_url: str, orch_log: Path
+) -> None:
+    """The agent loses the job as the owner's commit arrives (as a process restarted while
+    its owner could not act on it would: the record names the agent, not the incarnation),
+    then the owner dies. The adopter, committing again, asks the agent whether it holds the
+    job: `gone`, so the task is placed again at once, not when its stall watchdog (60 s
+    here) finds it stalled."""
+    with orch_log.open("wb") as log:
+        proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
+    agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
+    commit, lost = agent.core.commit, asyncio.Event()
+
+    def lose_first(cmd: Any) -> int:
+        if not lost.is_set():
+            agent.core.jobs.pop((cmd.pipeline_id, "t"), None)
+            lost.set()
+            return 0
+        return commit(cmd)
+
+    agent.core.commit = lose_first  # type: ignore[method-assign]
+    client = await Client.connect(nats_url)
+    survivor = None
+    one = PipelineSpec.model_validate(
+        {"name": "one", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0.05}}]}
+    )
+    try:
+        await agent.start()
+        assert await client.wait_for_agents(1, timeout=30.0) == 1  # the doomed replica alone
+        reply = await client.submit(one, pipeline_id="lost-job-1")
+        assert reply.state == "running"
+        await kv_until(
+            nats_url, RUNS_BUCKET, run_key("lost-job-1"), PipelineRecord, lambda r: True, 10
+        )
+        async with asyncio.timeout(10):
+            await lost.wait()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        survivor = Orchestrator(nats_url, name="survivor", stall_s=60.0)
+        await survivor.start()
+        run = await survivor.wait_terminal("lost-job-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert survivor.watchdog.job_answers == {"gone": 1}
+        assert [x for x in run.placement_log if x.startswith("t adopted, asked ag0")]
+        assert [e[1] for e in agent.log] == ["t"]
+    finally:
+        procs.stop_all([proc])
+        await client.close()
+        await agent.stop()
+        if survivor is not None:
+            await survivor.stop()
+
+
 async def test_killed_replica_pipeline_is_adopted_and_finished(
     nats_url: str, orch_log: Path
 ) -> None:
