@@ -1064,8 +1064,8 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             logged(statuses, lambda x: x.startswith("windows gone")),
         ],
         [
-            "stalled or overdue tasks whose agent was asked about them (log lines)",
-            logged(statuses, lambda x: " overdue, asked " in x or " stalled, asked " in x),
+            "tasks whose agent was asked about them (stalled, overdue, adopted: log lines)",
+            logged(statuses, lambda x: ", asked " in x and " about token " in x),
         ],
         ["pipelines with a status", len(statuses)],
         *kill_rows(args, load, statuses),
