@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -179,23 +179,26 @@ async def adopted_after_kill(
     return await survivor.wait_terminal(pid, 40.0)
 
 
-async def test_an_adopter_commits_what_its_dead_owner_had_not(
-    nats_url: str, orch_log: Path
-) -> None:
-    """The owner answers, records the pipeline and dies before its commit took effect (the
-    agent hears no commit while it lives: as if lost on the way), so its check a second
-    later died with it. The adopter commits the accepted task at once, not when its stall
-    watchdog (60 s here) would have sent the commit again."""
+@contextlib.asynccontextmanager
+async def adopted_after_its_commit(
+    nats_url: str, orch_log: Path, pid: str, lose_job: bool
+) -> AsyncIterator[tuple[RecordingAgent, Orchestrator, PipelineRun]]:
+    """A real `mars orchestrator` places one task on one agent, which takes the commit and
+    does nothing with it (`lose_job`: loses the job too) while the owner lives; the owner
+    records the pipeline and is SIGKILLed, and a replica with a 60 s stall time adopts it.
+    Yields the agent, the adopter and the pipeline as it ended (within 30 s)."""
     with orch_log.open("wb") as log:
         proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
     agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
-    commit, dropped, deaf = agent.core.commit, asyncio.Event(), [True]
+    commit, taken, deaf = agent.core.commit, asyncio.Event(), [True]
 
     def commit_unless_deaf(cmd: Any) -> int:
-        if deaf[0]:
-            dropped.set()
-            return 0
-        return commit(cmd)
+        if not deaf[0]:
+            return commit(cmd)
+        if lose_job:
+            agent.core.jobs.pop((cmd.pipeline_id, "t"), None)
+        taken.set()
+        return 0
 
     agent.core.commit = commit_unless_deaf  # type: ignore[method-assign]
     client = await Client.connect(nats_url)
@@ -206,84 +209,57 @@ async def test_an_adopter_commits_what_its_dead_owner_had_not(
     try:
         await agent.start()
         assert await client.wait_for_agents(1, timeout=30.0) == 1  # the doomed replica alone
-        reply = await client.submit(one, pipeline_id="uncommitted-1")
+        reply = await client.submit(one, pipeline_id=pid)
         assert reply.state == "running"
-        rec = await kv_until(
-            nats_url, RUNS_BUCKET, run_key("uncommitted-1"), PipelineRecord, lambda r: True, 10
-        )
+        rec = await kv_until(nats_url, RUNS_BUCKET, run_key(pid), PipelineRecord, bool, 10)
         assert rec.tasks[0].status.state == "accepted"
         async with asyncio.timeout(10):
-            await dropped.wait()  # the owner's commit reached the agent, and did nothing
+            await taken.wait()  # the owner's commit reached the agent, and did nothing
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deaf[0] = False
-        assert agent.log == [] and ("uncommitted-1", "t") in agent.core.jobs
+        assert agent.log == [] and ((pid, "t") in agent.core.jobs) is not lose_job
         survivor = Orchestrator(nats_url, name="survivor", stall_s=60.0)
         await survivor.start()
-        run = await survivor.wait_terminal("uncommitted-1", 30.0)
+        run = await survivor.wait_terminal(pid, 30.0)
         assert run.state == "succeeded", run.reason
         assert survivor.failover.adopted == 1
-        assert [e[1] for e in agent.log] == ["t"]
-        assert not [x for x in run.placement_log if "stalled" in x], run.placement_log
+        yield agent, survivor, run
     finally:
         procs.stop_all([proc])
         await client.close()
         await agent.stop()
         if survivor is not None:
             await survivor.stop()
+
+
+async def test_an_adopter_commits_what_its_dead_owner_had_not(
+    nats_url: str, orch_log: Path
+) -> None:
+    """The owner answers, records the pipeline and dies before its commit took effect (as if
+    lost on the way), so its check a second later died with it. The adopter commits the
+    accepted task at once, not when its stall watchdog would have sent the commit again."""
+    async with adopted_after_its_commit(nats_url, orch_log, "uncommitted-1", False) as (
+        agent, _survivor, run,
+    ):  # fmt: skip
+        assert [e[1] for e in agent.log] == ["t"]
+        assert not [x for x in run.placement_log if "stalled" in x], run.placement_log
+        assert run.recoveries == 0  # committed where it was, not placed again
 
 
 async def test_an_adopter_asks_about_jobs_its_dead_owner_placed(
     nats_url: str, orch_log: Path
 ) -> None:
-    """The agent loses the job as the owner's commit arrives (as a process restarted while
-    its owner could not act on it would: the record names the agent, not the incarnation),
-    then the owner dies. The adopter, committing again, asks the agent whether it holds the
-    job: `gone`, so the task is placed again at once, not when its stall watchdog (60 s
-    here) finds it stalled."""
-    with orch_log.open("wb") as log:
-        proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
-    agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
-    commit, lost = agent.core.commit, asyncio.Event()
-
-    def lose_first(cmd: Any) -> int:
-        if not lost.is_set():
-            agent.core.jobs.pop((cmd.pipeline_id, "t"), None)
-            lost.set()
-            return 0
-        return commit(cmd)
-
-    agent.core.commit = lose_first  # type: ignore[method-assign]
-    client = await Client.connect(nats_url)
-    survivor = None
-    one = PipelineSpec.model_validate(
-        {"name": "one", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 0.05}}]}
-    )
-    try:
-        await agent.start()
-        assert await client.wait_for_agents(1, timeout=30.0) == 1  # the doomed replica alone
-        reply = await client.submit(one, pipeline_id="lost-job-1")
-        assert reply.state == "running"
-        await kv_until(
-            nats_url, RUNS_BUCKET, run_key("lost-job-1"), PipelineRecord, lambda r: True, 10
-        )
-        async with asyncio.timeout(10):
-            await lost.wait()
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        survivor = Orchestrator(nats_url, name="survivor", stall_s=60.0)
-        await survivor.start()
-        run = await survivor.wait_terminal("lost-job-1", 30.0)
-        assert run.state == "succeeded", run.reason
+    """The agent lost the job as the owner's commit arrived (as a process restarted while its
+    owner could not act on it would: the record names the agent, not the incarnation), then
+    the owner died. The adopter asks the agent whether it holds the job: `gone`, so the
+    task is placed again at once, not when its stall watchdog finds it stalled."""
+    async with adopted_after_its_commit(nats_url, orch_log, "lost-job-1", True) as (
+        agent, survivor, run,
+    ):  # fmt: skip
         assert survivor.watchdog.job_answers == {"gone": 1}
         assert [x for x in run.placement_log if x.startswith("t adopted, asked ag0")]
         assert [e[1] for e in agent.log] == ["t"]
-    finally:
-        procs.stop_all([proc])
-        await client.close()
-        await agent.stop()
-        if survivor is not None:
-            await survivor.stop()
 
 
 async def test_killed_replica_pipeline_is_adopted_and_finished(
