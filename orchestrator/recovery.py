@@ -97,6 +97,10 @@ class Stuck:
 OBSERVER_GRACE_S = 10.0
 
 
+class LeaseLapsed(Exception):
+    """A re-placement put off: this replica's lease on the pipeline lapsed (and is still its)."""
+
+
 class Recovery:
     def __init__(
         self,
@@ -363,6 +367,27 @@ class Recovery:
             else "cancelled"
         )  # fmt: skip
         async with self.lock(run.pipeline_id):
+            if (
+                not run.terminal
+                and self.o.failover.holds(run.pipeline_id)
+                and not (self.o.failover.may_act(run.pipeline_id))
+            ):
+                # its lease lapsed here and is still ours (cut off from JetStream, e.g. the
+                # server away): renewed once it is back, so this waits and is retried like a
+                # re-placement that found no room. Dropped, nothing asked again: a fleet
+                # restarted during a server outage left its tasks lost until the watchdog
+                # (booking_stress seeds 421/431/481, 13.7-14.2 s pipelines).
+                named = seeds if seeds is not None else starved or lost or {
+                    t for t, tr in run.tasks.items()
+                    if tr.agent_id in gone and tr.state in UNFINISHED
+                }  # fmt: skip
+                self._wait_for_capacity(
+                    run, set(named), kind, gone, why, dict(incarnations or {}),
+                    LeaseLapsed("this replica's lease on it lapsed; retried once renewed"),
+                    frozenset(starved) if starved is not None else None,
+                    frozenset(lost) if lost is not None else None,
+                )  # fmt: skip
+                return
             if run.terminal or not self.o.failover.may_act(run.pipeline_id):
                 for k in [k for k in self._stuck if k[0] == run.pipeline_id]:
                     del self._stuck[k]
@@ -567,7 +592,7 @@ class Recovery:
             if run is None or run.terminal or not self._still_gone(st):
                 del self._stuck[key]
                 continue
-            if now - st.since > self.stuck_timeout_s:
+            if now - st.since > self.stuck_timeout_s and self.o.failover.may_act(key[0]):
                 del self._stuck[key]
                 why = f"{st.why}; no agent could take its tasks for {self.stuck_timeout_s:.0f} s"
                 self.o._spawn(self._fail(run, why))

@@ -983,3 +983,43 @@ async def test_a_lapsed_replica_answers_from_its_copy_when_jetstream_does_not(
         assert got.state == "cancelled" and orch.pipelines["cut-1"].state == "cancelled"
     finally:
         await stop_cluster(orch, agents)
+
+
+async def test_a_recovery_its_owner_could_not_act_on_waits_for_its_lease(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task's agent dies while its owner's lease has lapsed here (renewals held back: the
+    server away for it) and is still its own: the re-placement waits for the lease and is
+    retried, not dropped. Dropped, nothing asked again, and the pipeline waited on a dead
+    agent (booking_stress, a fleet restarted during a server outage)."""
+    orch, agents = await start_cluster(nats_url, configs(2))
+    renewing = hold_renewals(orch, monkeypatch)
+    try:
+        spec = PipelineSpec.model_validate(
+            {"name": "w", "tasks": [{"id": "t", "run": {"kind": "synthetic", "seconds": 5.0}}]}
+        )
+        await orch.submit_spec(spec, "wait-1")
+        run = orch.pipelines["wait-1"]
+        await orch.wait_for(lambda: run.tasks["t"].state == "started", 10.0)
+        doomed = next(a for a in agents if a.agent_id == run.tasks["t"].agent_id)
+        orch.failover.leases.held["wait-1"].valid_until = orch.mono()  # lapsed here
+        assert orch.failover.holds("wait-1") and not orch.failover.may_act("wait-1")
+        parked, park = asyncio.Event(), orch.recovery._wait_for_capacity
+
+        def parking(*a: Any, **kw: Any) -> None:
+            park(*a, **kw)
+            parked.set()
+
+        monkeypatch.setattr(orch.recovery, "_wait_for_capacity", parking)
+        await doomed.stop()
+        async with asyncio.timeout(10):
+            await parked.wait()  # its re-placement put off
+        assert any("lease on it lapsed" in x for x in run.placement_log), run.placement_log
+        assert run.tasks["t"].agent_id == doomed.agent_id  # not moved while it may not act
+        renewing.set()
+        done = await orch.wait_terminal("wait-1", 30.0)
+        assert done.state == "succeeded", done.reason
+        assert done.tasks["t"].agent_id != doomed.agent_id and done.recoveries == 1
+    finally:
+        renewing.set()
+        await stop_cluster(orch, agents)
