@@ -420,7 +420,7 @@ class Placer:
                             st.sent[rep.task_id] = final[rep.task_id]
                     placed_here = set(placements) if only is None else set(only)
                     await self._unplace_refused(
-                        run, st, refused, todo, placements, by_key, placed_here, rnd, reasons
+                        run, st, refused, todo, placements, placed_here, rnd, reasons
                     )
                     continue
             run.placements = placements
@@ -448,7 +448,6 @@ class Placer:
         refused: list[OfferReply],
         todo: dict[str, Placement],
         placements: dict[str, Placement],
-        by_key: dict[str, list[BookingWindow]],
         placed_here: set[str],
         rnd: int,
         reasons: dict[str, str],
@@ -475,14 +474,15 @@ class Placer:
                 "re-planning elsewhere"
             )
         affected = descendants(run, {r.task_id for r in refused}) & placed_here - st.kept
+        # each booked by this placement (this round, or fixed from an earlier one: a round
+        # that gets here wrote every key it meant to), its window where `run.windows` says
+        booked: dict[str, list[str]] = {}
+        for t in sorted(affected):
+            if t in run.windows:
+                booked.setdefault(run.windows[t][0], []).append(t)
         now = o.wall()
-        await self._release(run, by_key, affected & set(todo), set())
-        earlier: dict[str, list[str]] = {}  # booked in an earlier round of this placement
-        for t in sorted(affected - set(todo)):
-            if t in st.fixed and t in run.windows:
-                earlier.setdefault(run.windows[t][0], []).append(t)
         await asyncio.gather(
-            *(o.store.release(k, run.pipeline_id, now, ts) for k, ts in sorted(earlier.items()))
+            *(o.store.release(k, run.pipeline_id, now, ts) for k, ts in sorted(booked.items()))
         )
         withdrawn = {t: placements[t] for t in affected if t in st.sent}
         if withdrawn:

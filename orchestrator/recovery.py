@@ -367,11 +367,8 @@ class Recovery:
             else "cancelled"
         )  # fmt: skip
         async with self.lock(run.pipeline_id):
-            if (
-                not run.terminal
-                and self.o.failover.holds(run.pipeline_id)
-                and not (self.o.failover.may_act(run.pipeline_id))
-            ):
+            pid = run.pipeline_id
+            if not run.terminal and self.o.failover.holds(pid) and not self.o.failover.may_act(pid):
                 # its lease lapsed here and is still ours (cut off from JetStream, e.g. the
                 # server away): renewed once it is back, so this waits and is retried like a
                 # re-placement that found no room. Dropped, nothing asked again: a fleet

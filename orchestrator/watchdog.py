@@ -226,9 +226,12 @@ class Watchdog:
         return out
 
     async def ask_about(self, run: PipelineRun, tids: list[str], kind: AskKind) -> None:
-        """Ask the agents of these tasks whether they hold their jobs (as many as MAX_ASKS
-        leaves room for; the rest are left to the looks)."""
-        ask = self._reserve_asks(tids)
+        """Ask the agents of these tasks (not overdue: each once per placement) whether they
+        hold their jobs, as many as MAX_ASKS leaves room for; the rest are left to the
+        looks."""
+        ask = self._reserve_asks([
+            t for t in tids if (run.pipeline_id, t, run.tasks[t].token) not in self._asked
+        ])  # fmt: skip
         if ask:
             await self._ask_agents(run, ask, kind)
 
@@ -286,13 +289,10 @@ class Watchdog:
             # an agent that lost one job of the pipeline (a process restarted unseen) has
             # likely lost the others queued there, waiting for inputs: asked now, not each
             # when it is found stalled in turn (a look and a stall time apart)
-            waiting = self._reserve_asks(sorted(
+            await self.ask_about(run, sorted(
                 t for t, other in run.tasks.items()
                 if t != tid and other.state == "accepted" and other.agent_id == agent
-                and (run.pipeline_id, t, other.token) not in self._asked
-            ))  # fmt: skip
-            if waiting:
-                await self._ask_agents(run, waiting, "waiting")
+            ), "waiting")  # fmt: skip
 
     def _report(self, run: PipelineRun, tids: list[str], kind: str, what: str) -> bool:
         """Log each task of `tids` not reported yet as `kind`; True if any was new."""
@@ -322,11 +322,7 @@ class Watchdog:
             self.replaying.discard(run.pipeline_id)
         if run.terminal:
             return
-        still = [
+        await self.ask_about(run, [
             t for t, token in sorted(stalled.items())
             if run.tasks[t].state == "accepted" and run.tasks[t].token == token
-            and (run.pipeline_id, t, token) not in self._asked
-        ]  # fmt: skip
-        ask = self._reserve_asks(still)
-        if ask:
-            await self._ask_agents(run, ask, "stalled")
+        ], "stalled")  # fmt: skip
