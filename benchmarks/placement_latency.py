@@ -35,7 +35,9 @@ the nats-server on the same host); `each` gives every agent its own, as real age
 
 Every pipeline runs (its tasks are short), so the fleet does not just fill up; the report says
 how many finished and how, and the messages each kind of process sent and received per
-pipeline in each latency phase (the nats-server's own count, from its monitoring port).
+pipeline in each latency phase and the messages each JetStream stream stored per pipeline (the
+nats-server's own counts, from its monitoring port: the broker's work, whatever the host's
+speed that hour).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +94,8 @@ class Phase:
     #: Messages each kind of process sent / received from the phase's start until its
     #: pipelines ended (the server's count).
     msgs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Messages stored in each JetStream stream over the same span (the server's count).
+    stored: dict[str, float] = field(default_factory=dict)
     #: Per placed pipeline: (when its request was sent, on the host's monotonic clock, its
     #: latency in s).
     sent: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -185,6 +189,7 @@ def agents_names(procs: int) -> list[str]:
 
 
 Traffic = Callable[[], dict[str, tuple[int, int]]]
+Stored = Callable[[], dict[str, int]]
 
 
 def by_kind(per_conn: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
@@ -211,7 +216,7 @@ def msgs_diff(
 
 
 async def drive(
-    url: str, args: argparse.Namespace, services: Services, traffic: Traffic
+    url: str, args: argparse.Namespace, services: Services, traffic: Traffic, stored: Stored
 ) -> Results:
     # one line per placement with its steps' times, and the collections that paused a process
     # (plus loggers named in MARS_DEBUG)
@@ -257,6 +262,7 @@ async def drive(
             time, CPU and messages from its start until they ended."""
             phase = Phase()
             msgs0 = await measured(traffic)
+            stored0 = await asyncio.to_thread(stored)
             cpu0 = services.cpu_seconds()
             t0 = time.perf_counter()
             await run(phase)
@@ -264,6 +270,7 @@ async def drive(
             phase.cpu_s = diff(cpu0, services.cpu_seconds())
             states = await finish(phase, client)
             phase.msgs = msgs_diff(msgs0, await measured(traffic))
+            phase.stored = diff(stored0, await asyncio.to_thread(stored))
             services.check()
             return phase, states
 
@@ -325,8 +332,17 @@ async def drive(
         await client.close()
 
 
-def diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+def diff(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
     return {k: b[k] - a[k] for k in b if k in a}
+
+
+def stored_note(stored: Mapping[str, float], pipelines: int) -> str:
+    """JetStream stores per pipeline, by stream, busiest first: the broker's work that does
+    not depend on how fast the host is this hour."""
+    per = sorted(((v / max(1, pipelines), k) for k, v in stored.items() if v), reverse=True)
+    total = sum(v for v, _ in per)
+    parts = ", ".join(f"{k.removeprefix('KV_')} {v:.1f}" for v, k in per)
+    return f"JetStream stores per pipeline (server's count): {total:.1f}: {parts}"
 
 
 def cpu_note(phase: Phase) -> str:
@@ -433,6 +449,7 @@ def report(args: argparse.Namespace, r: Results, total_s: float, server_procs: i
             f"{k} {sent / n:.0f} / {got / n:.0f}" for k, (sent, got) in sorted(phase.msgs.items())
         )
         print(f"  messages per pipeline, sent / received (server's count, heartbeats too): {per}")
+        print(f"  {stored_note(phase.stored, n)}")
 
     thr = r.throughput
     rate = thr.placed_tasks / thr.wall_s if thr.wall_s else float("nan")
@@ -540,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             if srv.proc is not None:
                 services.watch("nats-server", srv.proc.pid)
             services.watch("benchmark", os.getpid())
-            results = eventloop.run(drive(srv.url, args, services, srv.traffic))
+            results = eventloop.run(drive(srv.url, args, services, srv.traffic, srv.stream_writes))
         states = (
             results.latency_states,
             results.isolated_states,

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from orchestrator.procs import tied_to_caller
-from schemas.advisories import ServerConnections
+from schemas.advisories import ServerConnections, ServerJetStream
 from schemas.codec import decode
 
 
@@ -179,6 +179,16 @@ class EmbeddedNats:
             sent, got = out.get(c.name, (0, 0))
             out[c.name] = (sent + c.in_msgs, got + c.out_msgs)
         return out
+
+    def stream_writes(self) -> dict[str, int]:
+        """Messages ever stored in each JetStream stream (its last sequence number), from the
+        monitoring port: what each store costs the server, counted by the server."""
+        if self.monitor_port is None:
+            raise NatsServerError("stream_writes needs the server started with monitor=True")
+        url = f"http://{self.host}:{self.monitor_port}/jsz?accounts=true&streams=true"
+        with urllib.request.urlopen(url, timeout=10) as resp:  # loopback only
+            jsz = decode(resp.read(), ServerJetStream, "json")
+        return {s.name: s.state.last_seq for a in jsz.account_details for s in a.stream_detail}
 
     def _ready(self) -> bool:
         try:

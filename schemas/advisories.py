@@ -51,3 +51,28 @@ class ServerConnections(_ServerFormat):
     connections: Annotated[list[ServerConnection], Field(max_length=1_000_000)] = Field(
         default_factory=list
     )
+
+
+class ServerStreamState(_ServerFormat):
+    #: The stream's last sequence number: every message ever stored in it, deleted or not.
+    last_seq: Annotated[int, Field(ge=0)] = 0
+
+
+class ServerStream(_ServerFormat):
+    name: ShortText = ""
+    state: ServerStreamState = Field(default_factory=lambda: ServerStreamState())
+
+
+class ServerAccountStreams(_ServerFormat):
+    stream_detail: Annotated[list[ServerStream], Field(max_length=100_000)] = Field(
+        default_factory=list
+    )
+
+
+class ServerJetStream(_ServerFormat):
+    """nats-server's `/jsz?accounts=true&streams=true` answer, as far as the benchmarks read
+    it."""
+
+    account_details: Annotated[list[ServerAccountStreams], Field(max_length=100_000)] = Field(
+        default_factory=list
+    )

@@ -47,12 +47,39 @@ async def test_traffic_counts_what_each_named_connection_sent_and_received(
             await rx.close()
 
 
+async def test_stream_writes_count_every_message_stored_deleted_or_not(tmp_path: Path) -> None:
+    """What the placement benchmark reports as JetStream stores per pipeline: each stream's
+    last sequence number, so a KV key written three times counts three, even with history 1."""
+    with EmbeddedNats(store_dir=str(tmp_path / "nats"), monitor=True) as srv:
+        nc = await nats.connect(srv.url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="S", subjects=["s.>"])
+            kv = await js.create_key_value(bucket="B", history=1)
+            before = await asyncio.to_thread(srv.stream_writes)
+            assert before == {"S": 0, "KV_B": 0}
+            for i in range(2):
+                await js.publish("s.x", str(i).encode())
+            for i in range(3):
+                await kv.put("k", str(i).encode())
+            await kv.delete("k")
+            after = await asyncio.to_thread(srv.stream_writes)
+            assert after == {"S": 2, "KV_B": 4}  # three values and the delete marker
+        finally:
+            await nc.close()
+
+
 def test_traffic_needs_the_monitoring_port(tmp_path: Path) -> None:
     with (
         EmbeddedNats(store_dir=str(tmp_path / "nats")) as srv,
         pytest.raises(NatsServerError, match="monitor"),
     ):
         srv.traffic()
+    with (
+        EmbeddedNats(store_dir=str(tmp_path / "nats2")) as srv,
+        pytest.raises(NatsServerError, match="monitor"),
+    ):
+        srv.stream_writes()
 
 
 def test_the_monitoring_port_is_never_the_client_port(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.booking_stress import Services
-from benchmarks.placement_latency import Phase, host_note, own_cpu_note
+from benchmarks.placement_latency import Phase, host_note, own_cpu_note, stored_note
 
 
 def test_a_watched_process_is_counted_with_the_children(tmp_path: Path) -> None:
@@ -45,4 +45,11 @@ def test_own_cpu_note_counts_only_the_orchestrator_processes() -> None:
     )
     assert own_cpu_note(Phase(latencies_s=[0.01], cpu_s={"sim-agents": 1.0}), 1) == (
         "orchestrator CPU: not measured"
+    )
+
+
+def test_stored_note_gives_each_streams_stores_per_pipeline_busiest_first() -> None:
+    stored = {"MARS_EVENTS": 44.0, "KV_MARS_BOOKINGS": 12.0, "KV_MARS_OWNERS": 0.0}
+    assert stored_note(stored, 2) == (
+        "JetStream stores per pipeline (server's count): 28.0: MARS_EVENTS 22.0, MARS_BOOKINGS 6.0"
     )

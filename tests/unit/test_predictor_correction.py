@@ -59,7 +59,13 @@ def test_history_writes_a_track_when_it_has_grown_or_moved() -> None:
     """A single sample is not written; then writes follow count doublings and shifts of the
     factor, and at stop whatever changed since the last write."""
     from orchestrator.predictor.correction import Track
-    from orchestrator.predictor.history import MIN_SAVE_N, MIN_SAVE_SHIFT, REFRESH_S, due
+    from orchestrator.predictor.history import (
+        MIN_SAVE_N,
+        MIN_SAVE_SHIFT,
+        MIN_SHIFT_GAP_S,
+        REFRESH_S,
+        due,
+    )
 
     assert not due(Track(n=1, log_factor=0.5), None)
     assert not due(Track(n=1, log_factor=0.5), None, final=True)
@@ -67,7 +73,11 @@ def test_history_writes_a_track_when_it_has_grown_or_moved() -> None:
     last = (4, 0.30, 1000.0)
     assert not due(Track(n=7, log_factor=0.30 + MIN_SAVE_SHIFT / 2, updated=1001.0), last)
     assert due(Track(n=8, log_factor=0.30), last)  # doubled
-    assert due(Track(n=5, log_factor=0.30 - 1.01 * MIN_SAVE_SHIFT), last)  # moved
+    moved = 0.30 - 1.01 * MIN_SAVE_SHIFT
+    assert due(Track(n=5, log_factor=moved, updated=1000.0 + MIN_SHIFT_GAP_S), last)
+    # moved as much, but soon after the last write: noisy work moves the factor with every
+    # sample, and is not written at every flush for it
+    assert not due(Track(n=5, log_factor=moved, updated=999.0 + MIN_SHIFT_GAP_S), last)
     assert due(Track(n=5, log_factor=0.30 + MIN_SAVE_SHIFT / 2), last, final=True)
     assert not due(Track(n=4, log_factor=0.30), last, final=True)  # unchanged
     # still in use long after its last write: written again before its KV entry expires
