@@ -101,10 +101,6 @@ def drain(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.cmd.drain"
 
 
-def agent_commands(agent_id: str) -> str:
-    return f"{PREFIX}.agents.{agent_id}.cmd.*"
-
-
 def task_event(pipeline_id: str, task_id: str) -> str:
     return f"{EVENTS}.task.{pipeline_id}.{task_id}"
 
