@@ -596,12 +596,12 @@ class Failover:
         self.give_back_strays(pid, keep=run.devices())
         if not run.terminal:
             await self.replace_lost(run)
-            self.commit_waiting(run)
+            self.commit_and_ask_waiting(run)
             await o.persist(run)
         async with o._changed:
             o._changed.notify_all()
 
-    def commit_waiting(self, run: PipelineRun) -> None:
+    def commit_and_ask_waiting(self, run: PipelineRun) -> None:
         """An owner commits a new plan after its submit reply, by plain messages it confirms
         a second later (docs/protocol.md): one that died in between left tasks accepted and
         never committed, each waiting for this replica's stall watchdog (`stall_s`, 10 s by
