@@ -1064,7 +1064,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             logged(statuses, lambda x: x.startswith("windows gone")),
         ],
         [
-            "tasks whose agent was asked about them (stalled, overdue, adopted: log lines)",
+            "tasks whose agent was asked about them (stalled, overdue, adopted, ...: log lines)",
             logged(statuses, lambda x: ", asked " in x and " about token " in x),
         ],
         ["pipelines with a status", len(statuses)],

@@ -43,8 +43,9 @@ log = logging.getLogger("mars.watchdog")
 
 #: What a job query is about: a started task `overdue`, a `stalled` one (free to start, not
 #: started), one `waiting` for inputs on an agent that lost a stalled one, or one not started
-#: of a pipeline just `adopted` (its dead owner's record names agents, not incarnations).
-AskKind = Literal["overdue", "stalled", "waiting", "adopted"]
+#: of a pipeline just `adopted` (its dead owner's record names agents, not incarnations), or
+#: one left queued, its inputs on their way, when its window was found gone (`unbooked`).
+AskKind = Literal["overdue", "stalled", "waiting", "adopted", "unbooked"]
 
 #: Seconds a task may be free to start without starting.
 STALL_S = 10.0
@@ -246,13 +247,13 @@ class Watchdog:
     async def _ask(self, run: PipelineRun, tid: str, kind: AskKind) -> None:
         """Ask the agent of a task whether it holds the job (`JobQuery`): an `overdue` started
         task whose end was never heard, a `stalled` one, committed and free to start but not
-        started, one `waiting` for inputs on the agent of a stalled one it had lost, or one of
-        a pipeline just `adopted`. What it does about its answer is the agent's (module
-        docstring)."""
+        started, one `waiting` for inputs on the agent of a stalled one it had lost, one of a
+        pipeline just `adopted`, or one `unbooked` (displaced.py). What it does about its
+        answer is the agent's (module docstring)."""
         o = self.o
         tr = run.tasks[tid]
         agent, device, token = tr.agent_id, tr.device_id, tr.token
-        state = "started" if kind == "overdue" else "accepted"  # stalled, waiting, adopted
+        state = "started" if kind == "overdue" else "accepted"  # every other kind
         if o.nc is None or tr.state != state or agent is None or device is None or token < 1:
             return  # (it ended, started, or was placed again since the look that found it)
         q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
@@ -275,7 +276,7 @@ class Watchdog:
         self.job_answers[rep.state] += 1
         if rep.state == "held":  # asked again every few looks while it runs: said once
             seen = (run.pipeline_id, tid, token, "held")
-            if seen in self._reported or kind in ("waiting", "adopted"):  # (as expected)
+            if seen in self._reported or kind in ("waiting", "adopted", "unbooked"):  # (expected)
                 return
             self._reported.add(seen)
         said = {

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.msg import Msg
 
@@ -18,13 +20,20 @@ from edge_agent.core import Job
 from edge_agent.executors import Output
 from orchestrator import procs
 from orchestrator.client import Client
+from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, headers_for
 from schemas.events import TaskEvent, TaskEventState
 from schemas.placement import CommitCommand, JobQuery
 from schemas.rpc import settle
-from tests.harness import EMULATED_CPU, RecordingAgent, agent_config
+from tests.harness import (
+    EMULATED_CPU,
+    RecordingAgent,
+    agent_config,
+    start_cluster,
+    stop_cluster,
+)
 from tests.integration.test_failover import EventTap, adopted_after_kill, configs
 from tests.integration.test_offline import Proxy
 from tests.integration.test_stall import one_agent, run_to_end
@@ -362,3 +371,48 @@ async def test_an_adopter_asks_about_a_started_task_of_the_dead_owner(
         await agent.stop()
         if survivor is not None:
             await survivor.stop()
+
+
+async def test_a_task_left_queued_when_its_window_is_found_gone_is_asked_about(
+    nats_url: str,
+) -> None:
+    """c waits on b for the output of p, which runs on a, when c's window is found gone from
+    b's key with no notice heard (a lease lapsed while the server was away), and b no longer
+    holds c's job (its process restarted in the outage). c cannot move (its input is on its
+    way), so it stays queued; its agent is asked about it at once, says `gone`, and c is
+    placed again before p even ends, not when the stall watchdog (30 s here) finds it
+    (booking_stress seed 513: a 12.7 s pipeline)."""
+    chained = PipelineSpec.model_validate({"name": "q", "tasks": [
+        {"id": "p", "run": {"kind": "synthetic", "seconds": 1.5},
+         "requires": {"pinned_agent": "a"}},
+        {"id": "c", "run": {"kind": "synthetic", "seconds": 0.05}, "deps": ["p"],
+         "requires": {"pinned_agent": "b"}},
+    ]})  # fmt: skip
+    cfg = {"a": agent_config("s", "edge"), "b": agent_config("s", "edge")}
+    # a renewal, and an audit of the windows, every 0.2 s
+    orch, agents = await start_cluster(nats_url, cfg, lease_s=0.6, stall_s=30.0)
+    b = next(x for x in agents if x.agent_id == "b")
+    nc = await nats.connect(nats_url)
+    try:
+        await orch.submit_spec(chained, "q1")
+        run = orch.pipelines["q1"]
+        token = run.tasks["c"].token
+        await orch.wait_for(lambda: run.tasks["p"].state == "started", 5)
+        assert run.tasks["c"].state == "accepted" and run.tasks["c"].agent_id == "b"
+        b.core.jobs.pop(("q1", "c"), None)  # gone with b's process, unseen
+        other = BookingStore(nc.jetstream())
+        await other.start()
+        await other.release(device_key("b", "cpu0"), "q1", time.time(), ["c"])  # nobody told
+        await other.stop()
+        await orch.wait_for(lambda: run.tasks["c"].token > token, 5)
+        assert run.tasks["p"].state == "started"  # placed again while p still runs
+        said = f"c unbooked, asked b about token {token}: holds no such job"
+        assert [x for x in run.placement_log if x.startswith(said)], run.placement_log
+        assert [x for x in run.placement_log if "c already have data in flight" in x]
+        assert orch.watchdog.job_answers == {"gone": 1}
+        done = await orch.wait_terminal("q1", 10)
+        assert done.state == "succeeded"
+        assert [e[1] for e in b.log] == ["c"]  # run once, under its new token
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
