@@ -852,8 +852,11 @@ class Orchestrator:
         pid = run.pipeline_id
         level = logging.INFO if isinstance(why, PlacementFailed) else logging.WARNING
         log.log(level, "placing %s given up (%r): nothing of it kept", pid, why)
-        await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
+        # Out of sight before anything is awaited: a resubmit given to another replica asks
+        # the lease's holder, which answered from this run while it was given up ("placing"),
+        # and its client waited for an end that never came (booking_stress seeds 515, 516)
         self.pipelines.pop(pid, None)
+        await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
         self.failover.give_back_strays(pid, keep=())
         if anew:
             self.failover.let_go(pid)

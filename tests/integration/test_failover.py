@@ -855,6 +855,56 @@ async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_sta
         await stop_cluster(orch, agents)
 
 
+async def test_a_placement_being_given_up_answers_nobody_as_placed(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A placement NATS fails part-way is being given up (its offers' withdrawal slow, the
+    server busy coming back) when its client, unanswered, sends the submit again and another
+    replica gets it: that one must not be told the pipeline is placed. Before, it asked the
+    lease's holder, which answered from the run it was giving up ("placing"), so the client
+    took its submit as answered and waited for an end that never came (booking_stress seeds
+    515, 516: "not terminal 120 s after submit", then `not_found`)."""
+    first, agents = await start_cluster(nats_url, configs(1), name="first")
+    second = Orchestrator(nats_url, name="second")
+    await second.start()
+    giving_up, go_on = asyncio.Event(), asyncio.Event()
+    withdrawn = first.placer.withdrawn
+
+    async def failing_book(key: str, *a: Any, **kw: Any) -> Any:
+        raise nats.errors.TimeoutError  # a JetStream write the server did not answer in time
+
+    async def slow_withdrawal(pid: str) -> None:
+        giving_up.set()
+        await go_on.wait()
+        await withdrawn(pid)
+
+    monkeypatch.setattr(first.store, "book", failing_book)
+    monkeypatch.setattr(first.placer, "withdrawn", slow_withdrawal)
+    spec = chain("given", [0.1])
+    submitted = asyncio.ensure_future(first.submit_spec(spec, "given-1"))
+    try:
+        assert await second.wait_for_agents(1, 10.0) == 1
+        await asyncio.wait_for(giving_up.wait(), 10.0)
+        with pytest.raises(ServiceError) as again:
+            await second.submit_spec(spec, "given-1")
+        assert again.value.code == "conflict" and "being placed by first" in again.value.message
+        with pytest.raises(ServiceError) as status:
+            await second.status_of("given-1")
+        assert status.value.code == "unavailable"
+        go_on.set()
+        with pytest.raises(ServiceError) as first_answer:
+            await submitted
+        assert first_answer.value.code == "unavailable"
+        await assert_placed(second, spec, "given-1")  # its id free again, and placed
+    finally:
+        go_on.set()
+        with contextlib.suppress(BaseException):
+            await submitted
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
+
+
 async def test_an_adoption_cut_short_lets_the_lease_lapse_to_be_adopted_again(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
