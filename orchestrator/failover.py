@@ -183,6 +183,14 @@ class Failover:
             st = await self.o.status(StatusRequest(pipeline_id=pid))
         except ServiceError as exc:
             raise ServiceError("conflict", f"pipeline {pid} is being placed by {owner}") from exc
+        if st.state == "placing":
+            # a submit's answer is a committed plan, and nothing is committed yet: a
+            # placement NATS fails part-way is given up with nothing kept (and published:
+            # nobody was told of it), and a client told "placing" would wait for its end for
+            # ever (booking_stress seeds 515, 516, 518). Asked again, it gets the outcome
+            raise ServiceError(
+                "conflict", f"pipeline {pid} is being placed by {st.owner or owner}; ask again"
+            )
         return SubmitReply(
             pipeline_id=pid,
             state=st.state,

@@ -858,19 +858,25 @@ async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_sta
 async def test_a_placement_being_given_up_answers_nobody_as_placed(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A placement NATS fails part-way is being given up (its offers' withdrawal slow, the
-    server busy coming back) when its client, unanswered, sends the submit again and another
-    replica gets it: that one must not be told the pipeline is placed. Before, it asked the
-    lease's holder, which answered from the run it was giving up ("placing"), so the client
-    took its submit as answered and waited for an end that never came (booking_stress seeds
-    515, 516: "not terminal 120 s after submit", then `not_found`)."""
+    """A placement's booking write hangs, then fails (the server coming back; here one
+    injected into the store's write), and its offers' withdrawal is slow: its client,
+    unanswered, sends the submit again and another replica gets it, while the first is still
+    placing and while it gives up. Neither time may that client be told the pipeline is
+    placed: it is asked to ask again (`conflict`, "being placed by"), and once the first has
+    given up, the id is free and the submit placed. Before, the other replica asked the
+    lease's holder, which answered "placing" from its run, so the client took its submit as
+    answered and waited for an end that never came (booking_stress seeds 515, 516, 518:
+    "not terminal 120 s after submit", then `not_found`)."""
     first, agents = await start_cluster(nats_url, configs(1), name="first")
     second = Orchestrator(nats_url, name="second")
     await second.start()
+    booking, fail_now = asyncio.Event(), asyncio.Event()
     giving_up, go_on = asyncio.Event(), asyncio.Event()
     withdrawn = first.placer.withdrawn
 
-    async def failing_book(key: str, *a: Any, **kw: Any) -> Any:
+    async def hanging_book(key: str, *a: Any, **kw: Any) -> Any:
+        booking.set()
+        await fail_now.wait()
         raise nats.errors.TimeoutError  # a JetStream write the server did not answer in time
 
     async def slow_withdrawal(pid: str) -> None:
@@ -878,16 +884,22 @@ async def test_a_placement_being_given_up_answers_nobody_as_placed(
         await go_on.wait()
         await withdrawn(pid)
 
-    monkeypatch.setattr(first.store, "book", failing_book)
+    async def asked_again() -> None:
+        with pytest.raises(ServiceError) as again:
+            await second.submit_spec(spec, "given-1")
+        assert again.value.code == "conflict" and "being placed by first" in again.value.message
+
+    monkeypatch.setattr(first.store, "book", hanging_book)
     monkeypatch.setattr(first.placer, "withdrawn", slow_withdrawal)
     spec = chain("given", [0.1])
     submitted = asyncio.ensure_future(first.submit_spec(spec, "given-1"))
     try:
         assert await second.wait_for_agents(1, 10.0) == 1
+        await asyncio.wait_for(booking.wait(), 10.0)
+        await asked_again()  # still placing there
+        fail_now.set()
         await asyncio.wait_for(giving_up.wait(), 10.0)
-        with pytest.raises(ServiceError) as again:
-            await second.submit_spec(spec, "given-1")
-        assert again.value.code == "conflict" and "being placed by first" in again.value.message
+        await asked_again()  # being given up there
         with pytest.raises(ServiceError) as status:
             await second.status_of("given-1")
         assert status.value.code == "unavailable"
@@ -897,6 +909,7 @@ async def test_a_placement_being_given_up_answers_nobody_as_placed(
         assert first_answer.value.code == "unavailable"
         await assert_placed(second, spec, "given-1")  # its id free again, and placed
     finally:
+        fail_now.set()
         go_on.set()
         with contextlib.suppress(BaseException):
             await submitted
