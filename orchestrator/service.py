@@ -1073,8 +1073,16 @@ class Orchestrator:
                 continue
             _, _, pid, agent_id, tids, wait_s = heapq.heappop(queue)
             run = self.pipelines.get(pid)
-            if run is None or run.terminal or not self.failover.may_act(pid):
-                continue  # over, or no longer ours to act on (the adopter commits again)
+            if run is None or run.terminal:
+                continue
+            if not self.failover.may_act(pid):
+                if self.failover.holds(pid):
+                    # its lease lapsed here and is still ours (the server away, or JetStream
+                    # slow just after it came back): looked at again, acted on once renewed.
+                    # Dropped, a lost commit waited for the watchdog's stall time
+                    # (booking_stress seed 515: a 17.9 s pipeline)
+                    self._look_later(pid, agent_id, tids, wait_s)
+                continue  # (no longer ours to act on: the adopter commits again)
             if self.events_behind():  # what it knows of the tasks is old: look again later
                 self._look_later(pid, agent_id, tids, wait_s)
                 continue

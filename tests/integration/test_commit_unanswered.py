@@ -19,6 +19,7 @@ from schemas.codec import decode, encoding_of
 from schemas.placement import CommitCommand
 from schemas.rpc import settle
 from tests.harness import RecordingAgent, one_device_agent
+from tests.integration.test_failover import hold_renewals
 
 pytestmark = pytest.mark.integration
 
@@ -127,4 +128,39 @@ async def test_a_lost_commit_of_tasks_still_waiting_is_found_once_they_are_free(
     got = await commits.at_least(3)
     assert sorted(got[:2]) == [("a1", ["x"], False), ("a2", ["y"], False)]
     assert got[2] == ("a2", ["y"], True)
+    assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
+
+
+async def test_a_lost_commit_looked_at_while_the_lease_had_lapsed_is_asked_again_once_renewed(
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The look after t's lost commit comes while the pipeline's lease has lapsed here (the
+    server away, or JetStream slow just after it came back) and is still this replica's: it
+    is looked at again, and once the lease is renewed, the commit is sent again by request.
+    Before, the look was dropped as "not ours to act on", and t waited for the watchdog's
+    stall time (booking_stress seed 515: a 17.9 s pipeline)."""
+    orch, (agent, _), commits = cluster
+    renewing = hold_renewals(orch, monkeypatch)
+    queued, looked_again = asyncio.Event(), asyncio.Event()
+    look_later = orch._look_later
+
+    def noted(pid: str, agent_id: str, tids: tuple[str, ...], wait_s: float) -> None:
+        if pid == "p":  # the commit's look queued, then queued again at the look
+            (looked_again if queued.is_set() else queued).set()
+        look_later(pid, agent_id, tids, wait_s)
+
+    monkeypatch.setattr(orch, "_look_later", noted)
+    dropped = agent.forget_first_commit()
+    await orch.submit_spec(chain(("t", 0.01, "a1")), "p")
+    await asyncio.wait_for(queued.wait(), 5.0)  # the commit is out, its look due
+    orch.failover.leases.held["p"].valid_until = orch.mono()  # what an unrenewed lease comes to
+    assert orch.failover.holds("p") and not orch.failover.may_act("p")
+    await asyncio.wait_for(looked_again.wait(), 5.0)  # the look came while it had lapsed
+    assert orch.commits_resent == 0
+    renewing.set()
+    run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
+    assert run.state == "succeeded", run.reason
+    assert dropped == [["t"]] and orch.commits_resent == 1
+    assert await commits.at_least(2) == [("a1", ["t"], False), ("a1", ["t"], True)]
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
