@@ -64,6 +64,9 @@ WAITING = ("pending", "offered", "accepted")
 #: (the pipeline then fails with the reason).
 STUCK_RETRY_S = 5.0
 STUCK_TIMEOUT_S = 300.0
+#: ... but an agent joining (new, or a new incarnation) is room: every waiting re-placement is
+#: tried again this soon after the first join (a restarting fleet's adverts come within it).
+JOIN_SETTLE_S = 0.2
 
 
 #: What a re-placement re-places, and so how it is retried: the unfinished tasks of agents
@@ -154,8 +157,16 @@ class Recovery:
                 await asyncio.wait_for(self._wake.wait(), wait)
 
     # -- inputs ---------------------------------------------------------------------------------
-    def on_advert(self, adv: AgentAdvert, now: float) -> None:
+    def on_advert(self, adv: AgentAdvert, now: float, joined: bool = False) -> None:
+        """`joined`: the advert brought a new agent or incarnation into the view."""
         self._apply(self.health.join(adv.agent_id, adv.incarnation, adv.heartbeat_interval_s, now))
+        if joined:
+            # room: what waits for some is tried again now, not at its next periodic retry
+            # (a restarted fleet's tasks waited up to STUCK_RETRY_S, and with a server outage
+            # in between, for the stall watchdog: booking_stress seed 515, 12.7 s)
+            soon = now - STUCK_RETRY_S + JOIN_SETTLE_S
+            for st in self._stuck.values():
+                st.tried = min(st.tried, soon)
         self._wake.set()
 
     def is_buried(self, agent_id: str, incarnation: str) -> bool:

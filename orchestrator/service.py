@@ -515,9 +515,10 @@ class Orchestrator:
         if self.recovery.is_buried(adv.agent_id, adv.incarnation):
             return  # an incarnation a newer one replaced (a zombie behind a healed partition)
         self.adaptive.advert(adv)
-        if self.view.on_advert(adv, self._now(), level_of(msg.headers)):
+        joined = self.view.on_advert(adv, self._now(), level_of(msg.headers))
+        if joined:
             log.info("agent %s joined (%s, %s)", adv.agent_id, adv.site, adv.tier)
-        self.recovery.on_advert(adv, self._now())
+        self.recovery.on_advert(adv, self._now(), joined)
         self.cluster_changed.set()
 
     async def _on_heartbeat(self, msg: Msg) -> None:

@@ -289,6 +289,43 @@ async def test_task_the_agent_cancels_itself_is_placed_again(nats_url: str) -> N
         await stop_cluster(orch, agents)
 
 
+async def test_tasks_waiting_for_room_are_placed_as_soon_as_an_agent_joins(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The only agent running a pipeline dies (kill -9; a fleet restarting, no other up):
+    its tasks' re-placement finds no room and waits. An agent joining is room, so the wait
+    is tried again at once, not at its next periodic retry (here a minute away). Before, a
+    restarted fleet's tasks waited up to STUCK_RETRY_S (5 s), and when a server outage came
+    in between, until the stall watchdog (booking_stress seed 515: a 12.7 s pipeline)."""
+    monkeypatch.setattr(recovery, "STUCK_RETRY_S", 60.0)
+    orch = Orchestrator(nats_url, name="orch")
+    await orch.start()
+    proc = start_victim(nats_url, tmp_path, "v1", devices=[device(200.0, 1)])
+    late: RecordingAgent | None = None
+    try:
+        assert await orch.wait_for_agents(1, timeout=30.0) == 1
+        syn = {"kind": "synthetic", "seconds": 2.0, "ref_gflops": 200.0}
+        spec = PipelineSpec.model_validate({"name": "one", "tasks": [{"id": "x", "run": syn}]})
+        await orch.submit_spec(spec, "one")
+        run = orch.pipelines["one"]
+        await orch.wait_for(lambda: run.tasks["x"].state == "started", timeout=10.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        await orch.wait_for(lambda: any("cannot re-place" in x for x in run.placement_log), 10.0)
+        cfg = agent_config("edge", "edge", **SLOW, devices=[device(200.0, 1)])
+        late = RecordingAgent(nats_url, cfg, agent_id="v2", calibrate=False)
+        await late.start()
+        done = await orch.wait_terminal("one", timeout=15.0)  # well before a retry is due
+        assert done.state == "succeeded", done.reason
+        assert done.tasks["x"].agent_id == "v2" and not orch.recovery._stuck
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if late is not None:
+            await late.stop()
+        await orch.stop()
+
+
 async def test_two_dead_agents_tasks_wait_for_room_and_are_placed_when_it_comes(
     nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
