@@ -1099,6 +1099,11 @@ class Orchestrator:
                     COMMIT_CONFIRM_S,
                 )  # fmt: skip
                 self._spawn(self._commit_all(run, waiting))
+                # and whether it holds them at all: a commit for a job it no longer holds (an
+                # offer it gave up uncommitted while the server was away, a process restarted
+                # unseen) starts nothing, and is answered all the same; one it lost is placed
+                # again now, not when the stall watchdog finds it (booking_stress seed 519)
+                self._spawn(self.watchdog.ask_about(run, sorted(waiting), "unstarted"))
             elif waiting:  # not free to start yet: no sign is missing so far
                 self._look_later(pid, agent_id, tuple(sorted(waiting)), min(2 * wait_s, longest))
 

@@ -44,8 +44,9 @@ log = logging.getLogger("mars.watchdog")
 #: What a job query is about: a started task `overdue`, a `stalled` one (free to start, not
 #: started), one `waiting` for inputs on an agent that lost a stalled one, or one not started
 #: of a pipeline just `adopted` (its dead owner's record names agents, not incarnations), or
-#: one left queued, its inputs on their way, when its window was found gone (`unbooked`).
-AskKind = Literal["overdue", "stalled", "waiting", "adopted", "unbooked"]
+#: one left queued, its inputs on their way, when its window was found gone (`unbooked`), or
+#: one free to start and not started at the look after its commit (`unstarted`).
+AskKind = Literal["overdue", "stalled", "waiting", "adopted", "unbooked", "unstarted"]
 
 #: Seconds a task may be free to start without starting.
 STALL_S = 10.0
@@ -227,9 +228,9 @@ class Watchdog:
         return out
 
     async def ask_about(self, run: PipelineRun, tids: list[str], kind: AskKind) -> None:
-        """Ask the agents of these tasks (not overdue: each once per placement) whether they
-        hold their jobs, as many as MAX_ASKS leaves room for; the rest are left to the
-        looks."""
+        """Ask the agents of these tasks (each once per placement, `_ask_agents` says which
+        kinds count) whether they hold their jobs, as many as MAX_ASKS leaves room for; the
+        rest are left to the looks."""
         ask = self._reserve_asks([
             t for t in tids if (run.pipeline_id, t, run.tasks[t].token) not in self._asked
         ])  # fmt: skip
@@ -237,7 +238,11 @@ class Watchdog:
             await self._ask_agents(run, ask, kind)
 
     async def _ask_agents(self, run: PipelineRun, tids: list[str], kind: AskKind) -> None:
-        if kind != "overdue":  # (asked again every few looks while overdue)
+        # once per placement, but not for an early ask on a mere sign (`unbooked`,
+        # `unstarted`, each made once by what saw it): a job held then may be lost later,
+        # and the stall watchdog must still ask then (an overdue task is asked again every
+        # few looks while overdue)
+        if kind not in ("overdue", "unbooked", "unstarted"):
             self._asked.update((run.pipeline_id, t, run.tasks[t].token) for t in tids)
         try:
             await asyncio.gather(*(self._ask(run, t, kind) for t in tids))
@@ -248,8 +253,9 @@ class Watchdog:
         """Ask the agent of a task whether it holds the job (`JobQuery`): an `overdue` started
         task whose end was never heard, a `stalled` one, committed and free to start but not
         started, one `waiting` for inputs on the agent of a stalled one it had lost, one of a
-        pipeline just `adopted`, or one `unbooked` (displaced.py). What it does about its
-        answer is the agent's (module docstring)."""
+        pipeline just `adopted`, one `unbooked` (displaced.py), or one `unstarted` at the look
+        after its commit (`Orchestrator._confirm_loop`). What it does about its answer is the
+        agent's (module docstring)."""
         o = self.o
         tr = run.tasks[tid]
         agent, device, token = tr.agent_id, tr.device_id, tr.token
@@ -276,7 +282,7 @@ class Watchdog:
         self.job_answers[rep.state] += 1
         if rep.state == "held":  # asked again every few looks while it runs: said once
             seen = (run.pipeline_id, tid, token, "held")
-            if seen in self._reported or kind in ("waiting", "adopted", "unbooked"):  # (expected)
+            if seen in self._reported or kind in ("waiting", "adopted", "unbooked", "unstarted"):
                 return
             self._reported.add(seen)
         said = {
@@ -286,7 +292,7 @@ class Watchdog:
         }[rep.state]
         run.note(f"{tid} {kind}, asked {agent} about token {token}: {said}")
         log.warning("pipeline %s: task %s %s; %s %s", run.pipeline_id, tid, kind, agent, said)
-        if rep.state == "gone" and kind == "stalled":
+        if rep.state == "gone" and kind == "stalled":  # (`unstarted` asks about them all)
             # an agent that lost one job of the pipeline (a process restarted unseen) has
             # likely lost the others queued there, waiting for inputs: asked now, not each
             # when it is found stalled in turn (a look and a stall time apart)

@@ -20,6 +20,7 @@ from schemas.placement import CommitCommand
 from schemas.rpc import settle
 from tests.harness import RecordingAgent, one_device_agent
 from tests.integration.test_failover import hold_renewals
+from tests.integration.test_job_query import lose_jobs_at_first_commit
 
 pytestmark = pytest.mark.integration
 
@@ -163,4 +164,27 @@ async def test_a_lost_commit_looked_at_while_the_lease_had_lapsed_is_asked_again
     assert run.state == "succeeded", run.reason
     assert dropped == [["t"]] and orch.commits_resent == 1
     assert await commits.at_least(2) == [("a1", ["t"], False), ("a1", ["t"], True)]
+    assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
+
+
+async def test_a_job_its_agent_lost_is_asked_about_at_the_look_and_placed_again(
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
+) -> None:
+    """t's agent no longer holds its job when the commit comes (an offer it accepted and gave
+    up uncommitted while the server was away, or a process restarted unseen): the commit
+    sent again at the look finds nothing to start, so the agent is asked about the job too;
+    it says `gone`, and t is placed again then, not when the stall watchdog finds it
+    (booking_stress seed 519: a 19.2 s pipeline)."""
+    orch, (agent, _), commits = cluster
+    lost = lose_jobs_at_first_commit(agent)
+    await orch.submit_spec(chain(("t", 0.01, "a1")), "p")
+    run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
+    assert run.state == "succeeded", run.reason
+    assert list(lost) == ["t"] and orch.commits_resent == 1
+    sent = await commits.at_least(2)
+    assert sent[:2] == [("a1", ["t"], False), ("a1", ["t"], True)]  # sent again at the look
+    said = f"t unstarted, asked a1 about token {lost['t']}: holds no such job"
+    assert [x for x in run.placement_log if x.startswith(said)], run.placement_log
+    assert run.tasks["t"].token > lost["t"]  # placed again
+    assert [e[1] for e in agent.log] == ["t"]  # and run once
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
-from orchestrator import procs
+from orchestrator import procs, service
 from orchestrator.client import Client
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.service import Orchestrator
@@ -116,12 +116,16 @@ def lose_jobs_at_first_commit(agent: RecordingAgent) -> dict[str, int]:
     return lost
 
 
-async def test_a_stalled_task_its_agent_lost_is_placed_again_once_asked(nats_url: str) -> None:
+async def test_a_stalled_task_its_agent_lost_is_placed_again_once_asked(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """t's agent no longer holds its job (booking_stress, seed 421: the fleet's process
     restarted while the server was away, then t's owner died; its adopter could not tell).
     The commit sent again for the stalled task finds nothing; asked at the same look, the
     agent reports it cancelled and it is placed again at once, not two looks later as
-    starved."""
+    starved. (The look after the commit, which would find it first, is put off here: this
+    is the watchdog's own ask, for a loss after that look.)"""
+    monkeypatch.setattr(service, "COMMIT_CONFIRM_S", 60.0)
     async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
         lost = lose_jobs_at_first_commit(agent)
         run = await run_to_end(orch, one_task(0.05))
@@ -151,7 +155,7 @@ async def test_a_short_tasks_end_lost_before_the_stream_runs_it_again_a_stall_ti
 
 
 async def test_an_agent_that_lost_a_stalled_job_is_asked_about_the_pipelines_others(
-    nats_url: str,
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """t and u (fed by t) are both on the agent that lost their jobs: asked about stalled t,
     it says `gone`, and is asked at once about u, queued there waiting for t's output: gone
@@ -160,6 +164,7 @@ async def test_an_agent_that_lost_a_stalled_job_is_asked_about_the_pipelines_oth
         {"id": "t", "run": {"kind": "synthetic", "seconds": 0.05}},
         {"id": "u", "run": {"kind": "synthetic", "seconds": 0.05}, "deps": ["t"]},
     ]})  # fmt: skip
+    monkeypatch.setattr(service, "COMMIT_CONFIRM_S", 60.0)  # (as in the test above)
     async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
         lost = lose_jobs_at_first_commit(agent)
         run = await run_to_end(orch, chained)

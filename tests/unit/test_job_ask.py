@@ -100,3 +100,19 @@ async def test_an_agent_that_lost_a_stalled_job_is_asked_about_each_other_task_o
     assert o.watchdog.job_answers == {"gone": len(queued)} and o.watchdog.asking == 0
     await o.watchdog.ask_about(run, queued, "stalled")  # a later replay: all asked already
     assert len(nc.asked) == len(queued) and o.watchdog.asking == 0
+
+
+async def test_an_early_ask_on_a_sign_does_not_use_up_the_stall_watchdogs() -> None:
+    """Asked at the look after its commit (`unstarted`) or when its window was found gone
+    (`unbooked`), a task held then is asked about again when the stall watchdog finds it
+    (its job may be lost in between); the watchdog's own ask is made once per placement."""
+    o, _ = idle_orchestrator(2)
+    run = o.pipelines["p1"]
+    (task,) = run.stalled(NOW, o.watchdog.stall_s)
+    nc = Recorder()
+    o.nc = nc  # type: ignore[assignment]
+    for kind in ("unstarted", "unbooked", "stalled", "stalled"):
+        await o.watchdog.ask_about(run, [task], kind)
+    assert [q.task_id for _, q in nc.asked] == [task] * 3
+    assert o.watchdog.job_answers == {"held": 3} and o.watchdog.asking == 0
+    assert not [x for x in run.placement_log if "unstarted" in x or "unbooked" in x]  # quiet
