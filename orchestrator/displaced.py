@@ -227,8 +227,12 @@ class Displaced:
         if run is None or run.terminal or not self.o.failover.may_act(pid):
             return
         self.evictions_seen += 1
-        run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
         async with self.o.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
+            # noted in the order it is handled: a re-placement holding the lock may have
+            # booked the very window taken (a dead agent's task placed again), and its note
+            # must come first (noted on arrival, the log read as a firm window taken:
+            # booking_stress seed 519)
+            run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
             if run.terminal:
                 return
             # a window left on a key by an earlier placement of a task (one that moved since

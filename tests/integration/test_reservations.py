@@ -482,6 +482,42 @@ async def test_evicting_a_stale_window_leaves_the_task_where_it_is(nats_url: str
         await stop_cluster(orch, agents)
 
 
+async def test_an_eviction_is_noted_after_what_held_the_pipeline_meanwhile(
+    nats_url: str,
+) -> None:
+    """A notice that arrives while a re-placement of the pipeline holds it (a dead agent's
+    task placed again, its new window the one taken) is noted once that re-placement is
+    done, after its note: the log says what happened in the order it was handled. Noted on
+    arrival, it came before the re-placement that booked the window it names, and the log
+    read as a firm window of the task's earlier, started placement taken (booking_stress
+    seed 519, "evicted after" 1)."""
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge")})
+    nc = await nats.connect(nats_url)
+    try:
+        await orch.submit_spec(
+            spec("l", [sleep_task("l", 5.0)], priority=10, preemptible=True), "low"
+        )
+        low = orch.pipelines["low"]
+        notice = EvictNotice(
+            pipeline_id="low", task_ids=["l"], device=device_key("a", "cpu0"), by_pipeline="hi",
+            reason="preempted by higher-priority hi",
+        )  # fmt: skip
+        async with orch.recovery.lock("low"):  # a re-placement under way
+            await nc.publish(subjects.eviction("low"), encode(notice))
+            await settle(nc)
+            assert orch.nc is not None
+            await orch.nc.flush()  # (the notice has reached the orchestrator's connection)
+            await settle(orch.nc)
+            low.note("re-placed l (as a recovery notes it)")
+        await orch.wait_for(lambda: any("evicted from" in x for x in low.placement_log), 5)
+        lines = [x for x in low.placement_log if "evicted from" in x or "as a recovery" in x]
+        assert lines[0] == "re-placed l (as a recovery notes it)", low.placement_log
+        assert lines[1].startswith("evicted from dev.a.cpu0: l")
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
 async def test_a_window_gone_without_a_notice_is_booked_again(nats_url: str) -> None:
     """ "l" waits on a, its window gone from a's key with no notice heard (an eviction sent
     while another replica owned the pipeline, or a lease that lapsed): the owner's audit,
