@@ -55,6 +55,10 @@ OWNER_GRACE_S = 0.5
 ADOPT_HOLD_LEASES = 2.0
 REPLAY_BATCH = 256
 FINISHED_KEPT = 10_000
+#: A new pipeline's spec write that failed is tried again this many times, after waits of
+#: SPEC_RETRY_S, twice that, ..., before its submit is answered `unavailable` instead.
+SPEC_RETRIES = 3
+SPEC_RETRY_S = 0.2
 #: Shortest interval between two progress writes of one pipeline's record.
 PROGRESS_EVERY_S = 0.25
 #: Attempts at writing a pipeline's record before giving up (about a minute of backoff).
@@ -226,6 +230,25 @@ class Failover:
         write = self._spec_writes.pop(pid, None)
         if write is not None:
             await write
+
+    async def spec_written(self, run: PipelineRun) -> bool:
+        """Whether the pipeline's spec is on the bucket, the write `save_spec` began tried
+        again (SPEC_RETRIES times) when it failed: a submit is answered only once it is,
+        or a replica that adopts the pipeline before its first record finds neither spec
+        nor record, frees the id, and the pipeline its client was told is placed is gone."""
+        pid = run.pipeline_id
+        await self.spec_saved(pid)
+        for attempt in range(SPEC_RETRIES):
+            if pid in self._spec_saved:
+                return True
+            await asyncio.sleep(SPEC_RETRY_S * (attempt + 1))  # back off, write again
+            try:
+                await self.runs.save_spec(pid, run.spec)
+            except Exception as exc:
+                log.warning("writing the spec of %s failed again: %r", pid, exc)
+                continue
+            self._spec_written(pid)
+        return pid in self._spec_saved
 
     async def forget_unplaced(self, pid: str) -> None:
         """A new pipeline refused before anything was booked or offered, its id left free:

@@ -817,6 +817,22 @@ class Orchestrator:
             raise ServiceError(
                 "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
             ) from failed
+        if not anew and not await self.failover.spec_written(run):
+            # answered without its spec on the bucket, it could be adopted as never answered
+            # (no spec, no record yet) and its id freed while its client waits for its end
+            # (booking_stress seed 515, a JetStream slow just after a server restart): not
+            # committed, what it booked and was offered goes back, and its client asks again
+            unwritten = ServiceError(
+                "unavailable",
+                f"placing {pid}: its spec could not be written; nothing of it was kept: "
+                "submit it again",
+            )
+            await self.cancel_tasks(
+                run, dict(run.placements), "its spec could not be written",
+                max_token=max((tr.token for tr in run.tasks.values()), default=0),
+            )  # fmt: skip
+            await self._abandon(run, False, unwritten)
+            raise unwritten
         run.committed_at = self._now()
         run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
@@ -826,9 +842,8 @@ class Orchestrator:
         self._spawn(_after_reply(self._commit_all(run, set(run.tasks), unanswered=True)))
         await self._publish_pipeline(run)
         self._spawn(_after_reply(self.persist(run)))  # status falls back to memory meanwhile
-        # its spec is on the bucket before anyone is told of it (begun with the claim, long
-        # written by now): an adopter that finds no record places it anew (`Failover._adopt`)
-        await self.failover.spec_saved(pid)
+        # (its spec is on the bucket before anyone is told of it, above: begun with the claim,
+        # long written by now; an adopter that finds no record places it anew)
         reply = self._submit_reply(run)
         if timing_log.isEnabledFor(logging.DEBUG):
             st = run.step_s

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import nats
 import pytest
 
-from orchestrator import procs, service
+from orchestrator import failover, procs, service
 from orchestrator.client import Client
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipelines import PipelineRun
@@ -851,6 +851,39 @@ async def test_a_placement_that_nats_fails_part_way_keeps_nothing_and_its_id_sta
         assert writes == ["dev.ag0.cpu0"]  # it failed at its booking write, not before
         monkeypatch.setattr(orch.store, "book", book)
         await assert_placed(orch, spec, "partway-1")
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_a_submit_is_answered_only_once_its_spec_is_written(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spec write that begins with the claim fails (JetStream slow just after a server
+    restart; here one injected into the write): it is tried again before the submit is
+    answered. Written then, the pipeline is placed as usual; never written, nothing of it is
+    kept, its offers are withdrawn, and its client is told `unavailable`. Before, it was
+    answered all the same: a replica adopting it before its first record found neither spec
+    nor record, freed its id, and the client waited for an end that never came."""
+    orch, agents = await start_cluster(nats_url, configs(1))
+    save_spec = orch.failover.runs.save_spec
+    failing = [1]  # writes still to fail
+
+    async def flaky_save_spec(pid: str, spec: PipelineSpec) -> None:
+        if failing[0]:
+            failing[0] -= 1
+            raise nats.errors.TimeoutError
+        await save_spec(pid, spec)
+
+    monkeypatch.setattr(orch.failover.runs, "save_spec", flaky_save_spec)
+    try:
+        spec = chain("spec", [0.1])
+        await assert_placed(orch, spec, "spec-1")  # written at its second try
+        assert await orch.failover.runs.spec("spec-1") == spec
+        failing[0] = 1 + failover.SPEC_RETRIES  # never written
+        await assert_refused_and_free(orch, spec, "spec-2", "spec could not be written")
+        assert {e[0] for e in agents[0].log} == {"spec-1"}  # spec-2's tasks never ran
+        assert not [k for k in agents[0].core.jobs if k[0] == "spec-2"]  # withdrawn
+        await assert_placed(orch, spec, "spec-2")  # its id free, and placed once it can be
     finally:
         await stop_cluster(orch, agents)
 
