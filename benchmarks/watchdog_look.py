@@ -73,7 +73,7 @@ def idle_orchestrator(
     committed: list[str] = []
 
     def commit_all(
-        run: PipelineRun, task_ids: set[str], *, unanswered: bool = False
+        run: PipelineRun, task_ids: set[str], *, unanswered: bool = False, look: bool = True
     ) -> Coroutine[Any, Any, None]:
         committed.append(run.pipeline_id)
         return asyncio.sleep(0)

@@ -1007,7 +1007,12 @@ class Orchestrator:
         return asyncio.ensure_future(answers())
 
     async def _commit_all(
-        self, run: PipelineRun, task_ids: set[str], *, unanswered: bool = False
+        self,
+        run: PipelineRun,
+        task_ids: set[str],
+        *,
+        unanswered: bool = False,
+        look: bool = True,
     ) -> None:
         """Tell each agent to start its accepted tasks of `run`; an agent that does not answer
         is asked again (commits are idempotent) while the pipeline lives.
@@ -1015,7 +1020,10 @@ class Orchestrator:
         `unanswered` (a new plan's commits): each agent is told by a plain message, which it
         does not answer, two messages fewer per agent of every plan. The tasks' events say it
         arrived: `_confirm_loop` asks by request, as above, an agent with a task of it free to
-        start for COMMIT_CONFIRM_S and not reported started."""
+        start for COMMIT_CONFIRM_S and not reported started. An answered commit is looked at
+        the same way (`look`; not a commit sent again by a look or the watchdog): an answer
+        says the message came, not that the task will start (a re-placed consumer whose input
+        never came waited for the stall watchdog: booking_stress seed 515)."""
         assert self.nc is not None
         per_agent: dict[str, list[str]] = {}
         for tid in sorted(task_ids):
@@ -1039,6 +1047,8 @@ class Orchestrator:
                         subjects.commit, agent_id, cmd, CommitCommand,
                         timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
                     )  # fmt: skip
+                    if look:
+                        self._look_later(run.pipeline_id, agent_id, tuple(tids), COMMIT_CONFIRM_S)
                     return
                 except Exception as exc:
                     log.warning("commit to %s failed (attempt %d): %s", agent_id, attempt, exc)
@@ -1113,7 +1123,7 @@ class Orchestrator:
                     "started; sending their commit again by request", pid, agent_id,
                     COMMIT_CONFIRM_S,
                 )  # fmt: skip
-                self._spawn(self._commit_all(run, waiting))
+                self._spawn(self._commit_all(run, waiting, look=False))
                 # and whether it holds them at all: a commit for a job it no longer holds (an
                 # offer it gave up uncommitted while the server was away, a process restarted
                 # unseen) starts nothing, and is answered all the same; one it lost is placed

@@ -157,7 +157,7 @@ class Watchdog:
             ):
                 run.note(f"stalled, commit sent again: {', '.join(stalled)}")
             if stalled:
-                o._spawn(o._commit_all(run, set(stalled)))
+                o._spawn(o._commit_all(run, set(stalled), look=False))
                 starved = self._starved(run, stalled, looks)
                 if starved:
                     log.warning(

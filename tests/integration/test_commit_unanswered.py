@@ -188,3 +188,32 @@ async def test_a_job_its_agent_lost_is_asked_about_at_the_look_and_placed_again(
     assert run.tasks["t"].token > lost["t"]  # placed again
     assert [e[1] for e in agent.log] == ["t"]  # and run once
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
+
+
+async def test_a_re_placed_task_its_agent_does_not_start_is_looked_at_too(
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
+) -> None:
+    """x's agent stops while x runs, and x is placed again on the other, whose commit (a
+    request, as every re-placement's is) is answered but acted on by nothing (lost in the
+    agent; in booking_stress seed 515 an input that never came). The look after a commit
+    covers re-placements too: x, free to start and not started, is sent its commit again
+    and runs, long before the watchdog's stall time (before: only a new plan's commits, sent
+    unanswered, were looked at)."""
+    orch, agents, commits = cluster
+    spec = PipelineSpec.model_validate(
+        {"name": "p", "tasks": [{"id": "x", "run": {"kind": "synthetic", "seconds": 2.0}}]}
+    )
+    await orch.submit_spec(spec, "p")
+    run = orch.pipelines["p"]
+    first = next(a for a in agents if a.agent_id == run.tasks["x"].agent_id)
+    other = next(a for a in agents if a is not first)
+    dropped = other.forget_first_commit()
+    await orch.wait_for(lambda: run.tasks["x"].state == "started", 10.0)
+    await first.stop()  # x goes with it: placed again on the other
+    done = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
+    assert done.state == "succeeded", done.reason
+    assert dropped == [["x"]] and orch.commits_resent == 1
+    assert done.tasks["x"].agent_id == other.agent_id
+    asked = [(a, t, req) for a, t, req in await commits.at_least(3) if a == other.agent_id]
+    assert asked == [(other.agent_id, ["x"], True)] * 2  # the re-placement's, and again
+    assert not any("stalled" in line for line in done.placement_log)  # not the watchdog's
