@@ -820,8 +820,8 @@ class Orchestrator:
         if not anew and not await self.failover.spec_written(run):
             # answered without its spec on the bucket, it could be adopted as never answered
             # (no spec, no record yet) and its id freed while its client waits for its end
-            # (booking_stress seed 515, a JetStream slow just after a server restart): not
-            # committed, what it booked and was offered goes back, and its client asks again
+            # (JetStream is slow for a few seconds after a server restart): not committed,
+            # what it booked and was offered goes back, and its client asks again
             unwritten = ServiceError(
                 "unavailable",
                 f"placing {pid}: its spec could not be written; nothing of it was kept: "
