@@ -216,8 +216,8 @@ class Failover:
         pid = run.pipeline_id
         try:
             await self.runs.save_spec(pid, run.spec)
-        except Exception as exc:  # the first record's write tries again
-            log.warning("writing the spec of %s failed (written with its record): %r", pid, exc)
+        except Exception as exc:  # tried again before the submit is answered (`spec_written`)
+            log.warning("writing the spec of %s failed: %r", pid, exc)
             return
         self._spec_written(pid)
 
@@ -242,12 +242,7 @@ class Failover:
             if pid in self._spec_saved:
                 return True
             await asyncio.sleep(SPEC_RETRY_S * (attempt + 1))  # back off, write again
-            try:
-                await self.runs.save_spec(pid, run.spec)
-            except Exception as exc:
-                log.warning("writing the spec of %s failed again: %r", pid, exc)
-                continue
-            self._spec_written(pid)
+            await self._save_spec(run)
         return pid in self._spec_saved
 
     async def forget_unplaced(self, pid: str) -> None:

@@ -47,6 +47,12 @@ log = logging.getLogger("mars.watchdog")
 #: one left queued, its inputs on their way, when its window was found gone (`unbooked`), or
 #: one free to start and not started at the look after its commit (`unstarted`).
 AskKind = Literal["overdue", "stalled", "waiting", "adopted", "unbooked", "unstarted"]
+#: Kinds whose ask is not the once per placement (`_ask_agents`): an overdue task is asked
+#: again every few looks; an early ask on a mere sign (made once by what saw it) must not
+#: keep the stall watchdog from asking later, when a job held then may be lost.
+ASKED_AGAIN: frozenset[AskKind] = frozenset({"overdue", "unbooked", "unstarted"})
+#: Kinds where `held` is the expected answer, not noted in the pipeline's log.
+HELD_EXPECTED: frozenset[AskKind] = frozenset({"waiting", "adopted", "unbooked", "unstarted"})
 
 #: Seconds a task may be free to start without starting.
 STALL_S = 10.0
@@ -238,11 +244,7 @@ class Watchdog:
             await self._ask_agents(run, ask, kind)
 
     async def _ask_agents(self, run: PipelineRun, tids: list[str], kind: AskKind) -> None:
-        # once per placement, but not for an early ask on a mere sign (`unbooked`,
-        # `unstarted`, each made once by what saw it): a job held then may be lost later,
-        # and the stall watchdog must still ask then (an overdue task is asked again every
-        # few looks while overdue)
-        if kind not in ("overdue", "unbooked", "unstarted"):
+        if kind not in ASKED_AGAIN:
             self._asked.update((run.pipeline_id, t, run.tasks[t].token) for t in tids)
         try:
             await asyncio.gather(*(self._ask(run, t, kind) for t in tids))
@@ -282,7 +284,7 @@ class Watchdog:
         self.job_answers[rep.state] += 1
         if rep.state == "held":  # asked again every few looks while it runs: said once
             seen = (run.pipeline_id, tid, token, "held")
-            if seen in self._reported or kind in ("waiting", "adopted", "unbooked", "unstarted"):
+            if seen in self._reported or kind in HELD_EXPECTED:
                 return
             self._reported.add(seen)
         said = {
