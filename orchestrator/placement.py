@@ -160,7 +160,10 @@ class Placer:
                 budget = steps["budget"] = self.budget_s()
                 t_plan = clock()
                 excluded = st.excluded
-                blocks = Blocking(run.pipeline_id, eff, now)
+                # the windows of tasks held where they are stay, and the write would refuse
+                # a plan through them (a producer placed again beside its own booked consumer
+                # lost every round to that window: booking_stress seed 401)
+                blocks = Blocking(run.pipeline_id, eff, now, frozenset(st.fixed))
                 if o.store.full:  # devices whose queue of booked windows is as deep as allowed
                     full = o.store.full_devices(now, room=blocks)
                     st.full.update(full)

@@ -170,12 +170,13 @@ def with_bookings(
     blocks: Blocking,
     now: float,
 ) -> Cluster:
-    """The cluster with other pipelines' live reservations (those `blocks` keeps) as per-slot
+    """The cluster with the live reservations `blocks` keeps (other pipelines', and the
+    planning pipeline's own of tasks it does not place) as per-slot
     busy windows, in seconds relative to `t0` on the booking clock; expired ones are ignored
     (whoever writes the key next drops them). Runs on every plan over every booked window,
     so it reads each key's windows as plain tuples."""
     overlay: dict[int, tuple[tuple[int, float, float], ...]] = {}
-    own = blocks.pipeline_id
+    own, kept = blocks.pipeline_id, blocks.kept
     for i, d in enumerate(cluster.devices):
         cached = bookings.get(device_key_of(d.id))
         if cached is None:
@@ -185,8 +186,8 @@ def with_bookings(
         # duration (released windows are gone; expired ones ignored).
         extra = [
             (slot, s, max(s, max(end, now + (end - start)) - t0))  # never ends before it starts
-            for slot, start, end, expires, pid, pre, prio, sub, evs in cached.rows()
-            if expires > now and slot < d.slots and pid != own
+            for slot, start, end, expires, pid, pre, prio, sub, evs, tid in cached.rows()
+            if expires > now and slot < d.slots and (pid != own or tid in kept)
             and not (pre and blocks.evicts(pre, prio, sub, evs))
             for s in (max(0.0, start - t0),)
         ]  # fmt: skip

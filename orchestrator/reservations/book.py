@@ -24,8 +24,8 @@ AGING_PER_S = 1.0
 EVICTION_POINTS = 100.0
 
 #: A window as plain values, for loops that visit every booked window on every plan:
-#: (slot, start, end, expires, pipeline, preemptible, priority, submitted, evictions).
-Row = tuple[int, float, float, float, str, bool, int, float, int]
+#: (slot, start, end, expires, pipeline, preemptible, priority, submitted, evictions, task).
+Row = tuple[int, float, float, float, str, bool, int, float, int, str]
 
 
 def effective_priority(priority: int, submitted: float, now: float, evictions: int = 0) -> float:
@@ -36,7 +36,7 @@ def rows(book: DeviceBookings) -> tuple[Row, ...]:
     return tuple(
         (
             w.slot, w.start, w.end, w.expires, w.pipeline_id, w.preemptible, w.priority,
-            w.submitted, w.evictions,
+            w.submitted, w.evictions, w.task_id,
         )
         for w in book.windows
     )  # fmt: skip
@@ -46,11 +46,15 @@ def rows(book: DeviceBookings) -> tuple[Row, ...]:
 class Blocking:
     """Which booked windows a plan must work around at `now`: every live one except its own
     pipeline's (`pipeline_id`, replaced when it books again) and those it may evict:
-    preemptible ones of lower effective priority than `eff` (None: it evicts nothing)."""
+    preemptible ones of lower effective priority than `eff` (None: it evicts nothing).
+    `kept`: the pipeline's own tasks this plan does not place (fixed where they are): their
+    windows stay and are in the way, as the write finds them (`add` replaces only the
+    windows of the tasks it books or moves)."""
 
     pipeline_id: str | None = None
     eff: float | None = None
     now: float = 0.0
+    kept: frozenset[str] = frozenset()
 
     def evictable(self, w: BookingWindow) -> bool:
         return self.evicts(w.preemptible, w.priority, w.submitted, w.evictions)
@@ -64,7 +68,8 @@ class Blocking:
 
     def __call__(self, w: BookingWindow) -> bool:
         """Whether `w` is in the way."""
-        return w.pipeline_id != self.pipeline_id and not self.evictable(w)
+        mine = w.pipeline_id == self.pipeline_id and w.task_id not in self.kept
+        return not mine and not self.evictable(w)
 
 
 def overlaps(a: BookingWindow, b: BookingWindow) -> bool:

@@ -381,3 +381,44 @@ async def test_two_dead_agents_tasks_wait_for_room_and_are_placed_when_it_comes(
                 p.kill()
             p.wait(10)
         await orch.stop()
+
+
+async def test_a_producer_placed_again_goes_around_its_own_consumers_window(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """A dead agent's producer is placed again on the device where its consumer is booked
+    and waits for it. The plan must go around that window, as the CAS write does: it keeps
+    the pipeline's own windows of tasks it does not move. Planned through it, every round
+    lost to the pipeline's own window, the placement gave up and waited for the periodic
+    retry (booking_stress seed 401: a 12.2 s pipeline)."""
+    configs = {"s1": agent_config("edge", "edge", **SLOW, devices=[device(100.0, 1)])}
+    orch, agents = await start_cluster(nats_url, configs)
+    proc = start_victim(nats_url, tmp_path, "victim")
+    try:
+        assert await orch.wait_for_agents(2, timeout=30.0) == 2
+        syn = {"kind": "synthetic", "ref_gflops": 100.0, "output_bytes": 1000}
+        spec = PipelineSpec.model_validate({"name": "around", "tasks": [
+            {"id": "p", "run": {**syn, "seconds": 2.0}},  # 1 s on the victim, 2 s on s1
+            {"id": "c", "run": {**syn, "seconds": 0.5}, "deps": ["p"],
+             "requires": {"pinned_agent": "s1"}},
+        ]})  # fmt: skip
+        reply = await orch.submit_spec(spec, pipeline_id="around")
+        run = orch.pipelines[reply.pipeline_id]
+        assert {p.task_id: p.agent_id for p in reply.plan} == {"p": "victim", "c": "s1"}
+        c_key, c_start, c_end = run.windows["c"]
+        await orch.wait_for(lambda: run.tasks["p"].state == "started", timeout=10.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        await orch.wait_for(lambda: run.tasks["p"].agent_id == "s1", timeout=10.0)
+        # p now runs where c waits; its window is clear of c's, which stayed as it was
+        p_key, p_start, p_end = run.windows["p"]
+        assert p_key == c_key and run.windows["c"] == (c_key, c_start, c_end)
+        assert p_start >= c_end - 1e-6 or p_end <= c_start + 1e-6
+        assert run.conflicts == 0, run.placement_log
+        done = await orch.wait_terminal(run.pipeline_id, timeout=20.0)
+        assert done.state == "succeeded", done.reason
+        assert not [line for line in run.placement_log if "conflict" in line]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        await stop_cluster(orch, agents)

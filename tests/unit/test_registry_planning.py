@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.planning import with_bookings
 from orchestrator.registry import ClusterView
+from orchestrator.reservations import book as rules
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import Cached
 from schemas import AgentAdvert, DeviceSpec
@@ -83,6 +84,7 @@ def test_reservations_become_slot_busy_windows() -> None:
         w("overdue", 95.0, 96.0, 999.0, slot=1),  # planned end passed, not released: still busy
         w("dead", 100.0, 200.0, 99.0),  # expired: ignored
         w("mine", 100.0, 150.0, 999.0, pipe="me"),
+        w("held", 120.0, 125.0, 999.0, pipe="me", slot=1),
     ])  # fmt: skip
     out = with_bookings(
         cluster,
@@ -93,6 +95,16 @@ def test_reservations_become_slot_busy_windows() -> None:
     )
     busy = sorted(out.devices[0].slot_busy)
     assert busy == [(0, 10.0, 12.0), (1, 0.0, 1.0)]
+    # a plan that leaves "held" where it is (a re-placement of some other task) goes around
+    # its window: the write keeps it and would refuse anything through it
+    out = with_bookings(
+        cluster,
+        {"dev.a.cpu0": Cached(7, book)},
+        t0=100.0,
+        blocks=Blocking("me", kept=frozenset({"held"})),
+        now=100.0,
+    )
+    assert sorted(out.devices[0].slot_busy) == [(0, 10.0, 12.0), (1, 0.0, 1.0), (1, 20.0, 25.0)]
 
 
 def test_planning_on_an_empty_fleet_says_so() -> None:
@@ -121,11 +133,17 @@ _window = st.tuples(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(_window, max_size=12), st.none() | st.floats(0.0, 40.0), st.floats(95.0, 125.0))
+@given(
+    st.lists(_window, max_size=12),
+    st.none() | st.floats(0.0, 40.0),
+    st.floats(95.0, 125.0),
+    st.frozensets(st.sampled_from([f"t{i}" for i in range(12)])),
+)
 def test_overlay_keeps_exactly_the_windows_in_the_way(
     raw: list[tuple[str, int, float, float, float, bool, int, float]],
     eff: float | None,
     now: float,
+    kept: frozenset[str],
 ) -> None:
     """The overlay (plain tuples, the rule inlined) equals the rule applied window by window."""
     view = ClusterView()
@@ -136,7 +154,7 @@ def test_overlay_keeps_exactly_the_windows_in_the_way(
                       preemptible=pre, priority=prio, submitted=sub)
         for i, (p, k, s, d, x, pre, prio, sub) in enumerate(raw)
     ]  # fmt: skip
-    blocks, t0 = Blocking("me", eff, now), 100.0
+    blocks, t0 = Blocking("me", eff, now, kept), 100.0
     out = with_bookings(
         cluster, {"dev.a.cpu0": Cached(3, DeviceBookings(device="dev.a.cpu0", windows=windows))},
         t0, blocks, now,
@@ -149,6 +167,54 @@ def test_overlay_keeps_exactly_the_windows_in_the_way(
     )  # `now` may be before t0 (a wall clock stepped back): such a window is empty, not bad
     assert sorted(out.devices[0].slot_busy) == want
     cluster.devices[0].with_slot_busy(out.devices[0].slot_busy)  # what the check would pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_window, max_size=12),
+    st.none() | st.floats(0.0, 40.0),
+    st.floats(95.0, 125.0),
+    st.frozensets(st.sampled_from([f"t{i}" for i in range(12)])),
+    st.integers(0, 1),
+    st.floats(0.0, 40.0),
+    st.floats(0.01, 10.0),
+)
+def test_a_window_the_plan_finds_free_is_one_the_write_accepts(
+    raw: list[tuple[str, int, float, float, float, bool, int, float]],
+    eff: float | None,
+    now: float,
+    kept: frozenset[str],
+    slot: int,
+    offset: float,
+    duration: float,
+) -> None:
+    """What planning goes around and what the CAS write refuses agree: a window placed clear
+    of the overlay is booked. The write keeps the pipeline's own windows of tasks it does
+    not move; a plan that ignored them lost round after round to itself (booking_stress
+    seed 401: a producer placed again beside its own booked consumer)."""
+    view = ClusterView()
+    view.on_advert(advert("a"), 0.0)
+    cluster, _ = view.snapshot(0.0)
+    windows = [
+        BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=k, start=s, end=s + d, expires=x,
+                      preemptible=pre, priority=prio, submitted=sub)
+        for i, (p, k, s, d, x, pre, prio, sub) in enumerate(raw)
+    ]  # fmt: skip
+    blocks, t0 = Blocking("me", eff, now, kept), 100.0
+    book = DeviceBookings(device="dev.a.cpu0", windows=windows)
+    out = with_bookings(cluster, {"dev.a.cpu0": Cached(3, book)}, t0, blocks, now)
+    start = max(now, t0) + offset - t0  # plans start no earlier than now
+    end = start + duration
+    busy = [(s, e) for k, s, e in out.devices[0].slot_busy if k == slot]
+    assume(all(end <= s - 1e-3 or e + 1e-3 <= start for s, e in busy))
+    new = BookingWindow(
+        pipeline_id="me", task_id="new", slot=slot, start=t0 + start, end=t0 + end,
+        expires=now + 30.0,
+    )  # fmt: skip
+    mine = {w.task_id for w in windows if w.pipeline_id == "me"}
+    moving = [("me", t) for t in sorted(mine - kept)]  # what the placer hands the write
+    got = rules.add(book, [new], now, blocks.evictable, moving)
+    assert got.ok, got.conflicts
 
 
 def _naive_alive(view: ClusterView, now: float) -> list[str]:
