@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks import booking_stress
 from benchmarks.common import counts
-from benchmarks.placement_latency import by_kind, paced_name, paced_rates
+from benchmarks.placement_latency import against_goal, by_kind, paced_name, paced_rates
 
 
 @pytest.mark.parametrize(
@@ -74,3 +74,10 @@ def test_the_stress_refuses_a_negative_cancel_interval(capsys: pytest.CaptureFix
         booking_stress.main(["--cancel-every", "-1"])
     assert exit_.value.code == 2
     assert "--cancel-every must be >= 0" in capsys.readouterr().err
+
+
+def test_each_phase_says_whether_its_p99_met_the_goal() -> None:
+    assert against_goal(8.9) == ("met", "10.0x")
+    assert against_goal(10.0) == ("met", "8.9x")  # at the goal is meeting it
+    assert against_goal(14.9) == ("missed, 1.49x", "6.0x")
+    assert against_goal(float("nan")) == ("-", "-")  # a phase with no timed submission
