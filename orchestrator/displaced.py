@@ -36,6 +36,8 @@ SLICE_TASKS = 2000
 #: How long an eviction notice waits to read its key (under the pipeline's recovery lock)
 #: before it is trusted as it is.
 READ_S = 0.5
+#: Notices parked while leases lapsed (`park`), at most, over all pipelines.
+MAX_PARKED = 4096
 
 
 N = TypeVar("N", EvictNotice, InputGone)
@@ -77,6 +79,10 @@ class Displaced:
         self.windows_lost = 0
         #: Started tasks' windows made non-preemptible (`hold_started`).
         self.windows_held = 0
+        #: Notices that came while the pipeline's lease had lapsed here, still this
+        #: replica's, per pipeline, in arrival order (`park`, `resume`); how many in all.
+        self._parked: dict[str, list[EvictNotice | InputGone]] = {}
+        self.parked = 0
 
     async def producer_ended(self, run: PipelineRun, task_id: str) -> None:
         """A report that waited for this producer's end (`early`) is acted on now."""
@@ -217,14 +223,48 @@ class Displaced:
             )
             await self.o.nc.publish(subjects.eviction(pid), encode(note))
 
+    def park(self, note: EvictNotice | InputGone) -> bool:
+        """Keep a notice for a pipeline whose lease has lapsed here and is still this
+        replica's (the server away, or JetStream slow just after it came back) until the lease
+        is renewed (`resume`). Dropped, a taken window waited for two window audits after
+        the renewal, and a gone input for the stall watchdog. Whether it was parked."""
+        pid = note.pipeline_id
+        if not self.o.failover.holds(pid) or self.o.failover.may_act(pid):
+            return False
+        if self.parked >= MAX_PARKED:  # those of pipelines lost or ended meanwhile go first
+            for other in [p for p in self._parked if not self.o.failover.holds(p)]:
+                self.parked -= len(self._parked.pop(other))
+            if self.parked >= MAX_PARKED:
+                return False
+        self._parked.setdefault(pid, []).append(note)
+        self.parked += 1
+        return True
+
+    def drop_parked(self, pid: str) -> None:
+        self.parked -= len(self._parked.pop(pid, ()))
+
+    async def resume(self, pid: str) -> None:
+        """Act on what was parked for `pid`, its lease renewed; each handler checks again
+        whether the notice still holds (the key is read, tokens compared)."""
+        notes = self._parked.pop(pid, [])
+        self.parked -= len(notes)
+        for note in notes:
+            if isinstance(note, EvictNotice):
+                await self.evicted(note)
+            else:
+                await self.input_gone(note)
+
     async def on_evict(self, msg: Msg) -> None:
         note = _notice(msg, EvictNotice, subjects.eviction)
         if note is None:
             return
         self.o.adaptive.evicted(note)
+        await self.evicted(note)
+
+    async def evicted(self, note: EvictNotice) -> None:
         pid = note.pipeline_id
         run = self.o.pipelines.get(pid)
-        if run is None or run.terminal or not self.o.failover.may_act(pid):
+        if run is None or run.terminal or self.park(note) or not self.o.failover.may_act(pid):
             return
         self.evictions_seen += 1
         async with self.o.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
@@ -349,7 +389,9 @@ class Displaced:
 
     async def input_gone(self, note: InputGone) -> None:
         run = self.o.pipelines.get(note.pipeline_id)
-        if run is None or run.terminal or not self.o.failover.may_act(run.pipeline_id):
+        if run is None or run.terminal or self.park(note):
+            return
+        if not self.o.failover.may_act(run.pipeline_id):
             return
         i = run.index.get(note.consumer)
         if i is None or note.producer not in run.spec.tasks[i].deps:

@@ -415,6 +415,7 @@ class Failover:
         """Another replica owns this pipeline now: forget it here, act on it no more."""
         self.lost += 1
         self.let_go(pid)
+        self.o.displaced.drop_parked(pid)  # its new owner hears of what comes from now on
         run = self.o.pipelines.pop(pid, None)
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:
@@ -550,6 +551,7 @@ class Failover:
             if n:
                 run.note(f"caught up on {n} task events from the stream after a reconnect")
         await self.o.persist(run)
+        await self.o.displaced.resume(pid)  # notices that came while the lease had lapsed
 
     async def adopt(self, pid: str, lease: Any, revision: int) -> None:
         try:

@@ -27,6 +27,7 @@ from schemas.codec import encode
 from schemas.events import TaskEvent
 from schemas.placement import EvictNotice, InputGone, OfferReply, TaskOffer
 from tests.harness import RecordingAgent, agent_config, stop_cluster
+from tests.integration.test_failover import hold_renewals
 
 pytestmark = pytest.mark.integration
 
@@ -308,6 +309,46 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     await orch.submit_spec(t_then_u(), "p2")
     assert (await orch.wait_terminal("p2", 10.0)).state == "succeeded"
     assert orch.displaced.inputs_regrown == 0
+
+
+async def test_a_report_heard_while_the_lease_had_lapsed_is_acted_on_once_renewed(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A true report comes while the pipeline's lease has lapsed here and is still this
+    replica's: kept, not acted on, and acted on once the lease is renewed (here: t's end is
+    still to come, so it waits for it). Before, it was dropped, and u waited for the stall
+    watchdog."""
+    orch, agents = cluster
+    renewing = hold_renewals(orch, monkeypatch)
+    try:
+        await orch.submit_spec(t_then_u(), "p")
+        run = orch.pipelines["p"]
+        u = run.tasks["u"]
+        assert u.agent_id == "b"
+        true = InputGone(pipeline_id="p", consumer="u", token=u.token, agent_id="b",
+                         producer="t", producer_agent="a")  # fmt: skip
+        orch.failover.leases.held["p"].valid_until = orch.mono()  # an unrenewed lease's lot
+        nc = orch.nc
+        assert nc is not None
+        await orch.displaced.on_input_gone(Msg(nc, subjects.input_gone("p"), data=encode(true)))
+        assert orch.displaced.parked == 1 and not orch.displaced.early  # kept, not acted on
+        acted = asyncio.Event()
+        resume = orch.displaced.resume
+
+        async def resumed(pid: str) -> None:
+            await resume(pid)
+            if pid == "p":
+                acted.set()
+
+        monkeypatch.setattr(orch.displaced, "resume", resumed)
+        renewing.set()
+        await asyncio.wait_for(acted.wait(), 10.0)
+        assert orch.failover.may_act("p") and orch.displaced.parked == 0
+        assert orch.displaced.early == {("p", "t"): (true, run.tasks["t"].token)}
+    finally:
+        renewing.set()
+        agents["a"].gates["t"].set()
+    assert (await orch.wait_terminal("p", 10.0)).state == "succeeded"
 
 
 async def test_an_evicted_consumer_stays_on_its_device(cluster: Cluster) -> None:

@@ -25,9 +25,10 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encode
-from schemas.placement import EvictNotice
+from schemas.placement import EvictNotice, InputGone
 from schemas.rpc import ServiceError, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
+from tests.integration.test_failover import hold_renewals
 
 pytestmark = pytest.mark.integration
 
@@ -360,6 +361,48 @@ async def test_an_evicted_task_takes_what_waits_for_it_along(nats_url: str) -> N
         runs = {x: await orch.wait_terminal(x, 15) for x in ("busy", "low", "high")}
         assert all(r.state == "succeeded" for r in runs.values())
     finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_an_eviction_heard_while_the_lease_had_lapsed_is_acted_on_once_renewed(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notice that "h" took p's window comes while low's ownership lease has lapsed here
+    (the server away, or JetStream slow just after it came back) and is still this replica's:
+    it is kept, and acted on once the lease is renewed. Before, it was dropped as "not ours to
+    act on", and p waited without a window for two window audits (10 s at the default lease)."""
+    orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", cpu_slots=1)})
+    renewing = hold_renewals(orch, monkeypatch)
+    parked = asyncio.Event()
+    park = orch.displaced.park
+
+    def parking(note: EvictNotice | InputGone) -> bool:
+        kept = park(note)
+        if kept and note.pipeline_id == "low":
+            parked.set()
+        return kept
+
+    monkeypatch.setattr(orch.displaced, "park", parking)
+    try:
+        await orch.submit_spec(spec("r", [sleep_task("r", 3.0)]), "busy")  # p, c queue behind
+        low = spec("l", [sleep_task("p", 0.3), sleep_task("c", 0.3, deps=["p"])],
+                   priority=10, preemptible=True)  # fmt: skip
+        await orch.submit_spec(low, "low")
+        run = orch.pipelines["low"]
+        orch.failover.leases.held["low"].valid_until = orch.mono()  # an unrenewed lease's lot
+        assert orch.failover.holds("low") and not orch.failover.may_act("low")
+        await orch.submit_spec(spec("h", [sleep_task("h", 0.2)], priority=500), "high")
+        await asyncio.wait_for(parked.wait(), 5.0)
+        assert not any("evicted" in x for x in run.placement_log)  # not acted on yet
+        assert orch.displaced.parked == 1
+        renewing.set()
+        moved = "re-placed after eviction: p; c booked again after"
+        await orch.wait_for(lambda: moved in run.placement_log, 5.0)
+        assert orch.displaced.parked == 0 and orch.displaced.windows_lost == 0  # not the audit's
+        runs = {x: await orch.wait_terminal(x, 15) for x in ("busy", "low", "high")}
+        assert all(r.state == "succeeded" for r in runs.values())
+    finally:
+        renewing.set()
         await stop_cluster(orch, agents)
 
 
