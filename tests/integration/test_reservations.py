@@ -370,7 +370,7 @@ async def test_an_eviction_heard_while_the_lease_had_lapsed_is_acted_on_once_ren
     """The notice that "h" took p's window comes while low's ownership lease has lapsed here
     (the server away, or JetStream slow just after it came back) and is still this replica's:
     it is kept, and acted on once the lease is renewed. Before, it was dropped as "not ours to
-    act on", and p waited without a window for two window audits (10 s at the default lease)."""
+    act on", and p waited without a window for two window audits (5-10 s at the default lease)."""
     orch, agents = await start_cluster(nats_url, {"b": agent_config("s", "edge", cpu_slots=1)})
     renewing = hold_renewals(orch, monkeypatch)
     parked = asyncio.Event()
