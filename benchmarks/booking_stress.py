@@ -110,8 +110,12 @@ KILL_SUBMIT_TIMEOUT_S = 5.0
 FAULT_SERVER, FAULT_KILL, FAULT_AGENTS = "server", "kill", "agents"
 MAX_RESUBMITS = 40
 RESUBMIT_PAUSE_S = 0.5
-#: With a failure injected, a pipeline whose end was not heard is asked after this long.
-STATUS_POLL_S = 5.0
+#: With a failure injected, a pipeline whose end was not heard is asked after this long, and
+#: again as often (as `Client.wait` does): an end published while this client was still
+#: reconnecting after a server restart (2 s apart) is not heard. At 5 s, up to 5 s of that
+#: wait was the client's, and the slowest pipelines of a server-restart run read ~10 s where
+#: their owner had them done in ~6.
+STATUS_POLL_S = 1.0
 #: After the load, how long every booked window may stay live: the booking lease (windows of
 #: a dead replica's pipelines that nobody adopted expire) and some.
 UNBOOKED_WITHIN_S = LEASE_S + 5.0
@@ -505,7 +509,7 @@ async def run_load(
             out.resubmits += 1
 
     async def ended(pid: str, fut: asyncio.Future[PipelineEvent]) -> None:
-        """Its terminal event; with `resubmit`, also its status asked every few seconds
+        """Its terminal event; with `resubmit`, also its status asked every STATUS_POLL_S
         without one (an event published while the server restarted is not kept)."""
         if not resubmit:
             await asyncio.wait_for(fut, TERMINAL_TIMEOUT_S)
