@@ -266,6 +266,18 @@ async def test_a_producer_heard_ending_during_the_move_stays_ended(
     assert done.tasks["t"].state == "succeeded"
 
 
+async def placed_with_true_report(orch: Orchestrator) -> tuple[PipelineRun, InputGone]:
+    """Pipeline "p" placed (t on a, still to run; u waiting on b), and the report b would
+    send if t's output were gone."""
+    await orch.submit_spec(t_then_u(), "p")
+    run = orch.pipelines["p"]
+    u = run.tasks["u"]
+    assert u.agent_id == "b"
+    true = InputGone(pipeline_id="p", consumer="u", token=u.token, agent_id="b",
+                     producer="t", producer_agent="a")  # fmt: skip
+    return run, true
+
+
 async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None:
     """A report about another placement of the consumer, a producer run elsewhere, a task
     that is no consumer of it, another pipeline (named, or the subject it came on), or bytes
@@ -274,12 +286,8 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     heard waits for it, and is forgotten with its pipeline. (The handler is called as the
     subscription calls it, so each report is handled when the call returns.)"""
     orch, agents = cluster
-    await orch.submit_spec(t_then_u(), "p")
-    run = orch.pipelines["p"]
+    run, true = await placed_with_true_report(orch)
     u = run.tasks["u"]
-    assert u.agent_id == "b"
-    true = InputGone(pipeline_id="p", consumer="u", token=u.token, agent_id="b",
-                     producer="t", producer_agent="a")  # fmt: skip
     wrong = [
         true.model_copy(update={"token": u.token + 1}),
         true.model_copy(update={"agent_id": "c"}),
@@ -321,12 +329,7 @@ async def test_a_report_heard_while_the_lease_had_lapsed_is_acted_on_once_renewe
     orch, agents = cluster
     renewing = hold_renewals(orch, monkeypatch)
     try:
-        await orch.submit_spec(t_then_u(), "p")
-        run = orch.pipelines["p"]
-        u = run.tasks["u"]
-        assert u.agent_id == "b"
-        true = InputGone(pipeline_id="p", consumer="u", token=u.token, agent_id="b",
-                         producer="t", producer_agent="a")  # fmt: skip
+        run, true = await placed_with_true_report(orch)
         orch.failover.leases.held["p"].valid_until = orch.mono()  # an unrenewed lease's lot
         nc = orch.nc
         assert nc is not None

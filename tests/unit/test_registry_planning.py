@@ -11,6 +11,7 @@ from orchestrator.registry import ClusterView
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import Cached
+from orchestrator.scheduling.model import Cluster
 from schemas import AgentAdvert, DeviceSpec
 from schemas.bookings import BookingWindow, DeviceBookings
 
@@ -132,20 +133,11 @@ _window = st.tuples(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(_window, max_size=12),
-    st.none() | st.floats(0.0, 40.0),
-    st.floats(95.0, 125.0),
-    st.frozensets(st.sampled_from([f"t{i}" for i in range(12)])),
-)
-def test_overlay_keeps_exactly_the_windows_in_the_way(
-    raw: list[tuple[str, int, float, float, float, bool, int, float]],
-    eff: float | None,
-    now: float,
-    kept: frozenset[str],
-) -> None:
-    """The overlay (plain tuples, the rule inlined) equals the rule applied window by window."""
+_Raw = tuple[str, int, float, float, float, bool, int, float]
+
+
+def _one_device_booked(raw: list[_Raw]) -> tuple[Cluster, list[BookingWindow]]:
+    """A one-device cluster ("a:cpu0", 2 slots) and the windows `raw` draws for it."""
     view = ClusterView()
     view.on_advert(advert("a"), 0.0)
     cluster, _ = view.snapshot(0.0)
@@ -154,6 +146,24 @@ def test_overlay_keeps_exactly_the_windows_in_the_way(
                       preemptible=pre, priority=prio, submitted=sub)
         for i, (p, k, s, d, x, pre, prio, sub) in enumerate(raw)
     ]  # fmt: skip
+    return cluster, windows
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(_window, max_size=12),
+    st.none() | st.floats(0.0, 40.0),
+    st.floats(95.0, 125.0),
+    st.frozensets(st.sampled_from([f"t{i}" for i in range(12)])),
+)
+def test_overlay_keeps_exactly_the_windows_in_the_way(
+    raw: list[_Raw],
+    eff: float | None,
+    now: float,
+    kept: frozenset[str],
+) -> None:
+    """The overlay (plain tuples, the rule inlined) equals the rule applied window by window."""
+    cluster, windows = _one_device_booked(raw)
     blocks, t0 = Blocking("me", eff, now, kept), 100.0
     out = with_bookings(
         cluster, {"dev.a.cpu0": Cached(3, DeviceBookings(device="dev.a.cpu0", windows=windows))},
@@ -180,7 +190,7 @@ def test_overlay_keeps_exactly_the_windows_in_the_way(
     st.floats(0.01, 10.0),
 )
 def test_a_window_the_plan_finds_free_is_one_the_write_accepts(
-    raw: list[tuple[str, int, float, float, float, bool, int, float]],
+    raw: list[_Raw],
     eff: float | None,
     now: float,
     kept: frozenset[str],
@@ -192,14 +202,7 @@ def test_a_window_the_plan_finds_free_is_one_the_write_accepts(
     of the overlay is booked. The write keeps the pipeline's own windows of tasks it does
     not move; a plan that ignored them lost round after round to itself (booking_stress
     seed 401: a producer placed again beside its own booked consumer)."""
-    view = ClusterView()
-    view.on_advert(advert("a"), 0.0)
-    cluster, _ = view.snapshot(0.0)
-    windows = [
-        BookingWindow(pipeline_id=p, task_id=f"t{i}", slot=k, start=s, end=s + d, expires=x,
-                      preemptible=pre, priority=prio, submitted=sub)
-        for i, (p, k, s, d, x, pre, prio, sub) in enumerate(raw)
-    ]  # fmt: skip
+    cluster, windows = _one_device_booked(raw)
     blocks, t0 = Blocking("me", eff, now, kept), 100.0
     book = DeviceBookings(device="dev.a.cpu0", windows=windows)
     out = with_bookings(cluster, {"dev.a.cpu0": Cached(3, book)}, t0, blocks, now)
