@@ -226,8 +226,9 @@ class Displaced:
     def park(self, note: EvictNotice | InputGone) -> bool:
         """Keep a notice for a pipeline whose lease has lapsed here and is still this
         replica's (the server away, or JetStream slow just after it came back) until the lease
-        is renewed (`resume`). Dropped, a taken window waited for two window audits after
-        the renewal, and a gone input for the stall watchdog. Whether it was parked."""
+        is renewed (`resume`); returns whether it was kept. (Dropped instead, a taken window
+        waited for two window audits after the renewal, a gone input for the stall
+        watchdog.) The pipeline's end or loss drops what is kept (`drop_parked`)."""
         pid = note.pipeline_id
         if not self.o.failover.holds(pid) or self.o.failover.may_act(pid):
             return False
@@ -388,10 +389,9 @@ class Displaced:
             await self.input_gone(note)
 
     async def input_gone(self, note: InputGone) -> None:
-        run = self.o.pipelines.get(note.pipeline_id)
-        if run is None or run.terminal or self.park(note):
-            return
-        if not self.o.failover.may_act(run.pipeline_id):
+        pid = note.pipeline_id
+        run = self.o.pipelines.get(pid)
+        if run is None or run.terminal or self.park(note) or not self.o.failover.may_act(pid):
             return
         i = run.index.get(note.consumer)
         if i is None or note.producer not in run.spec.tasks[i].deps:

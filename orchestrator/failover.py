@@ -410,12 +410,13 @@ class Failover:
         for d in (self._want, self._done, self._rev, self._seq, self._adoptions, self._written):
             d.pop(pid, None)
         self._spec_saved.discard(pid)
+        # notices kept while its lease had lapsed: ended, or its new owner hears what comes
+        self.o.displaced.drop_parked(pid)
 
     def _lose(self, pid: str, why: str) -> None:
         """Another replica owns this pipeline now: forget it here, act on it no more."""
         self.lost += 1
         self.let_go(pid)
-        self.o.displaced.drop_parked(pid)  # its new owner hears of what comes from now on
         run = self.o.pipelines.pop(pid, None)
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:

@@ -354,6 +354,27 @@ async def test_a_report_heard_while_the_lease_had_lapsed_is_acted_on_once_renewe
     assert (await orch.wait_terminal("p", 10.0)).state == "succeeded"
 
 
+async def test_reports_kept_while_the_lease_had_lapsed_go_with_the_pipeline(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report kept while the lease had lapsed is dropped when the pipeline is lost to
+    another replica (its new owner hears what comes next; its audit and watchdog find the
+    rest): nothing is kept for a pipeline this replica no longer drives."""
+    orch, agents = cluster
+    hold_renewals(orch, monkeypatch)
+    try:
+        run, true = await placed_with_true_report(orch)
+        orch.failover.leases.held["p"].valid_until = orch.mono()  # an unrenewed lease's lot
+        await orch.displaced.input_gone(true)
+        assert orch.displaced.parked == 1
+        orch.failover._lose("p", "adopted elsewhere (test)")
+        assert orch.displaced.parked == 0 and "p" not in orch.pipelines
+        await orch.displaced.resume("p")  # a renewal racing the loss acts on nothing
+        assert not orch.displaced.early and not any("is gone" in x for x in run.placement_log)
+    finally:
+        agents["a"].gates["t"].set()
+
+
 async def test_an_evicted_consumer_stays_on_its_device(cluster: Cluster) -> None:
     """u (to wait for t's output on b) is evicted by a higher-priority task on b before t
     ends. c would finish u sooner, but t, whose end this replica may not have heard, may
