@@ -120,6 +120,7 @@ STATUS_POLL_S = 1.0
 #: a dead replica's pipelines that nobody adopted expire) and some.
 UNBOOKED_WITHIN_S = LEASE_S + 5.0
 UNSETTLED = "terminal event seen, but status never settled"
+NOT_TERMINAL = "not terminal"
 #: How long a replica's persisted copy of a pipeline may lag its terminal event.
 STATUS_SETTLE_S = 10.0
 
@@ -376,6 +377,8 @@ class Outcome:
     resubmits: int = 0
     #: Its status asked once more after the load, had it not settled (what it came to).
     later: str = ""
+    #: That status, whatever its state (a pipeline that never ended: its own account).
+    later_status: StatusReply | None = None
     #: With `--cancel-every`: what its cancel was answered (a state, or `refused <code>`).
     cancel: str = ""
 
@@ -458,7 +461,7 @@ async def run_load(
             out.done_s = time.perf_counter() - t0
         except TimeoutError:
             terminals.forget(pid)
-            out.reason = out.reason or f"not terminal {TERMINAL_TIMEOUT_S:.0f} s after submit"
+            out.reason = out.reason or f"{NOT_TERMINAL} {TERMINAL_TIMEOUT_S:.0f} s after submit"
         st = await settled_status(client, pid)
         out.status = st
         if st is not None:
@@ -804,6 +807,8 @@ async def drive(
         result.unbooked_s, result.left_live = await wait_unbooked(client, UNBOOKED_WITHIN_S)
         services.check()
         for o in result.outcomes:  # what a status that never settled came to
+            if o.status is None and o.reason.startswith(NOT_TERMINAL):
+                o.later, o.later_status = await status_later(client, o.pipeline_id)
             if o.status is None and o.reason.startswith(UNSETTLED):
                 o.later, st = await status_later(client, o.pipeline_id)
                 if injected and st is not None and st.state in TERMINAL_STATES:
@@ -1119,9 +1124,15 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             print(f"          e.g. {example.pipeline_id}: {example.reason[:300]}")
             if example.later:
                 print(f"          {example.later}")
-            if example.status is not None and example.status.placement_log:
-                print("          its placement log (last 6 lines):")
-                for line in example.status.placement_log[-6:]:
+            st = example.status or example.later_status
+            if st is not None and st.placement_log:
+                # one that never ended: its whole recent account (the bug is in it)
+                n = 6 if example.status is not None else 30
+                if example.status is None:
+                    tasks = ", ".join(f"{t.task_id} {t.state}@{t.agent_id}" for t in st.tasks)
+                    print(f"          its tasks: {tasks}")
+                print(f"          its placement log (last {n} lines):")
+                for line in st.placement_log[-n:]:
                     print(f"            {line[:300]}")
     slowest = max((o for o in outs if o.done_s == o.done_s), key=lambda o: o.done_s, default=None)
     if slowest is not None and slowest.done_s > SLOW_S:

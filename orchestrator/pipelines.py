@@ -165,9 +165,18 @@ class PipelineRun:
         before = self.state
         if ev.state == "failed":
             self.finish("failed", f"task {ev.task_id} failed on {ev.agent_id}: {ev.error}", now)
-        elif all(tr.state == "succeeded" for tr in self.tasks.values()):
-            self.finish("succeeded", "", now)
+        else:
+            self.settle(now)
         return self.state if self.state != before else None
+
+    def settle(self, now: float) -> bool:
+        """End the pipeline as succeeded if every task has: `apply`'s rule, also for task
+        states put back outside it (a re-placement that failed restores what it took, and
+        the last of the others may have ended meanwhile). True if it ended here."""
+        if self.terminal or not all(tr.state == "succeeded" for tr in self.tasks.values()):
+            return False
+        self.finish("succeeded", "", now)
+        return True
 
     def stalled(self, now: float, after_s: float, only: Collection[str] | None = None) -> list[str]:
         """Tasks committed and free to start (every input's producer succeeded, and their

@@ -444,6 +444,14 @@ class Recovery:
                 for t, (state, agent, token) in saved.items():
                     tr = run.tasks[t]
                     tr.state, tr.agent_id, tr.token = state, agent, token
+                if run.settle(self.o.mono()):
+                    # a finished producer it was to run again, and what waited for it ended
+                    # meanwhile (its input had reached it): nothing is left to run. Put back
+                    # as succeeded, no event would end the pipeline any more (booking_stress
+                    # seeds 602/604: every task succeeded, the pipeline running for good)
+                    run.note(f"{why}: every task has succeeded meanwhile; nothing to re-run")
+                    await self.o._finished(run)
+                    await self.o._publish_pipeline(run)
                 if run.terminal:  # it ended meanwhile (the placer gave back what it booked)
                     self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
                     return

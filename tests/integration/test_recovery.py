@@ -422,3 +422,69 @@ async def test_a_producer_placed_again_goes_around_its_own_consumers_window(
             proc.kill()
         proc.wait(10)
         await stop_cluster(orch, agents)
+
+
+async def test_a_re_run_that_fails_after_its_consumer_ended_ends_the_pipeline(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead agent's finished producer is to run again for its consumer, which waits on a
+    live agent; the re-run finds no room (it is pinned to the dead agent), and while it is
+    tried the consumer, whose input had reached it before the death, ends. The failed
+    re-placement puts the producer back as succeeded, so every task has: the pipeline must
+    end as succeeded. It stayed running for good, every task succeeded (booking_stress seeds
+    602/604 with the fleet restarted, its outputs still on disk)."""
+    configs = {
+        "s1": agent_config(
+            "edge", "edge", **SLOW, devices=[device(100.0, 1)], started_event_after_s=60.0
+        )
+    }
+    orch, agents = await start_cluster(nats_url, configs)
+    s1 = agents[0]
+    entered, gate = asyncio.Event(), asyncio.Event()
+    run_task = s1._run
+
+    async def gated(job: Any) -> Any:
+        if job.offer.task.id == "c":  # c has its input: it waits here until the test says
+            entered.set()
+            await gate.wait()
+        return await run_task(job)
+
+    monkeypatch.setattr(s1, "_run", gated)
+    proc = start_victim(nats_url, tmp_path, "victim")
+    try:
+        assert await orch.wait_for_agents(2, timeout=30.0) == 2
+        syn = {"kind": "synthetic", "ref_gflops": 100.0, "output_bytes": 1000, "seconds": 0.05}
+        spec = PipelineSpec.model_validate({"name": "ended", "tasks": [
+            {"id": "p", "run": syn, "requires": {"pinned_agent": "victim"}},
+            {"id": "c", "run": syn, "deps": ["p"], "requires": {"pinned_agent": "s1"}},
+        ]})  # fmt: skip
+        reply = await orch.submit_spec(spec, pipeline_id="ended")
+        run = orch.pipelines[reply.pipeline_id]
+        await asyncio.wait_for(entered.wait(), 20.0)
+        await orch.wait_for(lambda: run.tasks["p"].state == "succeeded", timeout=10.0)
+        assert run.tasks["c"].state == "accepted"  # not heard started: it waits for p
+        place = orch.placer.place
+        tried: list[set[str] | None] = []
+
+        async def consumer_ends_first(
+            r: PipelineRun, only: set[str] | None = None, **kw: Any
+        ) -> None:
+            tried.append(only)
+            if only == {"p"}:  # p's re-run: c ends before it is known to have failed
+                gate.set()
+                await orch.wait_for(lambda: run.tasks["c"].state == "succeeded", timeout=10.0)
+            await place(r, only, **kw)
+
+        monkeypatch.setattr(orch.placer, "place", consumer_ends_first)
+        os.kill(proc.pid, signal.SIGKILL)
+        done = await orch.wait_terminal(run.pipeline_id, timeout=20.0)
+        log = "\n".join(run.placement_log)
+        assert tried == [{"p"}], log
+        assert done.state == "succeeded", log
+        assert "cannot re-place" not in log and "nothing to re-run" in log, log
+        assert [x[1] for x in s1.log] == ["c"]  # p never ran again: nothing waited for it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        await stop_cluster(orch, agents)
