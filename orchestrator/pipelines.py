@@ -24,6 +24,8 @@ from schemas.events import TaskEvent
 from schemas.pipeline import PipelineSpec
 
 MAX_SEEN_EVENTS = 100_000
+#: Events of detached placements kept per pipeline (`PipelineRun.parked`).
+MAX_PARKED = 256
 
 
 @dataclass
@@ -106,6 +108,11 @@ class PipelineRun:
     #: Per task, how many of its windows evictions took: booked into its later windows,
     #: each eviction ranks them higher (`reservations.book.EVICTION_POINTS`).
     evictions: dict[str, int] = field(default_factory=dict)
+    #: Tasks a re-placement under way has taken from their placement: (agent, token) of that
+    #: placement. Events of it are stale while it runs, and kept (`parked`), for should the
+    #: re-placement fail and put the placement back, they are its own again.
+    detached: dict[str, tuple[str | None, int]] = field(default_factory=dict)
+    parked: list[TaskEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -139,6 +146,9 @@ class PipelineRun:
             return None
         task = self.tasks.get(ev.task_id)
         if task is None or task.agent_id != ev.agent_id or task.token != ev.token:
+            kept = task is not None and self.detached.get(ev.task_id) == (ev.agent_id, ev.token)
+            if kept and len(self.parked) < MAX_PARKED and ev not in self.parked:
+                self.parked.append(ev)
             self.stale_events += 1
             return None
         if len(self.seen_events) < MAX_SEEN_EVENTS:

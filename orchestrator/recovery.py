@@ -437,6 +437,7 @@ class Recovery:
             booked = {t: run.windows[t] for t in redo if t in run.windows}
             for t in redo:
                 tr = run.tasks[t]
+                run.detached[t] = (tr.agent_id, tr.token)  # its events kept, should this fail
                 tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
             try:
                 await self.o.placer.place(run, only=redo, exclude=exclude)
@@ -444,6 +445,14 @@ class Recovery:
                 for t, (state, agent, token) in saved.items():
                     tr = run.tasks[t]
                     tr.state, tr.agent_id, tr.token = state, agent, token
+                # what their agents said of them meanwhile is about the placements put back:
+                # heard again once this is done (an end dropped as stale left its task waiting
+                # on a placement that had ended, for the retry to run it again or the stall
+                # watchdog to ask)
+                kept = [ev for ev in self._undetach(run, redo) if ev.task_id in saved]
+                if kept and not run.terminal:
+                    run.stale_events = max(0, run.stale_events - len(kept))
+                    self.o._spawn(self._hear_again(kept))
                 if run.settle(self.o.mono()):
                     # a finished producer it was to run again, and what waited for it ended
                     # meanwhile (its input had reached it): nothing is left to run. Put back
@@ -461,6 +470,7 @@ class Recovery:
                     frozenset(lost) if lost is not None else None,
                 )  # fmt: skip
             else:
+                self._undetach(run, redo)  # placed anew: their old placements' events are stale
                 self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
                 for agent in gone:
                     incarnation = (incarnations or {}).get(agent)
@@ -501,6 +511,22 @@ class Recovery:
         await self.o.persist(run)
         async with self.o._changed:
             self.o._changed.notify_all()
+
+    @staticmethod
+    def _undetach(run: PipelineRun, tasks: set[str]) -> list[TaskEvent]:
+        """The re-placement of `tasks` is over: stop keeping their old placements' events;
+        returns those kept."""
+        for t in tasks:
+            run.detached.pop(t, None)
+        kept = [ev for ev in run.parked if ev.task_id in tasks]
+        run.parked = [ev for ev in run.parked if ev.task_id not in tasks]
+        return kept
+
+    async def _hear_again(self, events: list[TaskEvent]) -> None:
+        """Events kept while their placements were detached, through the normal event path
+        (out of the pipeline's recovery lock: an end may start another recovery)."""
+        for ev in events:
+            await self.o._task_event(ev)
 
     async def rerun_starved(self, run: PipelineRun, tasks: set[str]) -> None:
         """Tasks free to start that did not start even after being asked again: an input they

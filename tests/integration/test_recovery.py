@@ -22,7 +22,8 @@ from orchestrator.procs import spawn
 from orchestrator.results import revisions
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
-from schemas.codec import decode
+from schemas.codec import decode, encode
+from schemas.events import TaskEvent
 from schemas.recovery import ClusterEvent, TaskResult
 from schemas.rpc import settle
 from sim.linkemu import LinkProxy
@@ -484,6 +485,64 @@ async def test_a_re_run_that_fails_after_its_consumer_ended_ends_the_pipeline(
         assert "cannot re-place" not in log and "nothing to re-run" in log, log
         assert [x[1] for x in s1.log] == ["c"]  # p never ran again: nothing waited for it
     finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        await stop_cluster(orch, agents)
+
+
+async def test_an_end_heard_while_a_failed_re_placement_was_tried_is_applied(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead agent's task is to be placed again and cannot be (pinned there); while that is
+    tried, the task's end under the placement being replaced arrives (as a restarted agent
+    replays its journal: the event the dead incarnation wrote, published again). Stale while
+    the task was taken from that placement, it is the put-back placement's own once the
+    re-placement fails: heard then, it ends the pipeline. Dropped, the task waited on a
+    placement that had ended until the stall watchdog asked about it and found its end in
+    the stream (`stall_s`, 10 s by default; a minute here, so only the new path ends it)."""
+    monkeypatch.setattr(recovery, "STUCK_RETRY_S", 60.0)  # no retry within the test
+    orch, agents = await start_cluster(nats_url, {}, stall_s=60.0)
+    proc = start_victim(nats_url, tmp_path, "victim")
+    nc = await nats.connect(nats_url)
+    try:
+        assert await orch.wait_for_agents(1, timeout=30.0) == 1
+        syn = {"kind": "synthetic", "ref_gflops": 100.0, "output_bytes": 0, "seconds": 5.0}
+        spec = PipelineSpec.model_validate({"name": "late", "tasks": [
+            {"id": "t", "run": syn, "requires": {"pinned_agent": "victim"}},
+        ]})  # fmt: skip
+        reply = await orch.submit_spec(spec, pipeline_id="late")
+        run = orch.pipelines[reply.pipeline_id]
+        token = run.tasks["t"].token
+        place = orch.placer.place
+        tried: list[set[str] | None] = []
+
+        async def end_arrives_meanwhile(
+            r: PipelineRun, only: set[str] | None = None, **kw: Any
+        ) -> None:
+            tried.append(only)
+            if tried == [{"t"}]:  # the first: its end arrives meanwhile, once
+                before = run.stale_events
+                end = TaskEvent(
+                    event_id="victim-journal-1", pipeline_id="late", task_id="t",
+                    agent_id="victim", incarnation="0123456789abcdef", device_id="cpu0",
+                    token=token, state="succeeded", duration_s=2.5,
+                )  # fmt: skip
+                await nc.jetstream().publish(subjects.task_event("late", "t"), encode(end))
+                await orch.wait_for(lambda: run.stale_events > before, timeout=10.0)
+            await place(r, only, **kw)
+
+        monkeypatch.setattr(orch.placer, "place", end_arrives_meanwhile)
+        os.kill(proc.pid, signal.SIGKILL)
+        done = await orch.wait_terminal(run.pipeline_id, timeout=20.0)
+        log = "\n".join(run.placement_log)
+        assert tried == [{"t"}], log
+        assert "cannot re-place t" in log, log  # the re-placement did fail
+        assert done.state == "succeeded", log
+        assert run.tasks["t"].token == token and run.stale_events == 0, log
+        assert (await results(nats_url, run))["t"][0].token == token
+    finally:
+        await nc.close()
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
