@@ -12,6 +12,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import (
     Awaitable,
     Callable,
@@ -267,6 +268,9 @@ class Orchestrator:
         #: wait before the next look).
         self._to_confirm: list[tuple[float, int, str, str, tuple[str, ...], float]] = []
         self._confirm_n = itertools.count()
+        #: (pipeline, task) -> looks queued for it that found it waiting for inputs (their
+        #: next look a doubled wait away): its producer's end makes it due a look sooner.
+        self._awaited: Counter[tuple[str, str]] = Counter()
         self._confirm_wake = asyncio.Event()
         self._events_sub: Subscription | None = None
 
@@ -603,6 +607,8 @@ class Orchestrator:
         if ev.state == "succeeded" and fresh:
             self._learn(run, ev)
             await self.displaced.producer_ended(run, ev.task_id)
+            if self._awaited:
+                self._look_sooner(run, ev.task_id)
         elif ev.state == "started" and fresh:
             self._spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
         if new_state is not None:
@@ -1076,10 +1082,24 @@ class Orchestrator:
 
     def _look_later(self, pid: str, agent_id: str, tids: tuple[str, ...], wait_s: float) -> None:
         due = self._now() + wait_s
+        if wait_s > COMMIT_CONFIRM_S:  # a look again at tasks found waiting for inputs
+            self._awaited.update((pid, t) for t in tids)
         queue = self._to_confirm
         if not queue or due < queue[0][0]:
             self._confirm_wake.set()  # the loop waits for an earlier look now
         heapq.heappush(queue, (due, next(self._confirm_n), pid, agent_id, tids, wait_s))
+
+    def _look_sooner(self, run: PipelineRun, producer: str) -> None:
+        """Consumers of an ended producer whose commits are looked at with doubling waits
+        (found waiting for inputs): looked at COMMIT_CONFIRM_S from now, when they may be
+        free to start, not up to half the stall time later. A commit lost while its agent
+        was away (reconnecting after a server restart) was sent again that much later
+        (booking_stress seed 611: 4.2 s after its input was ready)."""
+        pid = run.pipeline_id
+        for c in run.children[producer]:
+            tr = run.tasks[c]
+            if (pid, c) in self._awaited and tr.state == "accepted" and tr.agent_id:
+                self._look_later(pid, tr.agent_id, (c,), COMMIT_CONFIRM_S)
 
     async def _confirm_loop(self) -> None:
         """Look at each unanswered commit when it is due: an agent with a task of it free to
@@ -1098,6 +1118,11 @@ class Orchestrator:
                         await self._confirm_wake.wait()
                 continue
             _, _, pid, agent_id, tids, wait_s = heapq.heappop(queue)
+            if wait_s > COMMIT_CONFIRM_S:
+                self._awaited.subtract((pid, t) for t in tids)
+                for t in tids:
+                    if self._awaited[(pid, t)] <= 0:
+                        del self._awaited[(pid, t)]
             run = self.pipelines.get(pid)
             if run is None or run.terminal:
                 continue

@@ -132,6 +132,26 @@ async def test_a_lost_commit_of_tasks_still_waiting_is_found_once_they_are_free(
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
 
 
+async def test_a_lost_commit_waiting_for_a_long_producer_is_asked_again_soon_after_its_end(
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
+) -> None:
+    """As above, with x running long enough that y's looks, each finding it waiting, are a
+    doubled wait apart (0.5, 1, 2, 4 s: the next one 3.5 s after x ends). x's end makes y
+    due a look CONFIRM_S later: y starts soon after x ends, not at the next doubled look
+    (booking_stress seed 611: a commit lost while the fleet reconnected, sent again 4.2 s
+    after its input was ready)."""
+    orch, agents, commits = cluster
+    first, second = agents
+    dropped = second.forget_first_commit()
+    await orch.submit_spec(chain(("x", 8 * CONFIRM_S, "a1"), ("y", 0.01, "a2")), "p")
+    run = await orch.wait_terminal("p", STALL_S / 4)
+    assert run.state == "succeeded", run.reason
+    assert dropped == [["y"]] and orch.commits_resent == 1
+    assert (await commits.at_least(3))[2] == ("a2", ["y"], True)
+    (x,), (y,) = first.log, second.log
+    assert y[3] - x[4] < 4 * CONFIRM_S, (x, y)  # x's end to y's start: 3.5 s at the old look
+
+
 async def test_a_lost_commit_looked_at_while_the_lease_had_lapsed_is_asked_again_once_renewed(
     cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
     monkeypatch: pytest.MonkeyPatch,
