@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,15 @@ def start_victim(url: str, tmp: Path, agent_id: str, **kw: Any) -> subprocess.Po
     cfg.write_text(yaml.safe_dump({"buffer_dir": str(tmp / "agent-state"), **victim_config(**kw)}))
     log = open(tmp / f"{agent_id}.log", "ab")  # noqa: SIM115  # the child holds it
     return spawn(["agent", "--nats", url, "--config", str(cfg), "--id", agent_id], log=log)
+
+
+async def stop_with_victim(
+    proc: subprocess.Popen[bytes], orch: Orchestrator, agents: list[RecordingAgent]
+) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+    await stop_cluster(orch, agents)
 
 
 async def test_kill_9_mid_pipeline_recovers_and_commits_each_result_once(
@@ -419,10 +429,28 @@ async def test_a_producer_placed_again_goes_around_its_own_consumers_window(
         assert done.state == "succeeded", done.reason
         assert not [line for line in run.placement_log if "conflict" in line]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        await stop_cluster(orch, agents)
+        await stop_with_victim(proc, orch, agents)
+
+
+def first_placement_waits(
+    orch: Orchestrator,
+    monkeypatch: pytest.MonkeyPatch,
+    target: set[str],
+    meanwhile: Callable[[], Awaitable[None]],
+) -> list[set[str] | None]:
+    """The first placement of exactly `target` waits for `meanwhile` before it goes on;
+    returns the list every placement's `only` is noted in."""
+    place = orch.placer.place
+    tried: list[set[str] | None] = []
+
+    async def waits(r: PipelineRun, only: set[str] | None = None, **kw: Any) -> None:
+        tried.append(only)
+        if only == target and tried.count(target) == 1:
+            await meanwhile()
+        await place(r, only, **kw)
+
+    monkeypatch.setattr(orch.placer, "place", waits)
+    return tried
 
 
 async def test_a_re_run_that_fails_after_its_consumer_ended_ends_the_pipeline(
@@ -464,19 +492,12 @@ async def test_a_re_run_that_fails_after_its_consumer_ended_ends_the_pipeline(
         await asyncio.wait_for(entered.wait(), 20.0)
         await orch.wait_for(lambda: run.tasks["p"].state == "succeeded", timeout=10.0)
         assert run.tasks["c"].state == "accepted"  # not heard started: it waits for p
-        place = orch.placer.place
-        tried: list[set[str] | None] = []
 
-        async def consumer_ends_first(
-            r: PipelineRun, only: set[str] | None = None, **kw: Any
-        ) -> None:
-            tried.append(only)
-            if only == {"p"}:  # p's re-run: c ends before it is known to have failed
-                gate.set()
-                await orch.wait_for(lambda: run.tasks["c"].state == "succeeded", timeout=10.0)
-            await place(r, only, **kw)
+        async def consumer_ends_first() -> None:  # c ends before p's re-run is known to fail
+            gate.set()
+            await orch.wait_for(lambda: run.tasks["c"].state == "succeeded", timeout=10.0)
 
-        monkeypatch.setattr(orch.placer, "place", consumer_ends_first)
+        tried = first_placement_waits(orch, monkeypatch, {"p"}, consumer_ends_first)
         os.kill(proc.pid, signal.SIGKILL)
         done = await orch.wait_terminal(run.pipeline_id, timeout=20.0)
         log = "\n".join(run.placement_log)
@@ -485,10 +506,7 @@ async def test_a_re_run_that_fails_after_its_consumer_ended_ends_the_pipeline(
         assert "cannot re-place" not in log and "nothing to re-run" in log, log
         assert [x[1] for x in s1.log] == ["c"]  # p never ran again: nothing waited for it
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        await stop_cluster(orch, agents)
+        await stop_with_victim(proc, orch, agents)
 
 
 async def test_an_end_heard_while_a_failed_re_placement_was_tried_is_applied(
@@ -514,25 +532,18 @@ async def test_an_end_heard_while_a_failed_re_placement_was_tried_is_applied(
         reply = await orch.submit_spec(spec, pipeline_id="late")
         run = orch.pipelines[reply.pipeline_id]
         token = run.tasks["t"].token
-        place = orch.placer.place
-        tried: list[set[str] | None] = []
 
-        async def end_arrives_meanwhile(
-            r: PipelineRun, only: set[str] | None = None, **kw: Any
-        ) -> None:
-            tried.append(only)
-            if tried == [{"t"}]:  # the first: its end arrives meanwhile, once
-                before = run.stale_events
-                end = TaskEvent(
-                    event_id="victim-journal-1", pipeline_id="late", task_id="t",
-                    agent_id="victim", incarnation="0123456789abcdef", device_id="cpu0",
-                    token=token, state="succeeded", duration_s=2.5,
-                )  # fmt: skip
-                await nc.jetstream().publish(subjects.task_event("late", "t"), encode(end))
-                await orch.wait_for(lambda: run.stale_events > before, timeout=10.0)
-            await place(r, only, **kw)
+        async def end_arrives_meanwhile() -> None:
+            before = run.stale_events
+            end = TaskEvent(
+                event_id="victim-journal-1", pipeline_id="late", task_id="t",
+                agent_id="victim", incarnation="0123456789abcdef", device_id="cpu0",
+                token=token, state="succeeded", duration_s=2.5,
+            )  # fmt: skip
+            await nc.jetstream().publish(subjects.task_event("late", "t"), encode(end))
+            await orch.wait_for(lambda: run.stale_events > before, timeout=10.0)
 
-        monkeypatch.setattr(orch.placer, "place", end_arrives_meanwhile)
+        tried = first_placement_waits(orch, monkeypatch, {"t"}, end_arrives_meanwhile)
         os.kill(proc.pid, signal.SIGKILL)
         done = await orch.wait_terminal(run.pipeline_id, timeout=20.0)
         log = "\n".join(run.placement_log)
@@ -543,7 +554,4 @@ async def test_an_end_heard_while_a_failed_re_placement_was_tried_is_applied(
         assert (await results(nats_url, run))["t"][0].token == token
     finally:
         await nc.close()
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        await stop_cluster(orch, agents)
+        await stop_with_victim(proc, orch, agents)
