@@ -1122,7 +1122,7 @@ class Orchestrator:
                 self._awaited.subtract((pid, t) for t in tids)
                 for t in tids:
                     if self._awaited[(pid, t)] <= 0:
-                        del self._awaited[(pid, t)]
+                        self._awaited.pop((pid, t), None)
             run = self.pipelines.get(pid)
             if run is None or run.terminal:
                 continue
