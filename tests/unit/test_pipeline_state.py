@@ -63,6 +63,32 @@ def test_stale_token_or_wrong_agent_is_ignored() -> None:
     assert "task a failed" in r.reason
 
 
+def test_a_detached_placements_events_are_stale_and_kept_once() -> None:
+    """While a re-placement has taken b (token 0), events of b's old placement are stale and
+    kept, once each; events of any other placement are stale and not kept."""
+    r = run()
+    r.detached["b"] = ("ag", 11)
+    t = r.tasks["b"]
+    t.state, t.agent_id, t.token = "pending", None, 0
+    old_end = ev("e1", "b", "succeeded", 11)
+    assert r.apply(old_end, 2.0) is None
+    assert r.apply(old_end, 2.0) is None  # delivered twice: kept once
+    assert r.apply(ev("e2", "b", "succeeded", 9), 2.0) is None  # an older placement's
+    assert r.apply(ev("e3", "b", "succeeded", 11, agent="other"), 2.0) is None
+    assert r.parked == [old_end] and r.stale_events == 4 and t.state == "pending"
+
+
+def test_settle_ends_a_pipeline_only_once_every_task_succeeded() -> None:
+    """Task states put back outside `apply` (a failed re-placement's restore) end the
+    pipeline by the same rule."""
+    r = run()
+    r.tasks["a"].state = "succeeded"
+    assert not r.settle(2.0) and not r.terminal
+    r.tasks["b"].state = "succeeded"
+    assert r.settle(3.0) and r.status(3.0).state == "succeeded" and r.finished_at == 3.0
+    assert not r.settle(4.0) and r.finished_at == 3.0  # ended once
+
+
 def test_a_task_is_stalled_only_when_free_to_start_for_long() -> None:
     r = run()  # committed at 1.0; a has no inputs, b needs a
     assert r.stalled(now=1.0 + 5.0, after_s=10.0) == []
