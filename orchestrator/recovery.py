@@ -469,6 +469,9 @@ class Recovery:
                     frozenset(starved) if starved is not None else None,
                     frozenset(lost) if lost is not None else None,
                 )  # fmt: skip
+            except BaseException:
+                self._undetach(run, redo)  # cancelled (the replica stopping): nothing kept
+                raise
             else:
                 self._undetach(run, redo)  # placed anew: their old placements' events are stale
                 self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
