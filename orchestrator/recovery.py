@@ -449,7 +449,7 @@ class Recovery:
                 # heard again once this is done (an end dropped as stale left its task waiting
                 # on a placement that had ended, for the retry to run it again or the stall
                 # watchdog to ask)
-                kept = [ev for ev in self._undetach(run, redo) if ev.task_id in saved]
+                kept = self._undetach(run, redo)
                 if kept and not run.terminal:
                     run.stale_events = max(0, run.stale_events - len(kept))
                     self.o._spawn(self._hear_again(kept))
