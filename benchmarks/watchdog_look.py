@@ -82,7 +82,7 @@ def idle_orchestrator(
         coro.close()  # commits (listed above), replays, re-runs: never run here
         return None  # type: ignore[return-value]
 
-    o._commit_all = commit_all  # type: ignore[method-assign]
+    o.commits.commit_all = commit_all  # type: ignore[method-assign]
     o._spawn = spawn  # type: ignore[method-assign]
     for k in range(runs):
         run = live_run(k, tasks)

@@ -717,6 +717,6 @@ class Adaptive:
             tids = [t for t, p in away.items() if p.device_id == dev]
             with contextlib.suppress(Exception):
                 await o.store.release(device_key_of(dev), run.pipeline_id, now, tids)
-        await o._commit_all(run, todo)
+        await o.commits.commit_all(run, todo)
         await o.displaced.reroute_producers(run, away)
         run.note(f"adaptive: moved {', '.join(sorted(away)) or 'nothing'}")

@@ -363,7 +363,7 @@ class Displaced:
             t: p for t, p in old.items() if t in only and run.placements[t].device_id != p.device_id
         }  # fmt: skip
         await self.o.cancel_tasks(run, moved, why)
-        await self.o._commit_all(run, only)
+        await self.o.commits.commit_all(run, only)
         # a producer may have started while they were re-placed (their offers told it where
         # they were); one that ended meanwhile is found out by their agents' fetch (input gone)
         await self.reroute_producers(run, moved)

@@ -184,7 +184,7 @@ class Failover:
         if known is not None and known != spec:
             raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
         try:
-            st = await self.o.status(StatusRequest(pipeline_id=pid))
+            st = await self.o.queries.status(StatusRequest(pipeline_id=pid))
         except ServiceError as exc:
             raise ServiceError("conflict", f"pipeline {pid} is being placed by {owner}") from exc
         if st.state == "placing":
@@ -423,7 +423,7 @@ class Failover:
             run.note(f"{self.o.owner} lost the ownership lease ({why})")
             if run.state == "cancelled" and pid not in self._finished:
                 # cancelled here while the lease had lapsed: the adopter resumed it running
-                self.o._spawn(self.o.cancel_lost(run))
+                self.o._spawn(self.o.queries.cancel_lost(run))
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -643,7 +643,7 @@ class Failover:
         reported cancelled and placed again now, not a stall time later."""
         waiting = {t for t, tr in run.tasks.items() if tr.state == "accepted" and tr.agent_id}
         if waiting:
-            self.o._spawn(self.o._commit_all(run, waiting))
+            self.o._spawn(self.o.commits.commit_all(run, waiting))
             self.o._spawn(self.o.watchdog.ask_about(run, sorted(waiting), "adopted"))
 
     async def _give_back_ended(self, owner: str) -> None:

@@ -496,7 +496,7 @@ class Recovery:
                             self.o.store.defer_release(
                                 key, run.pipeline_id, now, exact=[(t, start, end)]
                             )
-                await self.o._commit_all(run, redo)
+                await self.o.commits.commit_all(run, redo)
                 run.recoveries += 1
                 self.stats["tasks_replaced"] += len(redo)
                 reruns = sorted(t for t in redo if t not in seeds)

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import builtins
 import contextlib
 import functools
 import gc
-import heapq
-import itertools
 import logging
 import time
 import uuid
-from collections import Counter
 from collections.abc import (
     Awaitable,
     Callable,
-    Collection,
     Coroutine,
-    Iterable,
-    Mapping,
     Sequence,
 )
 from typing import Any, TypeVar
@@ -35,6 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import eventloop, ownership
 from orchestrator.adaptive import Adaptive
+from orchestrator.commits import AGENT_ENCODING, OFFER_TIMEOUT_S, Commits
 from orchestrator.displaced import Displaced
 from orchestrator.eventloop import Pacer
 from orchestrator.failover import OWNER_LEASE_S, Failover
@@ -43,31 +37,24 @@ from orchestrator.placement import PlacementFailed, Placer
 from orchestrator.planning import PLAN_BUDGET_S
 from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
+from orchestrator.queries import Queries
 from orchestrator.recovery import Recovery
 from orchestrator.registry import ClusterView
 from orchestrator.replicas import Replicas
 from orchestrator.reservations.store import (
     KEY_MAX_BYTES,
     BookingStore,
-    Cached,
-    device_key,
     device_key_of,
     key_limit,
 )
 from orchestrator.scheduling import Placement, Unschedulable, compiled
 from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
-from schemas.agent import AgentAdvert, DeviceSpec, Heartbeat
+from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import (
     TASK_ENDED_STATES,
-    TERMINAL_STATES,
-    AgentsReply,
     AgentsRequest,
-    AgentSummary,
-    CancelReply,
     CancelRequest,
-    DeviceQueue,
-    ListReply,
     ListRequest,
     StatusReply,
     StatusRequest,
@@ -89,7 +76,6 @@ from schemas.limits import Ident
 from schemas.pipeline import PipelineSpec
 from schemas.placement import (
     CancelCommand,
-    CommitCommand,
     OfferBatch,
     OfferBatchReply,
     OfferReply,
@@ -102,16 +88,11 @@ from schemas.rpc import (
     let_sends_out,
     nats_error_logger,
     request,
-    respond,
     settle,
 )
 from schemas.wire import level_of
 
 log = logging.getLogger("mars.orchestrator")
-#: Offers and commits go to agents as JSON (their replies come back in it): pydantic parses
-#: and validates JSON in one pass, a 4-offer batch in ~100 us on both sides together against
-#: ~190 us as msgpack (agents read either, by Content-Type).
-AGENT_ENCODING: Encoding = "json"
 #: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
 timing_log = logging.getLogger("mars.timing")
 #: ... its format (benchmarks/placement_latency.py reads it back).
@@ -120,13 +101,6 @@ TIMING_LINE = (
     "total_ms=%.3f budget_ms=%.1f conflicts=%d rejections=%d held_ms=%.3f start_mono=%.6f"
 )
 VERSION = "0.1.0"
-OFFER_TIMEOUT_S = 2.0
-#: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
-COMMIT_BACKOFF_S = 0.2
-#: A new plan's commits go out as plain messages, unanswered; this long after (and again while
-#: its tasks wait for inputs), an agent with a task of it free to start for this long and not
-#: reported started is told again by request.
-COMMIT_CONFIRM_S = 1.0
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
 #: A renewal gives the event loop a turn after reading about this many placements.
@@ -165,12 +139,6 @@ FINAL_WRITES_S = 10.0
 EVENTS_BEHIND = 512
 EVENTS_CAUGHT_UP = 64
 EVENTS_WAIT_S = 5.0
-#: A request passed on to the replica holding the pipeline: how long its answer is awaited;
-#: and how often a cancel made under a lapsed lease, then lost, is offered to the adopter.
-PASS_S = 5.0
-CANCEL_PASS_TRIES = 8
-#: How long a `list` waits for each other replica's part.
-LIST_WAIT_S = 1.0
 #: An adopted pipeline waiting for an agent looks at its lease at least this often.
 AGENT_WAIT_LOOK_S = 2.0
 #: API requests (other than submits, which have their own queue) served at once per replica.
@@ -240,9 +208,10 @@ class Orchestrator:
         self.failover = Failover(self, lease_s=owner_lease_s)
         #: Re-plans on late tasks and slowed devices when the gain rule says so (adaptive.py).
         self.adaptive = Adaptive(self)
-        #: The other replicas up (a `list` asks each), and how long each answer is awaited.
+        #: The other replicas up (a `list` asks each).
         self.replicas = Replicas(self.owner, self._now)
-        self.list_wait_s = LIST_WAIT_S
+        #: `status`, `list`, `cancel` and `agents`, answered here or passed on (queries.py).
+        self.queries = Queries(self)
         #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
         self.recovery = Recovery(self)
         #: Evicted tasks, lost windows and lost inputs put back (orchestrator/displaced.py).
@@ -262,16 +231,8 @@ class Orchestrator:
         self._events_caught_up.set()
         #: Submissions that waited for the task events first (a gauge of overload).
         self.held_submissions = 0
-        #: New plans' commits asked again by request (no sign of them after COMMIT_CONFIRM_S).
-        self.commits_resent = 0
-        #: Unanswered commits to look at, a heap: (when, n, pipeline, agent, task ids, the
-        #: wait before the next look).
-        self._to_confirm: list[tuple[float, int, str, str, tuple[str, ...], float]] = []
-        self._confirm_n = itertools.count()
-        #: (pipeline, task) -> looks queued for it that found it waiting for inputs (their
-        #: next look a doubled wait away): its producer's end makes it due a look sooner.
-        self._awaited: Counter[tuple[str, str]] = Counter()
-        self._confirm_wake = asyncio.Event()
+        #: Commits to agents, and the looks that make sure they were heard (commits.py).
+        self.commits = Commits(self)
         self._events_sub: Subscription | None = None
 
     def _now(self) -> float:
@@ -327,9 +288,7 @@ class Orchestrator:
         self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self.displaced.on_evict)
         await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
-        await nc.subscribe(subjects.replica_cancel(self.owner), cb=self._on_passed_cancel)
-        await nc.subscribe(subjects.replica_status(self.owner), cb=self._on_passed_status)
-        await nc.subscribe(subjects.replica_list(self.owner), cb=self._on_list_here)
+        await self.queries.subscribe()
         await self.replicas.start(nc)
         svc = await nats.micro.add_service(
             nc,
@@ -340,10 +299,10 @@ class Orchestrator:
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
             ("submit", subjects.SUBMIT, self._enqueue_submit),
-            ("status", subjects.STATUS, self._ep(StatusRequest, self.status)),
-            ("list", subjects.LIST, self._ep(ListRequest, self.list)),
-            ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.cancel)),
-            ("agents", subjects.AGENTS, self._ep(AgentsRequest, self.agents)),
+            ("status", subjects.STATUS, self._ep(StatusRequest, self.queries.status)),
+            ("list", subjects.LIST, self._ep(ListRequest, self.queries.list)),
+            ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.queries.cancel)),
+            ("agents", subjects.AGENTS, self._ep(AgentsRequest, self.queries.agents)),
         ]
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
@@ -353,7 +312,7 @@ class Orchestrator:
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
         self._spawn(self._departed_loop())
-        self._spawn(self._confirm_loop())
+        self._spawn(self.commits.confirm_loop())
         self._spawn(self.watchdog.run())
         self._spawn(self.failover.run())
         await self.adaptive.start()
@@ -607,8 +566,8 @@ class Orchestrator:
         if ev.state == "succeeded" and fresh:
             self._learn(run, ev)
             await self.displaced.producer_ended(run, ev.task_id)
-            if self._awaited:
-                self._look_sooner(run, ev.task_id)
+            if self.commits.awaited:
+                self.commits.look_sooner(run, ev.task_id)
         elif ev.state == "started" and fresh:
             self._spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
         if new_state is not None:
@@ -845,7 +804,7 @@ class Orchestrator:
         # messages, looked after until each agent shows it has them) and the record are off
         # the reply's path, and begin once the reply is written (tasks spawned now would run
         # before it).
-        self._spawn(_after_reply(self._commit_all(run, set(run.tasks), unanswered=True)))
+        self._spawn(_after_reply(self.commits.commit_all(run, set(run.tasks), unanswered=True)))
         await self._publish_pipeline(run)
         self._spawn(_after_reply(self.persist(run)))  # status falls back to memory meanwhile
         # (its spec is on the bucket before anyone is told of it, above: begun with the claim,
@@ -902,7 +861,7 @@ class Orchestrator:
         return await self.submit(SubmitRequest(pipeline=spec, pipeline_id=pipeline_id))
 
     async def status_of(self, pipeline_id: str) -> StatusReply:
-        return await self.status(StatusRequest(pipeline_id=pipeline_id))
+        return await self.queries.status(StatusRequest(pipeline_id=pipeline_id))
 
     def _submit_reply(self, run: PipelineRun) -> SubmitReply:
         return SubmitReply(
@@ -1011,151 +970,6 @@ class Orchestrator:
             ]
 
         return asyncio.ensure_future(answers())
-
-    async def _commit_all(
-        self,
-        run: PipelineRun,
-        task_ids: set[str],
-        *,
-        unanswered: bool = False,
-        look: bool = True,
-    ) -> None:
-        """Tell each agent to start its accepted tasks of `run`; an agent that does not answer
-        is asked again (commits are idempotent) while the pipeline lives.
-
-        `unanswered` (a new plan's commits): each agent is told by a plain message, which it
-        does not answer, two messages fewer per agent of every plan. The tasks' events say it
-        arrived: `_confirm_loop` asks by request, as above, an agent with a task of it free to
-        start for COMMIT_CONFIRM_S and not reported started. An answered commit is looked at
-        the same way (`look`; not a commit sent again by a look or the watchdog): an answer
-        says the message came, not that the task will start (a re-placed consumer whose input
-        never came waited for the stall watchdog: booking_stress seed 515)."""
-        assert self.nc is not None
-        per_agent: dict[str, list[str]] = {}
-        for tid in sorted(task_ids):
-            agent = run.tasks[tid].agent_id
-            if agent:
-                per_agent.setdefault(agent, []).append(tid)
-
-        async def one(agent_id: str, tids: list[str]) -> None:
-            # each task's token: a first placement was offered before its booking was written
-            cmd = CommitCommand(
-                pipeline_id=run.pipeline_id, task_ids=tids,
-                tokens=[run.tasks[t].token for t in tids],
-            )  # fmt: skip
-            if unanswered and await self._commit_unanswered(run, agent_id, cmd):
-                return
-            attempt = 0
-            while True:
-                attempt += 1
-                try:
-                    await self.ask_agent(
-                        subjects.commit, agent_id, cmd, CommitCommand,
-                        timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
-                    )  # fmt: skip
-                    if look:
-                        self._look_later(run.pipeline_id, agent_id, tuple(tids), COMMIT_CONFIRM_S)
-                    return
-                except Exception as exc:
-                    log.warning("commit to %s failed (attempt %d): %s", agent_id, attempt, exc)
-                # ask again while the tasks still wait there; an agent that died is recovery's
-                if run.terminal or not any(
-                    run.tasks[t].agent_id == agent_id and run.tasks[t].state == "accepted"
-                    for t in tids
-                ):
-                    return
-                await asyncio.sleep(min(COMMIT_BACKOFF_S * attempt, 2.0))  # back off, ask again
-
-        await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
-
-    async def _commit_unanswered(self, run: PipelineRun, agent_id: str, cmd: CommitCommand) -> bool:
-        """Send `cmd` to the agent as a plain message, to be looked after COMMIT_CONFIRM_S
-        later (`_confirm_loop`); False when it could not be sent (ask by request)."""
-        assert self.nc is not None
-        try:
-            await self.tell_agent(subjects.commit, agent_id, cmd, encoding=AGENT_ENCODING)
-        except Exception as exc:
-            log.warning("commit to %s not sent (asking by request): %s", agent_id, exc)
-            return False
-        self._look_later(run.pipeline_id, agent_id, tuple(cmd.task_ids), COMMIT_CONFIRM_S)
-        return True
-
-    def _look_later(self, pid: str, agent_id: str, tids: tuple[str, ...], wait_s: float) -> None:
-        due = self._now() + wait_s
-        if wait_s > COMMIT_CONFIRM_S:  # a look again at tasks found waiting for inputs
-            self._awaited.update((pid, t) for t in tids)
-        queue = self._to_confirm
-        if not queue or due < queue[0][0]:
-            self._confirm_wake.set()  # the loop waits for an earlier look now
-        heapq.heappush(queue, (due, next(self._confirm_n), pid, agent_id, tids, wait_s))
-
-    def _look_sooner(self, run: PipelineRun, producer: str) -> None:
-        """Consumers of an ended producer whose commits are looked at with doubling waits
-        (found waiting for inputs): looked at COMMIT_CONFIRM_S from now, when they may be
-        free to start, not up to half the stall time later. A commit lost while its agent
-        was away (reconnecting after a server restart) was sent again that much later
-        (booking_stress seed 611: 4.2 s after its input was ready)."""
-        pid = run.pipeline_id
-        for c in run.children[producer]:
-            tr = run.tasks[c]
-            if (pid, c) in self._awaited and tr.state == "accepted" and tr.agent_id:
-                self._look_later(pid, tr.agent_id, (c,), COMMIT_CONFIRM_S)
-
-    async def _confirm_loop(self) -> None:
-        """Look at each unanswered commit when it is due: an agent with a task of it free to
-        start for COMMIT_CONFIRM_S and not reported started is asked by request. While some
-        of its tasks wait for inputs it is looked at again, each wait twice the one before
-        (up to half the watchdog's stall time). Entries are kept by id: a pipeline ended
-        meanwhile is not held in memory for them."""
-        queue = self._to_confirm
-        longest = max(COMMIT_CONFIRM_S, self.watchdog.stall_s / 2)
-        while True:
-            wait = queue[0][0] - self._now() if queue else None
-            if wait is None or wait > 0:
-                self._confirm_wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):  # the first look's time, or an earlier one
-                        await self._confirm_wake.wait()
-                continue
-            _, _, pid, agent_id, tids, wait_s = heapq.heappop(queue)
-            if wait_s > COMMIT_CONFIRM_S:
-                self._awaited.subtract((pid, t) for t in tids)
-                for t in tids:
-                    if self._awaited[(pid, t)] <= 0:
-                        self._awaited.pop((pid, t), None)
-            run = self.pipelines.get(pid)
-            if run is None or run.terminal:
-                continue
-            if not self.failover.may_act(pid):
-                if self.failover.holds(pid):
-                    # its lease lapsed here and is still ours (the server away, or JetStream
-                    # slow just after it came back): looked at again, acted on once renewed.
-                    # Dropped, a lost commit waited for the watchdog's stall time
-                    # (booking_stress seed 515: a 17.9 s pipeline)
-                    self._look_later(pid, agent_id, tids, wait_s)
-                continue  # (no longer ours to act on: the adopter commits again)
-            if self.events_behind():  # what it knows of the tasks is old: look again later
-                self._look_later(pid, agent_id, tids, wait_s)
-                continue
-            waiting = {
-                t for t in tids
-                if run.tasks[t].agent_id == agent_id and run.tasks[t].state == "accepted"
-            }  # fmt: skip
-            if run.stalled(self._now(), COMMIT_CONFIRM_S, only=waiting):
-                self.commits_resent += 1
-                log.info(
-                    "pipeline %s: task(s) on %s free to start for %.1f s and not reported "
-                    "started; sending their commit again by request", pid, agent_id,
-                    COMMIT_CONFIRM_S,
-                )  # fmt: skip
-                self._spawn(self._commit_all(run, waiting, look=False))
-                # and whether it holds them at all: a commit for a job it no longer holds (an
-                # offer it gave up uncommitted while the server was away, a process restarted
-                # unseen) starts nothing, and is answered all the same; one it lost is placed
-                # again now, not when the stall watchdog finds it (booking_stress seed 519)
-                self._spawn(self.watchdog.ask_about(run, sorted(waiting), "unstarted"))
-            elif waiting:  # not free to start yet: no sign is missing so far
-                self._look_later(pid, agent_id, tuple(sorted(waiting)), min(2 * wait_s, longest))
 
     async def cancel_tasks(
         self,
@@ -1274,234 +1088,6 @@ class Orchestrator:
         for a in agents:
             with contextlib.suppress(Exception):
                 await self.tell_agent(subjects.cancel, a, cmd)
-
-    def _acting_on(self, pid: str) -> PipelineRun | None:
-        """The run of a pipeline this replica answers for itself: ended here, or held under
-        a lease not lapsed."""
-        run = self.pipelines.get(pid)
-        return run if run is not None and (run.terminal or self.failover.may_act(pid)) else None
-
-    def _held_here(self, pid: str) -> PipelineRun:
-        """For a request passed on by another replica: served only while held here (never
-        passed on again, so a request cannot go round in circles)."""
-        run = self._acting_on(pid)
-        if run is None:
-            raise ServiceError(
-                "unavailable", f"{self.owner} does not hold pipeline {pid}; ask again"
-            )
-        return run
-
-    async def status(self, req: StatusRequest) -> StatusReply:
-        pid = req.pipeline_id
-        if (acting := self._acting_on(pid)) is not None:
-            return acting.status(self._now())
-        run = self.pipelines.get(pid)  # its lease lapsed here: this copy stands still
-        try:
-            # its last persisted record, or the newer one of a replica that adopted it
-            st = await self.failover.status_elsewhere(pid)
-            if st is not None and (run is None or st.owner != self.owner):
-                return st
-            holder = await self.failover.holder(pid)
-        except Exception:
-            if run is None:
-                raise
-            return run.status(self._now())  # JetStream not answering: what is known here
-        if holder is not None and holder != self.owner:
-            # no record yet (just placed: its owner writes the first one after replying; or
-            # waiting for an agent): the holder answers from memory
-            return await self._pass(holder, subjects.replica_status(holder), req, StatusReply)
-        if run is not None:
-            return run.status(self._now())
-        if holder is not None:
-            raise ServiceError("unavailable", f"pipeline {pid} is being placed here; ask again")
-        if await self.failover.lapsed_elsewhere(pid):
-            raise ServiceError(
-                "unavailable", f"pipeline {pid} is held by no replica now; ask again"
-            )
-        raise ServiceError("not_found", f"no pipeline {pid}")
-
-    async def _status_held(self, req: StatusRequest) -> StatusReply:
-        return self._held_here(req.pipeline_id).status(self._now())
-
-    async def _on_passed_status(self, msg: Msg) -> None:
-        await respond(self.nc, msg, StatusRequest, self._status_held)
-
-    async def list(self, req: ListRequest) -> ListReply:
-        """The newest pipelines of every replica: each holds its own in memory, so every
-        replica heard from lately is asked for its own (`replicas.py`), and the lists merged."""
-        peers = self.replicas.up()
-        answers = await asyncio.gather(*(self._ask_list(p, req) for p in peers))
-        merged = {s.pipeline_id: s for s in self._list_here(req).pipelines}
-        unanswered: list[str] = []
-        for peer, got in zip(peers, answers, strict=True):
-            if got is None:
-                unanswered.append(peer)
-                continue
-            for s in got.pipelines:  # a copy left where a lease lapsed says less than the end
-                cur = merged.get(s.pipeline_id)
-                if cur is None or (cur.state not in TERMINAL_STATES and s.state in TERMINAL_STATES):
-                    merged[s.pipeline_id] = s
-        newest = sorted(merged.values(), key=lambda s: -(s.submitted or 0.0))
-        return ListReply(pipelines=newest[: req.limit], unanswered=unanswered[:64])
-
-    def _list_here(self, req: ListRequest) -> ListReply:
-        runs = [r for r in self.pipelines.values() if req.state is None or r.state == req.state]
-        runs.sort(key=lambda r: -r.submitted_at)
-        now, wall = self._now(), self.wall()
-        return ListReply(
-            pipelines=[
-                r.summary(submitted=max(0.0, wall - (now - r.submitted_at)))
-                for r in runs[: req.limit]
-            ]
-        )
-
-    async def _on_list_here(self, msg: Msg) -> None:
-        async def here(req: ListRequest) -> ListReply:
-            return self._list_here(req)
-
-        await respond(self.nc, msg, ListRequest, here)
-
-    async def _ask_list(self, peer: str, req: ListRequest) -> ListReply | None:
-        assert self.nc is not None
-        try:
-            return await request(
-                self.nc, subjects.replica_list(peer), req, ListReply, timeout=self.list_wait_s
-            )
-        except Exception as exc:  # said in the reply's `unanswered`
-            log.info("replica %s did not answer a list: %r", peer, exc)
-            return None
-
-    async def cancel(self, req: CancelRequest) -> CancelReply:
-        """Any replica may be given a cancel (the API is a queue group): the one holding the
-        pipeline's lease cancels it, so a cancel given to another is passed on to it."""
-        pid = req.pipeline_id
-        if (acting := self._acting_on(pid)) is not None:
-            return await self._cancel_run(acting, req.reason)
-        run = self.pipelines.get(pid)
-        try:
-            holder = await self.failover.holder(pid)
-        except Exception:
-            if run is None:
-                raise
-            holder = None  # JetStream not answering: cancelled here, as below
-        if holder is not None and holder != self.owner:
-            return await self._pass_cancel(holder, req)
-        if run is not None:
-            # its lease lapsed here and nobody else holds it: cancelled here, the end written
-            # once the lease is renewed, or passed on to whoever adopts it (`cancel_lost`)
-            return await self._cancel_run(run, req.reason)
-        if holder is not None:  # ours, and no run yet: being placed or adopted here
-            raise ServiceError("unavailable", f"pipeline {pid} is being placed; ask again")
-        st = await self.failover.status_elsewhere(pid)
-        if st is None and not await self.failover.lapsed_elsewhere(pid):
-            raise ServiceError("not_found", f"no pipeline {pid}")
-        if st is not None and st.state in TERMINAL_STATES:
-            return CancelReply(pipeline_id=pid, state=st.state)
-        raise ServiceError(
-            "unavailable",
-            f"pipeline {pid} is held by no replica now (its owner's lease lapsed, another "
-            "adopts it); ask again",
-        )
-
-    async def _cancel_held(self, req: CancelRequest) -> CancelReply:
-        return await self._cancel_run(self._held_here(req.pipeline_id), req.reason)
-
-    async def _on_passed_cancel(self, msg: Msg) -> None:
-        # in a task of its own: a cancel writes the record, and the next one need not wait
-        self._spawn(respond(self.nc, msg, CancelRequest, self._cancel_held))
-
-    async def _pass_cancel(self, holder: str, req: CancelRequest) -> CancelReply:
-        return await self._pass(holder, subjects.replica_cancel(holder), req, CancelReply)
-
-    async def _pass(
-        self, holder: str, subject: str, req: StatusRequest | CancelRequest, model: type[M]
-    ) -> M:
-        """A request passed on to the replica holding its pipeline, and its answer as given."""
-        assert self.nc is not None
-        try:
-            return await request(self.nc, subject, req, model, timeout=PASS_S)
-        except RemoteError as exc:  # the holder's answer, as it gave it
-            env = exc.envelope
-            raise ServiceError(env.code, env.message, env.details) from None
-        except (TimeoutError, nats.errors.NoRespondersError):
-            raise ServiceError(
-                "unavailable", f"{holder} holds pipeline {req.pipeline_id} and does not answer"
-            ) from None
-
-    async def cancel_lost(self, run: PipelineRun) -> None:
-        """This replica cancelled a pipeline while its lease had lapsed, then lost it to an
-        adopter, which resumed it from a record that says running: the cancel is passed on
-        (the adopter may still be setting the run up: it is asked again a few times)."""
-        req = CancelRequest(pipeline_id=run.pipeline_id, reason=run.reason)
-        for attempt in range(CANCEL_PASS_TRIES):
-            try:
-                holder = await self.failover.holder(run.pipeline_id)
-                if holder is None or holder == self.owner:
-                    raise ServiceError("unavailable", "held by no other replica yet")
-                reply = await self._pass_cancel(holder, req)
-                log.info("cancel of %s passed on to %s: %s", run.pipeline_id, holder, reply.state)
-                return
-            except (ServiceError, TimeoutError, nats.errors.Error) as exc:
-                why = exc.message if isinstance(exc, ServiceError) else repr(exc)
-            await asyncio.sleep(0.2 * (attempt + 1))  # back off before asking again
-        log.warning("cancel of %s not passed on to its new owner: %s", run.pipeline_id, why)
-
-    async def _cancel_run(self, run: PipelineRun, reason: str) -> CancelReply:
-        if not run.terminal:
-            run.finish("cancelled", reason or "cancelled by request", self._now())
-            await self._cancel_on_agents(run, run.reason)
-            await self._finished(run)  # persisted before anyone hears it ended
-            await self._publish_pipeline(run)
-        return CancelReply(pipeline_id=run.pipeline_id, state=run.state)
-
-    async def agents(self, req: AgentsRequest) -> AgentsReply:
-        now = self._now()
-        alive = {e.advert.agent_id for e in self.view.alive(now)}
-        full = self.store.full_devices(self.wall())
-        booked = self.store.snapshot()  # as planning sees them: less releases not yet written
-        out = []
-        for aid, entry in sorted(self.view.agents.items()):
-            if req.alive_only and aid not in alive:
-                continue
-            adv = entry.advert
-            out.append(
-                AgentSummary(
-                    agent_id=aid,
-                    incarnation=adv.incarnation,
-                    site=adv.site,
-                    tier=adv.tier,
-                    alive=aid in alive,
-                    devices=[
-                        f"{d.device_id}:{d.kind}{' (emulated)' if d.emulated else ''}"
-                        for d in adv.devices
-                    ],
-                    running=entry.running,
-                    last_seen_s=max(0.0, now - entry.last_seen),
-                    queues=self._queues(aid, adv.devices, booked, full),
-                    wire=entry.wire,
-                )
-            )
-        return AgentsReply(agents=out)
-
-    def _queues(
-        self,
-        agent_id: str,
-        devices: Iterable[DeviceSpec],
-        booked: Mapping[str, Cached],
-        full: Collection[str],
-    ) -> builtins.list[DeviceQueue]:  # `list` here is the API method
-        """The booking keys of an agent's devices: `booked`, the store's snapshot (what
-        planning sees; `key_bytes`: the value written); `full`, the devices planning leaves
-        alone for a full key."""
-        keys = ((d.device_id, device_key(agent_id, d.device_id)) for d in devices)
-        return [
-            DeviceQueue(
-                device_id=dev, windows=len(cached.book.windows),
-                key_bytes=self.store.sizes.get(key, 0), full=f"{agent_id}:{dev}" in full,
-            )
-            for dev, key in keys
-            if (cached := booked.get(key)) is not None
-        ]  # fmt: skip
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
         """In-process wait until `predicate` holds (re-checked on every pipeline change)."""

@@ -163,7 +163,7 @@ class Watchdog:
             ):
                 run.note(f"stalled, commit sent again: {', '.join(stalled)}")
             if stalled:
-                o._spawn(o._commit_all(run, set(stalled), look=False))
+                o._spawn(o.commits.commit_all(run, set(stalled), look=False))
                 starved = self._starved(run, stalled, looks)
                 if starved:
                     log.warning(
@@ -256,7 +256,7 @@ class Watchdog:
         task whose end was never heard, a `stalled` one, committed and free to start but not
         started, one `waiting` for inputs on the agent of a stalled one it had lost, one of a
         pipeline just `adopted`, one `unbooked` (displaced.py), or one `unstarted` at the look
-        after its commit (`Orchestrator._confirm_loop`). What it does about its answer is the
+        after its commit (`Commits.confirm_loop`). What it does about its answer is the
         agent's (module docstring)."""
         o = self.o
         tr = run.tasks[tid]

@@ -73,7 +73,7 @@ async def work_to_b(orch: Orchestrator) -> None:
         away = {("work", "a-cpu:cpu0"), ("work", "c-npu:npu0")}
         await orch.placer.place(run, only={"work"}, exclude=away)
         await orch.cancel_tasks(run, old, "moved by the test")
-        await orch._commit_all(run, {"work"})
+        await orch.commits.commit_all(run, {"work"})
         await orch.displaced.reroute_producers(run, old)
 
 

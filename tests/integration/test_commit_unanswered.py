@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import pytest
 
-from orchestrator import service
+from orchestrator import commits as commit_module
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of
@@ -68,7 +68,7 @@ async def cluster(
     nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Orchestrator, list[RecordingAgent], Commits]]:
     """An orchestrator, agents a1 and a2, and the commits they are sent."""
-    monkeypatch.setattr(service, "COMMIT_CONFIRM_S", CONFIRM_S)
+    monkeypatch.setattr(commit_module, "COMMIT_CONFIRM_S", CONFIRM_S)
     orch = Orchestrator(nats_url, stall_s=STALL_S)
     await orch.start()
     agents = [await one_device_agent(nats_url, a) for a in ("a1", "a2")]
@@ -95,7 +95,7 @@ async def test_commits_that_arrived_are_not_asked_for_again(
     run = await orch.wait_terminal("p", 20.0)
     assert run.state == "succeeded", run.reason
     assert await commits.at_least(1) == [("a1", ["x", "y"], False)]
-    assert orch.commits_resent == 0
+    assert orch.commits.resent == 0
     assert [e[1] for e in agent.log] == ["x", "y"]
 
 
@@ -108,7 +108,7 @@ async def test_a_lost_commit_is_asked_again_by_request_at_the_look(
     run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert run.state == "succeeded", run.reason
     assert dropped == [["t", "u"]]
-    assert orch.commits_resent == 1
+    assert orch.commits.resent == 1
     assert await commits.at_least(2) == [("a1", ["t", "u"], False), ("a1", ["t", "u"], True)]
     assert [e[1] for e in agent.log] == ["t", "u"]  # each ran once
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
@@ -125,7 +125,7 @@ async def test_a_lost_commit_of_tasks_still_waiting_is_found_once_they_are_free(
     run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert run.state == "succeeded", run.reason
     assert dropped == [["y"]]
-    assert orch.commits_resent == 1
+    assert orch.commits.resent == 1
     got = await commits.at_least(3)
     assert sorted(got[:2]) == [("a1", ["x"], False), ("a2", ["y"], False)]
     assert got[2] == ("a2", ["y"], True)
@@ -146,7 +146,7 @@ async def test_a_lost_commit_waiting_for_a_long_producer_is_asked_again_soon_aft
     await orch.submit_spec(chain(("x", 8 * CONFIRM_S, "a1"), ("y", 0.01, "a2")), "p")
     run = await orch.wait_terminal("p", STALL_S / 4)
     assert run.state == "succeeded", run.reason
-    assert dropped == [["y"]] and orch.commits_resent == 1
+    assert dropped == [["y"]] and orch.commits.resent == 1
     assert (await commits.at_least(3))[2] == ("a2", ["y"], True)
     (x,), (y,) = first.log, second.log
     assert y[3] - x[4] < 4 * CONFIRM_S, (x, y)  # x's end to y's start: 3.5 s at the old look
@@ -164,25 +164,25 @@ async def test_a_lost_commit_looked_at_while_the_lease_had_lapsed_is_asked_again
     orch, (agent, _), commits = cluster
     renewing = hold_renewals(orch, monkeypatch)
     queued, looked_again = asyncio.Event(), asyncio.Event()
-    look_later = orch._look_later
+    look_later = orch.commits.look_later
 
     def noted(pid: str, agent_id: str, tids: tuple[str, ...], wait_s: float) -> None:
         if pid == "p":  # the commit's look queued, then queued again at the look
             (looked_again if queued.is_set() else queued).set()
         look_later(pid, agent_id, tids, wait_s)
 
-    monkeypatch.setattr(orch, "_look_later", noted)
+    monkeypatch.setattr(orch.commits, "look_later", noted)
     dropped = agent.forget_first_commit()
     await orch.submit_spec(chain(("t", 0.01, "a1")), "p")
     await asyncio.wait_for(queued.wait(), 5.0)  # the commit is out, its look due
     orch.failover.leases.held["p"].valid_until = orch.mono()  # what an unrenewed lease comes to
     assert orch.failover.holds("p") and not orch.failover.may_act("p")
     await asyncio.wait_for(looked_again.wait(), 5.0)  # the look came while it had lapsed
-    assert orch.commits_resent == 0
+    assert orch.commits.resent == 0
     renewing.set()
     run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert run.state == "succeeded", run.reason
-    assert dropped == [["t"]] and orch.commits_resent == 1
+    assert dropped == [["t"]] and orch.commits.resent == 1
     assert await commits.at_least(2) == [("a1", ["t"], False), ("a1", ["t"], True)]
     assert not any("stalled" in line for line in run.placement_log)  # not the watchdog's
 
@@ -200,7 +200,7 @@ async def test_a_job_its_agent_lost_is_asked_about_at_the_look_and_placed_again(
     await orch.submit_spec(chain(("t", 0.01, "a1")), "p")
     run = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert run.state == "succeeded", run.reason
-    assert list(lost) == ["t"] and orch.commits_resent == 1
+    assert list(lost) == ["t"] and orch.commits.resent == 1
     sent = await commits.at_least(2)
     assert sent[:2] == [("a1", ["t"], False), ("a1", ["t"], True)]  # sent again at the look
     said = f"t unstarted, asked a1 about token {lost['t']}: holds no such job"
@@ -232,7 +232,7 @@ async def test_a_re_placed_task_its_agent_does_not_start_is_looked_at_too(
     await first.stop()  # x goes with it: placed again on the other
     done = await orch.wait_terminal("p", STALL_S / 4)  # long before the watchdog would look
     assert done.state == "succeeded", done.reason
-    assert dropped == [["x"]] and orch.commits_resent == 1
+    assert dropped == [["x"]] and orch.commits.resent == 1
     assert done.tasks["x"].agent_id == other.agent_id
     asked = [(a, t, req) for a, t, req in await commits.at_least(3) if a == other.agent_id]
     assert asked == [(other.agent_id, ["x"], True)] * 2  # the re-placement's, and again

@@ -252,7 +252,7 @@ async def test_cancel_kills_the_exec_process(cluster: Cluster, tmp_path: Path) -
     path = fifo(tmp_path)
     pid = await submit(orch, "cancel-me", sleeper(path))
     proc = int(await asyncio.to_thread(read_fifo, path))
-    await orch.cancel(CancelRequest(pipeline_id=pid, reason="test"))
+    await orch.queries.cancel(CancelRequest(pipeline_id=pid, reason="test"))
     assert await agent.wait_idle(5.0)
     assert dead(proc)
 

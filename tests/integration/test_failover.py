@@ -462,7 +462,7 @@ async def test_a_cancelled_pipeline_is_recorded_before_anyone_hears_it_ended(
         await nc.subscribe(subjects.pipeline_event("c-1"), cb=on_event)
         await settle(nc)
         await orch.submit_spec(chain("c", [5.0]), "c-1")
-        await orch.cancel(CancelRequest(pipeline_id="c-1", reason="test"))
+        await orch.queries.cancel(CancelRequest(pipeline_id="c-1", reason="test"))
         async with asyncio.timeout(10):
             await heard.wait()
         assert read == ["cancelled"]
@@ -490,20 +490,20 @@ async def test_a_pipeline_not_recorded_yet_is_answered_by_its_holder_elsewhere(
     orch.persist = held  # type: ignore[method-assign]
     try:
         await orch.submit_spec(chain("u", [1.0]), "u-1")
-        st = await other.status(StatusRequest(pipeline_id="u-1"))  # no record: the holder's
+        st = await other.queries.status(StatusRequest(pipeline_id="u-1"))  # no record: the holder's
         assert st.state == "running" and st.owner == orch.owner
         found = await orch.failover.runs.record("u-1")
         assert found is None  # not from a record
         # a replica asked for a pipeline it does not hold refuses, not passes it on again
         with pytest.raises(ServiceError) as err:
-            await other._status_held(StatusRequest(pipeline_id="u-1"))
+            await other.queries._status_held(StatusRequest(pipeline_id="u-1"))
         assert err.value.code == "unavailable"
         with pytest.raises(ServiceError) as err:
-            await other.status(StatusRequest(pipeline_id="never-submitted"))
+            await other.queries.status(StatusRequest(pipeline_id="never-submitted"))
         assert err.value.code == "not_found"
         hold.set()
         await persist(orch.pipelines["u-1"])  # the first record, written
-        st = await other.status(StatusRequest(pipeline_id="u-1"))
+        st = await other.queries.status(StatusRequest(pipeline_id="u-1"))
         assert st.state == "running" and st.owner == orch.owner
     finally:
         hold.set()
@@ -545,7 +545,7 @@ def hold_records_and_commits(orch: Orchestrator) -> asyncio.Event:
     """Its records and commits wait until the event is set (an owner about to die before
     its first record, its commits not yet out)."""
     hold = asyncio.Event()
-    persist, commit = orch.persist, orch._commit_all
+    persist, commit = orch.persist, orch.commits.commit_all
 
     async def held_persist(run: PipelineRun) -> None:
         await hold.wait()
@@ -556,7 +556,7 @@ def hold_records_and_commits(orch: Orchestrator) -> asyncio.Event:
         await commit(run, task_ids, **kw)
 
     orch.persist = held_persist  # type: ignore[method-assign]
-    orch._commit_all = held_commit  # type: ignore[method-assign]
+    orch.commits.commit_all = held_commit  # type: ignore[method-assign]
     return hold
 
 
@@ -808,7 +808,7 @@ async def test_a_pipeline_that_ended_while_its_lease_lapsed_is_recorded_once_res
         assert reply.state == "running"
         leases.held["lapse-1"].valid_until = orch.mono()  # what an unrenewed lease comes to
         assert not orch.failover.may_act("lapse-1")
-        await orch.cancel(CancelRequest(pipeline_id="lapse-1", reason="lapsed"))
+        await orch.queries.cancel(CancelRequest(pipeline_id="lapse-1", reason="lapsed"))
         assert (await orch.wait_terminal("lapse-1", 10.0)).state == "cancelled"
         found = await orch.failover.runs.record("lapse-1")
         assert found is None or found[0].state == "running"  # fenced: its end not written
@@ -1038,7 +1038,7 @@ async def test_a_pipeline_ended_unrecorded_is_kept_until_its_end_is_written(
     try:
         await orch.submit_spec(chain("kept", [5.0]), "kept-1")
         leases.held["kept-1"].valid_until = orch.mono()  # lapsed
-        await orch.cancel(CancelRequest(pipeline_id="kept-1", reason="ended while lapsed"))
+        await orch.queries.cancel(CancelRequest(pipeline_id="kept-1", reason="ended while lapsed"))
         assert not orch.failover.end_recorded("kept-1")
         # the next pipeline remembered drops every finished one
         monkeypatch.setattr(service, "MAX_PIPELINES_KEPT", 0)
@@ -1075,7 +1075,7 @@ async def test_a_lapsed_replica_answers_from_its_copy_when_jetstream_does_not(
         with pytest.raises(TimeoutError):  # one it knows nothing of: said as such
             await orch.status_of("elsewhere-1")
         # a cancel too is served here (its end written once the lease is renewed)
-        got = await orch.cancel(CancelRequest(pipeline_id="cut-1", reason="cut off"))
+        got = await orch.queries.cancel(CancelRequest(pipeline_id="cut-1", reason="cut off"))
         assert got.state == "cancelled" and orch.pipelines["cut-1"].state == "cancelled"
     finally:
         await stop_cluster(orch, agents)

@@ -311,7 +311,7 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     await report(encode(true))  # t is held on a: its end is still to come
     assert orch.displaced.early == {("p", "t"): (true, run.tasks["t"].token)}
     assert orch.displaced.inputs_regrown == 0
-    await orch.cancel(CancelRequest(pipeline_id="p"))
+    await orch.queries.cancel(CancelRequest(pipeline_id="p"))
     assert not orch.displaced.early  # forgotten with its pipeline
     agents["a"].gates["t"].set()
     await orch.submit_spec(t_then_u(), "p2")

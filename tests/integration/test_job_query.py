@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 
 from edge_agent.core import Job
 from edge_agent.executors import Output
-from orchestrator import procs, service
+from orchestrator import commits, procs
 from orchestrator.client import Client
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.service import Orchestrator
@@ -125,7 +125,7 @@ async def test_a_stalled_task_its_agent_lost_is_placed_again_once_asked(
     agent reports it cancelled and it is placed again at once, not two looks later as
     starved. (The look after the commit, which would find it first, is put off here: this
     is the watchdog's own ask, for a loss after that look.)"""
-    monkeypatch.setattr(service, "COMMIT_CONFIRM_S", 60.0)
+    monkeypatch.setattr(commits, "COMMIT_CONFIRM_S", 60.0)
     async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
         lost = lose_jobs_at_first_commit(agent)
         run = await run_to_end(orch, one_task(0.05))
@@ -164,7 +164,7 @@ async def test_an_agent_that_lost_a_stalled_job_is_asked_about_the_pipelines_oth
         {"id": "t", "run": {"kind": "synthetic", "seconds": 0.05}},
         {"id": "u", "run": {"kind": "synthetic", "seconds": 0.05}, "deps": ["t"]},
     ]})  # fmt: skip
-    monkeypatch.setattr(service, "COMMIT_CONFIRM_S", 60.0)  # (as in the test above)
+    monkeypatch.setattr(commits, "COMMIT_CONFIRM_S", 60.0)  # (as in the test above)
     async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
         lost = lose_jobs_at_first_commit(agent)
         run = await run_to_end(orch, chained)

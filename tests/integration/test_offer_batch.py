@@ -123,5 +123,5 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
         )
         run = PipelineRun("commit-again", spec, 0.0)
         run.tasks["a"].agent_id, run.tasks["a"].state = "slow", "accepted"
-        await orch._commit_all(run, {"a"})
+        await orch.commits.commit_all(run, {"a"})
         assert [c.task_ids for c in got] == [["a"], ["a"]]

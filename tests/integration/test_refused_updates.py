@@ -159,7 +159,7 @@ async def test_a_consumer_moved_while_its_producers_agent_cannot_hear_fetches_th
         # the caller of a re-placement withdraws the old one and commits the new (recovery)
         await orch.cancel_tasks(run, old, "moved", max_token=old_token)
         link.restore()
-        await orch._commit_all(run, {"q"})
+        await orch.commits.commit_all(run, {"q"})
         b.gate.set()
         done = await orch.wait_terminal("fetch-1", 30.0)
         assert done.state == "succeeded", done.reason

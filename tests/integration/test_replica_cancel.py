@@ -30,7 +30,9 @@ async def test_a_cancel_given_to_another_replica_is_passed_to_the_holder(nats_ur
         ):  # fmt: skip
             await owner.submit_spec(chain("far", [30.0]), "far-1")
             assert "far-1" not in other.pipelines
-            reply = await other.cancel(CancelRequest(pipeline_id="far-1", reason="from the other"))
+            reply = await other.queries.cancel(
+                CancelRequest(pipeline_id="far-1", reason="from the other")
+            )
             assert reply.state == "cancelled"
             run = owner.pipelines["far-1"]  # cancelled where it is held, with the reason given
             assert run.state == "cancelled" and run.reason == "from the other"
@@ -38,10 +40,10 @@ async def test_a_cancel_given_to_another_replica_is_passed_to_the_holder(nats_ur
             assert rec.state == "cancelled" and rec.owner == "orch-owner"
             # ended and given back: the other answers from the record, and again and again
             for _ in range(2):
-                again = await other.cancel(CancelRequest(pipeline_id="far-1"))
+                again = await other.queries.cancel(CancelRequest(pipeline_id="far-1"))
                 assert again.state == "cancelled"
             with pytest.raises(ServiceError) as nf:
-                await other.cancel(CancelRequest(pipeline_id="never-1"))
+                await other.queries.cancel(CancelRequest(pipeline_id="never-1"))
             assert nf.value.code == "not_found"
             # passed on to a replica that does not hold it: refused, not passed on again
             with pytest.raises(RemoteError) as refused:
@@ -71,7 +73,7 @@ async def test_a_cancel_made_under_a_lapsed_lease_reaches_the_adopter(
             # what an unrenewed lease comes to
             first.failover.leases.held["lost-1"].valid_until = first.mono()
             assert not first.failover.may_act("lost-1")
-            got = await first.cancel(CancelRequest(pipeline_id="lost-1", reason="lapsed"))
+            got = await first.queries.cancel(CancelRequest(pipeline_id="lost-1", reason="lapsed"))
             assert got.state == "cancelled"
             await second.wait_for(lambda: "lost-1" in second.pipelines, 20.0)
             assert not second.pipelines["lost-1"].terminal  # resumed as the record says
@@ -109,15 +111,15 @@ async def test_a_pipeline_no_replica_holds_now_is_ask_again_not_not_found(
         await owners.put("ghost-1", encode(lapsed))
         await runs.put(spec_key("ghost-1"), encode(chain("ghost", [0.1])))  # answered
         for ask in (
-            orch.cancel(CancelRequest(pipeline_id="ghost-1")),
-            orch.status(StatusRequest(pipeline_id="ghost-1")),
+            orch.queries.cancel(CancelRequest(pipeline_id="ghost-1")),
+            orch.queries.status(StatusRequest(pipeline_id="ghost-1")),
         ):
             with pytest.raises(ServiceError) as later:
                 await ask
             assert later.value.code == "unavailable", later.value
         for ask in (
-            orch.cancel(CancelRequest(pipeline_id="never-1")),
-            orch.status(StatusRequest(pipeline_id="never-1")),
+            orch.queries.cancel(CancelRequest(pipeline_id="never-1")),
+            orch.queries.status(StatusRequest(pipeline_id="never-1")),
         ):
             with pytest.raises(ServiceError) as nf:
                 await ask

@@ -34,26 +34,26 @@ async def test_list_answers_with_every_replicas_pipelines(nats_url: str) -> None
             assert await second.wait_for_agents(1, 10.0) == 1
             await first.submit_spec(chain("old", [30.0]), "old-1")
             await second.submit_spec(chain("new", [30.0]), "new-1")
-            await first.cancel(CancelRequest(pipeline_id="old-1"))
+            await first.queries.cancel(CancelRequest(pipeline_id="old-1"))
             for orch in (first, second):  # each holds one, and lists both, newest first
-                got = await orch.list(ListRequest())
+                got = await orch.queries.list(ListRequest())
                 assert ids(got) == ["new-1", "old-1"] and got.unanswered == []
                 assert [p.state for p in got.pipelines] == ["running", "cancelled"]
                 assert [p.owner for p in got.pipelines] == ["orch-second", "orch-first"]
-                assert ids(await orch.list(ListRequest(state="cancelled"))) == ["old-1"]
-                assert ids(await orch.list(ListRequest(limit=1))) == ["new-1"]
+                assert ids(await orch.queries.list(ListRequest(state="cancelled"))) == ["old-1"]
+                assert ids(await orch.queries.list(ListRequest(limit=1))) == ["new-1"]
             for _ in range(4):  # through the queue group, whichever replica answers
                 assert ids(await client.list()) == ["new-1", "old-1"]
             # a replica heard from lately that does not answer (crashed since): said, not hidden
-            first.list_wait_s = 0.5
+            first.queries.list_wait_s = 0.5
             first.replicas.heard["orch-gone"] = first.mono()
-            got = await first.list(ListRequest())
+            got = await first.queries.list(ListRequest())
             assert ids(got) == ["new-1", "old-1"] and got.unanswered == ["orch-gone"]
             del first.replicas.heard["orch-gone"]
             # one that stops says goodbye, and is asked no more
             await second.stop()
             await first.replicas.wait_until(lambda: first.replicas.up() == [], 10.0)
-            assert (await first.list(ListRequest())).unanswered == []
+            assert (await first.queries.list(ListRequest())).unanswered == []
     finally:
         await client.close()
 

@@ -798,7 +798,7 @@ async def test_a_producer_whose_place_a_round_took_runs_again_not_never(nats_url
             "on c: it runs there again" in x
             for x in run.placement_log
         ), run.placement_log
-        await orch._commit_all(run, {"p", "l"})
+        await orch.commits.commit_all(run, {"p", "l"})
         heard.set()
         done = await orch.wait_terminal("low", 15.0)
         assert done.state == "succeeded", done.reason
