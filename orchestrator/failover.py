@@ -598,7 +598,7 @@ class Failover:
             self.placed_anew += 1
             self._spec_saved.add(pid)
             why = f"adopted by {o.owner} from {lease.owner} (epoch {epoch}) with no record: "
-            await o.place_anew(pid, spec, why + "placed anew")
+            await o.submissions.place_anew(pid, spec, why + "placed anew")
             run = o.pipelines.get(pid)
             if run is not None and not run.terminal:  # (a pipeline that ended gave all back)
                 self.give_back_strays(pid, keep=run.devices())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import time
@@ -12,7 +11,6 @@ import uuid
 from collections.abc import (
     Awaitable,
     Callable,
-    Coroutine,
     Sequence,
 )
 from typing import Any, TypeVar
@@ -33,7 +31,7 @@ from orchestrator.displaced import Displaced
 from orchestrator.eventloop import Pacer
 from orchestrator.failover import OWNER_LEASE_S, Failover
 from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import PlacementFailed, Placer
+from orchestrator.placement import Placer
 from orchestrator.planning import PLAN_BUDGET_S
 from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
@@ -47,7 +45,14 @@ from orchestrator.reservations.store import (
     device_key_of,
     key_limit,
 )
-from orchestrator.scheduling import Placement, Unschedulable, compiled
+from orchestrator.scheduling import Placement, compiled
+from orchestrator.submissions import (
+    MAX_QUEUED_SUBMITS,
+    SUBMITS_AT_ONCE,
+    Submissions,
+    refuse,
+    timing_log,
+)
 from orchestrator.watchdog import STALL_S, Watchdog
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
@@ -67,8 +72,6 @@ from schemas.codec import (
     Encoding,
     decode,
     encode,
-    encoding_of,
-    error_reply,
     headers_for,
 )
 from schemas.events import PipelineEvent, TaskEvent
@@ -83,9 +86,7 @@ from schemas.placement import (
 )
 from schemas.rpc import (
     RemoteError,
-    ServiceError,
     handle,
-    let_sends_out,
     nats_error_logger,
     request,
     settle,
@@ -93,13 +94,6 @@ from schemas.rpc import (
 from schemas.wire import level_of
 
 log = logging.getLogger("mars.orchestrator")
-#: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
-timing_log = logging.getLogger("mars.timing")
-#: ... its format (benchmarks/placement_latency.py reads it back).
-TIMING_LINE = (
-    "placed %s claim_ms=%.3f plan_ms=%.3f send_ms=%.3f book_ms=%.3f offer_ms=%.3f "
-    "total_ms=%.3f budget_ms=%.1f conflicts=%d rejections=%d held_ms=%.3f start_mono=%.6f"
-)
 VERSION = "0.1.0"
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
@@ -114,17 +108,6 @@ RENEW_SLICE_TASKS = 2000
 MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
-#: Submissions one process serves at once. The planner stays one at a time (`Placer`); the
-#: next submission's claim, and its wait for the planner, overlap the one before's offers,
-#: commit and reply. Four at once shortened the wait of random arrivals when the host was
-#: fast and lengthened their placements when it was slow (docs/placement-latency.md).
-SUBMITS_AT_ONCE = 2
-#: Submissions waiting for one of those at most; one more is answered `unavailable` at once
-#: (the client hears "busy, try again", not a timeout).
-MAX_QUEUED_SUBMITS = 1024
-#: A submission whose client will have given up within this long (or a quarter of its
-#: timeout, if less) is not served: see `SubmitRequest.timeout_ms`.
-STALE_MARGIN_S = 0.5
 #: How often the booking keys of departed devices are looked for (`drop_departed`).
 DEPARTED_SWEEP_S = 600.0
 #: At stop, the last writes (learned corrections, gathered results, deferred releases) get
@@ -139,8 +122,6 @@ FINAL_WRITES_S = 10.0
 EVENTS_BEHIND = 512
 EVENTS_CAUGHT_UP = 64
 EVENTS_WAIT_S = 5.0
-#: An adopted pipeline waiting for an agent looks at its lease at least this often.
-AGENT_WAIT_LOOK_S = 2.0
 #: API requests (other than submits, which have their own queue) served at once per replica.
 MAX_API_IN_FLIGHT = 256
 #: A replica's name is a token of its own subjects (`subjects.replica_*`): an `Ident`.
@@ -188,19 +169,10 @@ class Orchestrator:
         self._service: Any = None
         self._changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
-        #: Submissions waiting to be served, each with when it arrived (monotonic clock); at
-        #: most `max_queued_submits` beyond those the idle workers are about to take.
-        self._submit_queue: asyncio.Queue[tuple[float, Request]] = asyncio.Queue()
-        self.max_queued_submits = max_queued_submits
-        self._idle_workers = 0
+        #: The submit endpoint's queue and workers, and new pipelines' placement.
+        self.submissions = Submissions(self, max_queued_submits)
         #: `status`, `list`, `cancel` and `agents` requests being served now.
         self._api_in_flight = 0
-        #: Submissions not served because their client had given up (`SubmitRequest.timeout_ms`)
-        #: or refused because the queue was full.
-        self.stale_submissions = 0
-        self.refused_submissions = 0
-        #: Ids being submitted now: the same id submitted again meanwhile waits for the first.
-        self._submitting: dict[str, asyncio.Event] = {}
         self.cluster_changed = asyncio.Event()
         self.lease_s = lease_s
         self.placer = Placer(self)
@@ -298,7 +270,7 @@ class Orchestrator:
             description="MARS pipeline API",
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
-            ("submit", subjects.SUBMIT, self._enqueue_submit),
+            ("submit", subjects.SUBMIT, self.submissions.enqueue),
             ("status", subjects.STATUS, self._ep(StatusRequest, self.queries.status)),
             ("list", subjects.LIST, self._ep(ListRequest, self.queries.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.queries.cancel)),
@@ -308,7 +280,7 @@ class Orchestrator:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
         self._service = svc
         for _ in range(SUBMITS_AT_ONCE):
-            self._spawn(self._submit_worker())
+            self._spawn(self.submissions.worker())
         await nc.publish(subjects.DISCOVER, b"")
         self._spawn(self._renew_loop())
         self._spawn(self._departed_loop())
@@ -327,7 +299,8 @@ class Orchestrator:
     def idle(self) -> bool:
         """Nothing being submitted, placed or waiting to be: a collection now holds up no
         reply."""
-        return not self._submitting and not self.placer.placing and self._submit_queue.empty()
+        subs = self.submissions
+        return not subs.submitting and not self.placer.placing and subs.queue.empty()
 
     async def _on_nats_down(self) -> None:
         self.recovery.observer_lost()
@@ -396,9 +369,9 @@ class Orchestrator:
         if self._service is not None:
             with contextlib.suppress(Exception):
                 await self._service.stop()
-        while not self._submit_queue.empty():  # not served: said so, not left to time out
-            _, req = self._submit_queue.get_nowait()
-            await self._refuse(req, "this orchestrator is stopping; submit again")
+        while not self.submissions.queue.empty():  # not served: said so, not left to time out
+            _, req = self.submissions.queue.get_nowait()
+            await refuse(req, "this orchestrator is stopping; submit again")
         if self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
@@ -419,7 +392,7 @@ class Orchestrator:
                 with contextlib.suppress(Exception):  # the requester may be gone
                     await req.respond(body, headers=headers)
             except asyncio.CancelledError:  # stopping: said, not left to time out
-                await self._refuse(req, "this orchestrator is stopping; ask again")
+                await refuse(req, "this orchestrator is stopping; ask again")
                 raise
             finally:
                 self._api_in_flight -= 1
@@ -427,43 +400,12 @@ class Orchestrator:
         async def endpoint(req: Request) -> None:
             if self._api_in_flight >= MAX_API_IN_FLIGHT:
                 n = self._api_in_flight
-                await self._refuse(req, f"{n} requests are being served here; try again soon")
+                await refuse(req, f"{n} requests are being served here; try again soon")
                 return
             self._api_in_flight += 1
             self._spawn(serve(req))
 
         return endpoint
-
-    async def _enqueue_submit(self, req: Request) -> None:
-        """The submit endpoint: each request is queued with when it arrived, for the
-        SUBMITS_AT_ONCE workers (`_submit_worker`); one beyond MAX_QUEUED_SUBMITS is refused
-        at once. Queued here rather than in the client library, a request's wait is known."""
-        waiting = self._submit_queue.qsize() - self._idle_workers
-        if waiting >= self.max_queued_submits:
-            self.refused_submissions += 1
-            await self._refuse(req, f"{waiting} submissions are waiting here; try again soon")
-            return
-        self._submit_queue.put_nowait((self._now(), req))
-
-    async def _refuse(self, req: Request, why: str) -> None:
-        body, headers = error_reply("unavailable", why, None, encoding_of(req.headers))
-        with contextlib.suppress(Exception):  # the requester may be gone
-            await req.respond(body, headers=headers)
-
-    async def _submit_worker(self) -> None:
-        queue = self._submit_queue
-        while True:
-            self._idle_workers += 1
-            try:
-                arrived, req = await queue.get()
-            finally:
-                self._idle_workers -= 1
-            try:
-                served = functools.partial(self.submit, arrived=arrived)
-                body, headers = await handle(req.data, req.headers, SubmitRequest, served)
-                await req.respond(body, headers=headers)
-            except Exception as exc:  # the requester times out; the service stays up
-                log.warning("could not answer a request on %s: %s", req.subject, exc)
 
     # -- cluster view ---------------------------------------------------------------------------
     async def _on_advert(self, msg: Msg) -> None:
@@ -616,261 +558,12 @@ class Orchestrator:
             await self.nc.publish(subjects.pipeline_event(run.pipeline_id), encode(ev))
 
     # -- API ------------------------------------------------------------------------------------
-    async def _check_fresh(self, req: SubmitRequest, arrived: float | None) -> None:
-        """Refuse to serve a submission whose client has given up on it, or will have before
-        it can be answered (`SubmitRequest.timeout_ms`, counted from its arrival here)."""
-        if arrived is None or req.timeout_ms is None:
-            return
-        timeout = req.timeout_ms / 1e3
-        waited = self._now() - arrived
-        if waited < timeout - min(STALE_MARGIN_S, timeout / 4):
-            return
-        self.stale_submissions += 1
-        async with self._changed:
-            self._changed.notify_all()
-        log.info(
-            "submission %s not served: it waited %.0f ms of its client's %d",
-            req.pipeline_id or "(no id)", 1e3 * waited, req.timeout_ms,
-        )  # fmt: skip
-        raise ServiceError(
-            "unavailable",
-            f"waited {1e3 * waited:.0f} ms here of the {req.timeout_ms} ms its client waits: "
-            "not placed; submit it again (with a pipeline_id, a retry is never placed twice)",
-        )
-
-    async def submit(self, req: SubmitRequest, arrived: float | None = None) -> SubmitReply:
-        """Serve a submission; `arrived`: when it reached this process (monotonic clock),
-        for a request that says how long its client waits."""
-        await self._check_fresh(req, arrived)
-        pid = req.pipeline_id or uuid.uuid4().hex
-        while (first := self._submitting.get(pid)) is not None:
-            await first.wait()  # the same id twice at once: answered as the first ended
-        self._submitting[pid] = done = asyncio.Event()
-        try:
-            return await self._submit(req, pid, arrived)
-        finally:
-            del self._submitting[pid]
-            done.set()
-
-    async def _submit(self, req: SubmitRequest, pid: str, arrived: float | None) -> SubmitReply:
-        existing = self.pipelines.get(pid)
-        if existing is not None:
-            if existing.spec != req.pipeline:
-                raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
-            return self._submit_reply(existing)
-        t_in = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for the whole host
-        if await self._catch_up_events():
-            await self._check_fresh(req, arrived)  # held back by events for a while: still wanted?
-        t0 = time.perf_counter()
-        run = PipelineRun(
-            pid, req.pipeline, self._now(), submitted_wall=self.wall(), owner=self.owner
-        )
-        run.state = "placing"
-        # The ownership claim goes out first and is awaited only before booking, so its
-        # round trip overlaps planning; the run is remembered once the claim is ours.
-        claim = asyncio.ensure_future(self._own(run))
-        await let_sends_out()
-        try:
-            return await self._place_new(run, claim, t_in, t0)
-        except OwnedElsewhere as other:
-            return other.reply  # lost the claim: nothing was booked or offered
-        finally:
-            await self.failover.spec_saved(pid)  # a write begun is never left behind
-
-    async def place_anew(self, pid: str, spec: PipelineSpec, why: str) -> None:
-        """Place a pipeline this replica has just taken over with no record of it (answered
-        by a replica that died before recording it), as a new submission under the lease
-        already held: `why` goes to its log first, a failure is the pipeline's end (recorded and
-        published, as a submission's)."""
-        t = time.perf_counter()
-        run = PipelineRun(pid, spec, self._now(), submitted_wall=self.wall(), owner=self.owner)
-        run.state = "placing"
-        run.note(why)
-        self._remember(run)
-        try:
-            await self._place_new(run, None, t, t, anew=True)
-        except ServiceError as exc:
-            log.warning("pipeline %s, placed anew, not placed: %s", pid, exc.message)
-
-    async def _place_once_an_agent_is_up(self, run: PipelineRun) -> None:
-        """An adopted pipeline placed anew while no agent was up waits, its lease renewed,
-        until one is (or it is cancelled, or lost to another replica), then is placed anew."""
-        pid = run.pipeline_id
-        log.info("pipeline %s adopted with no agent up: placed anew once one is", pid)
-        while True:
-            self.cluster_changed.clear()  # before looking: an advert from now on wakes us
-            if self.pipelines.get(pid) is not run or run.terminal or not self.failover.holds(pid):
-                return
-            if self.failover.may_act(pid) and self.view.alive(self._now()):
-                break
-            with contextlib.suppress(TimeoutError):  # the lease is looked at again meanwhile
-                await asyncio.wait_for(self.cluster_changed.wait(), AGENT_WAIT_LOOK_S)
-        await self.place_anew(pid, run.spec, "an agent is up: placed anew")
-
-    async def _place_new(
-        self,
-        run: PipelineRun,
-        claim: asyncio.Future[None] | None,
-        t_in: float,
-        t0: float,
-        anew: bool = False,
-    ) -> SubmitReply:
-        """Plan, book, offer and commit a new pipeline (`claim`: its ownership claim, awaited
-        before anything is booked; None: its lease is held already) and answer for it.
-        `anew`: a replica that died placed it before: each of its tasks is placed as moving
-        (the windows booked for it then are dropped from every key its new plan writes, and
-        not in its way), and offered under a token (replacing what is queued for it)."""
-        pid = run.pipeline_id
-        try:
-            await self.placer.place(run, only=set(run.tasks) if anew else None, gate=claim)
-            failed: PlacementFailed | None = None
-        except PlacementFailed as exc:
-            failed = exc
-        except BaseException as exc:
-            if claim is not None and not claim.done():
-                claim.cancel()
-                with contextlib.suppress(BaseException):
-                    await claim
-            if isinstance(exc, Exception) and self.pipelines.get(pid) is run:
-                await self._abandon(run, anew, exc)
-                raise ServiceError(
-                    "unavailable",
-                    f"placing {pid} failed part-way ({type(exc).__name__}: {exc}); nothing of "
-                    "it was kept: submit it again",
-                ) from exc
-            raise
-        if claim is not None:
-            await claim  # a plan can fail before the gate: whose pipeline is it?
-        if failed is not None:
-            cause = failed.__cause__
-            unsched = isinstance(cause, Unschedulable)
-            if (
-                isinstance(cause, Unschedulable)
-                and cause.no_devices
-                and (anew or claim is not None)
-            ):
-                # no agent up when it was planned (a site restarting, a fleet not back yet;
-                # judged by what the plan saw: one may be back by now): not this pipeline's
-                # fault. A new one's id is left free for a retry (refused as unschedulable, it
-                # was ended, and every resubmit answered with that end); one adopted is left
-                # where it is, under the lease held, and placed anew once an agent is up (ended,
-                # its client was told it failed for the outage; let go, it was adopted again
-                # every few seconds, a warning each time, until one was)
-                if anew:  # (its adopter gives back what the dead owner booked for it)
-                    await self.placer.withdrawn(pid)  # before the next placement's offers
-                    run.note("no agent is up: placed anew once one is")
-                    self._spawn(self._place_once_an_agent_is_up(run))
-                    async with self._changed:
-                        self._changed.notify_all()
-                    return self._submit_reply(run)
-                await self._abandon(run, False, failed)
-                raise ServiceError(
-                    "unavailable",
-                    "no agent is up: nothing was placed, and the pipeline id is free; "
-                    "submit it again once agents are back",
-                ) from failed
-            # a pipeline that does not fit the fleet is the submitter's news (info); one lost
-            # to conflicts or rejections round after round is the operator's (warning)
-            log.log(
-                logging.INFO if unsched else logging.WARNING,
-                "pipeline %s not placed: %s (%s)", pid, failed,
-                "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
-            )  # fmt: skip
-            run.finish("unschedulable" if unsched else "failed", str(failed), self._now())
-            await self._finished(run)
-            await self._publish_pipeline(run)
-            raise ServiceError(
-                "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
-            ) from failed
-        if not anew and not await self.failover.spec_written(run):
-            # answered without its spec on the bucket, it could be adopted as never answered
-            # (no spec, no record yet) and its id freed while its client waits for its end
-            # (JetStream is slow for a few seconds after a server restart): not committed,
-            # what it booked and was offered goes back, and its client asks again
-            unwritten = ServiceError(
-                "unavailable",
-                f"placing {pid}: its spec could not be written; nothing of it was kept: "
-                "submit it again",
-            )
-            await self.cancel_tasks(
-                run, dict(run.placements), "its spec could not be written",
-                max_token=max((tr.token for tr in run.tasks.values()), default=0),
-            )  # fmt: skip
-            await self._abandon(run, False, unwritten)
-            raise unwritten
-        run.committed_at = self._now()
-        run.state = "running"
-        # The plan is committed once booked and accepted: starting the tasks (the commit
-        # messages, looked after until each agent shows it has them) and the record are off
-        # the reply's path, and begin once the reply is written (tasks spawned now would run
-        # before it).
-        self._spawn(_after_reply(self.commits.commit_all(run, set(run.tasks), unanswered=True)))
-        await self._publish_pipeline(run)
-        self._spawn(_after_reply(self.persist(run)))  # status falls back to memory meanwhile
-        # (its spec is on the bucket before anyone is told of it, above: begun with the claim,
-        # long written by now; an adopter that finds no record places it anew)
-        reply = self._submit_reply(run)
-        if timing_log.isEnabledFor(logging.DEBUG):
-            st = run.step_s
-            timing_log.debug(
-                TIMING_LINE, pid,
-                1e3 * st.get("claim", 0.0), 1e3 * st.get("plan", 0.0), 1e3 * st.get("send", 0.0),
-                1e3 * st.get("book", 0.0), 1e3 * st.get("offer", 0.0),
-                1e3 * (time.perf_counter() - t0), 1e3 * st.get("budget", 0.0), run.conflicts,
-                run.rejections, 1e3 * (t0 - t_in), t_in,
-            )  # fmt: skip
-        return reply
-
-    async def _abandon(self, run: PipelineRun, anew: bool, why: Exception) -> None:
-        """A placement given up, not failed: NATS or JetStream went away mid-booking (`why`
-        any exception), or no agent was up for a new submission (`why` a PlacementFailed;
-        an adopted one waits for an agent instead). Not left "placing" for
-        ever (its lease renewed, every resubmit answered with it): what it booked goes back
-        (or expires, renewed no more), agents drop what they were offered (never committed,
-        its status unknown). A new submission frees its id: its client is told `unavailable`
-        and submits again. One placed anew (its client answered long ago) is let go
-        unrecorded: its lease lapses and a replica adopts it, placing it anew."""
-        pid = run.pipeline_id
-        level = logging.INFO if isinstance(why, PlacementFailed) else logging.WARNING
-        log.log(level, "placing %s given up (%r): nothing of it kept", pid, why)
-        # Out of sight before anything is awaited: a resubmit given to another replica asks
-        # the lease's holder, which answered from this run while it was given up ("placing"),
-        # and its client waited for an end that never came (booking_stress seeds 515, 516)
-        self.pipelines.pop(pid, None)
-        await self.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
-        self.failover.give_back_strays(pid, keep=())
-        if anew:
-            self.failover.let_go(pid)
-        else:
-            with contextlib.suppress(Exception):
-                await self.failover.forget_unplaced(pid)
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def _own(self, run: PipelineRun) -> None:
-        """Claim a new pipeline's ownership lease and remember the run; OwnedElsewhere when
-        another replica holds it (carrying that replica's answer)."""
-        elsewhere = await self.failover.claim(run.pipeline_id, run.spec)
-        if elsewhere is not None:
-            raise OwnedElsewhere(elsewhere)
-        self.failover.save_spec(run)
-        self._remember(run)
-
     async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:
         """In-process submit (tests, tools): the same path as the API."""
-        return await self.submit(SubmitRequest(pipeline=spec, pipeline_id=pipeline_id))
+        return await self.submissions.submit(SubmitRequest(pipeline=spec, pipeline_id=pipeline_id))
 
     async def status_of(self, pipeline_id: str) -> StatusReply:
         return await self.queries.status(StatusRequest(pipeline_id=pipeline_id))
-
-    def _submit_reply(self, run: PipelineRun) -> SubmitReply:
-        return SubmitReply(
-            pipeline_id=run.pipeline_id,
-            state=run.state,
-            algorithm=run.algorithm,
-            makespan_s=run.planned_makespan_s,
-            plan=run.plan,
-        )
 
     def _remember(self, run: PipelineRun) -> None:
         self.pipelines[run.pipeline_id] = run
@@ -1101,25 +794,6 @@ class Orchestrator:
                 lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].settled
             )
         return self.pipelines[pipeline_id]
-
-
-async def _after_reply(work: Coroutine[Any, Any, None]) -> None:
-    """`work`, once the reply being sent now is on the wire: nats-py writes it at the loop's
-    next turn, after whatever was scheduled before it."""
-    try:
-        await let_sends_out()
-    except BaseException:
-        work.close()  # stopped first: never started, and never left unawaited
-        raise
-    await work
-
-
-class OwnedElsewhere(Exception):
-    """A submitted pipeline id is owned by another replica: answer with its reply."""
-
-    def __init__(self, reply: SubmitReply) -> None:
-        super().__init__(f"pipeline {reply.pipeline_id} is owned elsewhere")
-        self.reply = reply
 
 
 def _unanswered(offer: TaskOffer, reason: str) -> OfferReply:

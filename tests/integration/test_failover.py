@@ -750,7 +750,7 @@ async def test_an_agent_back_while_the_claim_is_awaited_still_makes_it_unavailab
     await orch.start()
     agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
     plan_failed = asyncio.Event()
-    place, own = orch.placer.place, orch._own
+    place, own = orch.placer.place, orch.submissions.own
 
     async def failing_place(*a: Any, **kw: Any) -> None:
         try:
@@ -766,7 +766,7 @@ async def test_an_agent_back_while_the_claim_is_awaited_still_makes_it_unavailab
         assert await orch.wait_for_agents(1, 10.0) == 1
 
     monkeypatch.setattr(orch.placer, "place", failing_place)
-    monkeypatch.setattr(orch, "_own", late_own)
+    monkeypatch.setattr(orch.submissions, "own", late_own)
     try:
         spec = chain("race", [0.1])
         await assert_refused_and_free(orch, spec, "race-1", "no agent is up")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 
 from orchestrator.client import Client
-from orchestrator.service import SUBMITS_AT_ONCE
+from orchestrator.submissions import SUBMITS_AT_ONCE
 from schemas import OfferReply, PipelineSpec, TaskOffer
 from tests.harness import agent_config, start_cluster, stop_cluster
 
@@ -58,7 +58,7 @@ async def test_a_submission_waiting_on_its_agents_does_not_hold_up_the_next(
                 waiting.set()
             return got
 
-    orch._submitting = Submitting()
+    orch.submissions.submitting = Submitting()
     client = await Client.connect(nats_url, timeout=10.0)
     try:
         assert orch.idle()

@@ -15,7 +15,8 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError
 
 from orchestrator.client import Client
-from orchestrator.service import SUBMITS_AT_ONCE, Orchestrator
+from orchestrator.service import Orchestrator
+from orchestrator.submissions import SUBMITS_AT_ONCE
 from schemas import OfferReply, PipelineSpec, SubmitReply, SubmitRequest, TaskOffer, subjects
 from schemas.codec import RemoteError, decode_reply, encode, headers_for
 from schemas.failover import OWNERS_BUCKET
@@ -104,7 +105,7 @@ async def test_a_submission_its_client_gave_up_on_is_not_placed(held: Held, nats
     finally:
         await impatient.close()
     held.gate.set()  # the workers go on, and come to it
-    await orch.wait_for(lambda: orch.stale_submissions == 1, timeout=10.0)
+    await orch.wait_for(lambda: orch.submissions.stale == 1, timeout=10.0)
     assert "late" not in orch.pipelines
     owners = await held.nc.jetstream().key_value(OWNERS_BUCKET)
     with pytest.raises(KeyNotFoundError):  # never claimed: the id is free
@@ -128,7 +129,7 @@ async def test_a_submission_beyond_the_queue_is_refused_at_once(held_short_queue
         await request(nc, subjects.SUBMIT, extra, SubmitReply, timeout=5.0)
     assert refused.value.code == "unavailable"
     assert "1 submissions are waiting" in str(refused.value)
-    assert orch.refused_submissions == 1 and "extra" not in orch.pipelines
+    assert orch.submissions.refused == 1 and "extra" not in orch.pipelines
     held_short_queue.gate.set()
     msg = await replies.next_msg(timeout=10.0)
     assert decode_reply(msg.data, msg.headers, SubmitReply).pipeline_id == "queued"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.placement_latency import gc_pauses
-from orchestrator import eventloop, service
+from orchestrator import eventloop, submissions
 
 
 def test_a_long_collection_is_logged_and_a_short_one_is_not(
@@ -141,7 +141,7 @@ def test_the_benchmark_reads_each_placement_s_steps(tmp_path: Path) -> None:
 
     st = {"claim": 0.0005, "plan": 0.003, "send": 0.0012, "book": 0.004, "offer": 0.002}
     steps = (1e3 * v for v in st.values())
-    line = service.TIMING_LINE % ("iso-7", *steps, 14.0, 2.0, 0, 0, 0.0, 1e9)
+    line = submissions.TIMING_LINE % ("iso-7", *steps, 14.0, 2.0, 0, 0, 0.0, 1e9)
     log = tmp_path / "orchestrator.log"
     log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
     got = step_times(log)["iso"]
@@ -157,7 +157,7 @@ def test_steps_of_several_orchestrators_are_tabulated_together(tmp_path: Path) -
     logs = []
     for k, total in enumerate((14.0, 9.0)):
         fields = (0.5, 3.0, 1.2, 4.0, 2.0, total, 2.0, 0, 0, 0.0, 1e9)
-        line = service.TIMING_LINE % (f"lat-{k}", *fields)
+        line = submissions.TIMING_LINE % (f"lat-{k}", *fields)
         log = tmp_path / f"orchestrator-{k}.log"
         log.write_text(f'ts=1 level=debug logger=mars.timing msg="{line}"\n')
         logs.append(log)
@@ -173,7 +173,7 @@ def test_the_benchmark_reads_when_each_handler_started_and_splits_the_latency(
     latency splits into the way to the handler, that wait, the handler, and the way back."""
     from benchmarks.placement_latency import handler_spans, waits
 
-    line = service.TIMING_LINE % (
+    line = submissions.TIMING_LINE % (
         "pac0-3", 0.5, 1.0, 1.0, 2.0, 0.5, 6.0, 2.0, 0, 0, 1.5, 1000.0105
     )  # fmt: skip
     log = tmp_path / "orchestrator.log"

@@ -13,9 +13,9 @@ def test_a_waiting_submission_is_not_idle() -> None:
     async def run() -> None:
         orch = Orchestrator("nats://127.0.0.1:1")  # never started: no I/O
         assert orch.idle()
-        orch._submit_queue.put_nowait((0.0, cast(Any, object())))
+        orch.submissions.queue.put_nowait((0.0, cast(Any, object())))
         assert not orch.idle()
-        orch._submit_queue.get_nowait()
+        orch.submissions.queue.get_nowait()
         assert orch.idle()
 
     asyncio.run(run())
