@@ -323,10 +323,14 @@ class Agent:
     def job_state(self, q: JobQuery) -> JobHeld:
         """Whether this agent holds the job under the token; an ended one's end event is sent
         again (ignored by the journal if it was delivered), and for one held by nobody a
-        `cancelled` event under the token says so: its owner places it again."""
+        `cancelled` event under the token says so: its owner places it again. A job offered
+        provisionally (a first round's offer, token 0) and not committed yet is held under
+        the token its commit brings, as `AgentCore.commit` takes it: answered `gone`, a
+        task whose commit was still on its way (backing off while the agent reconnected) was
+        placed again for nothing."""
         key = (q.pipeline_id, q.task_id)
         held = self.core.jobs.get(key)
-        if held is not None and held.offer.token == q.token:
+        if held is not None and held.offer.token in (0, q.token):
             return "held"
         end = self.core.end_of(key, q.token)
         if end is not None:

@@ -33,8 +33,10 @@ log = logging.getLogger("mars.orchestrator")
 AGENT_ENCODING: Encoding = "json"
 #: How long an offer's or a commit's answer is awaited.
 OFFER_TIMEOUT_S = 2.0
-#: First back-off before telling an agent again to start accepted tasks (grows to 2 s).
+#: First back-off before telling an agent again to start accepted tasks, growing by as much
+#: each time up to COMMIT_BACKOFF_MAX_S; cut short when the agent is heard from (`heard_from`).
 COMMIT_BACKOFF_S = 0.2
+COMMIT_BACKOFF_MAX_S = 2.0
 #: A new plan's commits go out as plain messages, unanswered; this long after (and again while
 #: its tasks wait for inputs), an agent with a task of it free to start for this long and not
 #: reported started is told again by request.
@@ -56,6 +58,34 @@ class Commits:
         #: next look a doubled wait away): its producer's end makes it due a look sooner.
         self.awaited: Counter[tuple[str, str]] = Counter()
         self._wake = asyncio.Event()
+        #: agent -> set when it is heard from next, for the commits backing off from it (how
+        #: many: the entry goes with the last of them).
+        self._back: dict[str, asyncio.Event] = {}
+        self._backing: Counter[str] = Counter()
+
+    def heard_from(self, agent_id: str) -> None:
+        """An agent's advert came: it sends one as it connects and again after each
+        reconnect, once its subscriptions are back, so commits to it backing off after a
+        failure go now. After a server restart an agent comes back up to its reconnect
+        back-off later (5 s): a commit asked every 2 s reached it up to 2 s after that
+        (booking_stress seeds 611, 631)."""
+        back = self._back.pop(agent_id, None)
+        if back is not None:
+            back.set()
+
+    async def _back_off(self, agent_id: str, wait_s: float) -> None:
+        """`wait_s`, or until the agent is heard from, if that is sooner."""
+        back = self._back.setdefault(agent_id, asyncio.Event())
+        self._backing[agent_id] += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await back.wait()
+        finally:
+            self._backing[agent_id] -= 1
+            if self._backing[agent_id] <= 0:  # nobody waits on it now
+                del self._backing[agent_id]
+                self._back.pop(agent_id, None)
 
     async def commit_all(
         self,
@@ -109,7 +139,10 @@ class Commits:
                     for t in tids
                 ):
                     return
-                await asyncio.sleep(min(COMMIT_BACKOFF_S * attempt, 2.0))  # back off, ask again
+                # back off, ask again: sooner if it is heard from (back after a reconnect)
+                await self._back_off(
+                    agent_id, min(COMMIT_BACKOFF_S * attempt, COMMIT_BACKOFF_MAX_S)
+                )
 
         await asyncio.gather(*(one(a, t) for a, t in per_agent.items()))
 

@@ -419,6 +419,7 @@ class Orchestrator:
             return
         if self.recovery.is_buried(adv.agent_id, adv.incarnation):
             return  # an incarnation a newer one replaced (a zombie behind a healed partition)
+        self.commits.heard_from(adv.agent_id)
         self.adaptive.advert(adv)
         joined = self.view.on_advert(adv, self._now(), level_of(msg.headers))
         if joined:

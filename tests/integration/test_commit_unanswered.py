@@ -237,3 +237,37 @@ async def test_a_re_placed_task_its_agent_does_not_start_is_looked_at_too(
     asked = [(a, t, req) for a, t, req in await commits.at_least(3) if a == other.agent_id]
     assert asked == [(other.agent_id, ["x"], True)] * 2  # the re-placement's, and again
     assert not any("stalled" in line for line in done.placement_log)  # not the watchdog's
+
+
+async def test_a_commit_backing_off_from_an_agent_away_goes_as_soon_as_it_is_heard_from(
+    cluster: tuple[Orchestrator, list[RecordingAgent], Commits],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """t's first commit is lost, and when it is asked again by request a1 is away (no
+    responders: its connection not back yet after a server restart). Asking again backs off
+    (here for 30 s); a1's advert, which an agent sends as it reconnects, ends the wait: the
+    commit goes at once, and t runs. Before, the back-off ran out first (up to 2 s after the
+    agent was back: booking_stress seeds 611, 631, the slowest pipelines of their runs)."""
+    monkeypatch.setattr(commit_module, "COMMIT_BACKOFF_S", 30.0)
+    monkeypatch.setattr(commit_module, "COMMIT_BACKOFF_MAX_S", 30.0)
+    orch, (agent, _), commits = cluster
+    away, refused = True, asyncio.Event()
+    ask = orch.ask_agent
+
+    async def ask_unless_away(subject_of: Any, agent_id: str, *a: Any, **kw: Any) -> Any:
+        if away and subject_of is subjects.commit and agent_id == agent.agent_id:
+            refused.set()  # what a request to an agent not connected gets
+            raise nats.errors.NoRespondersError
+        return await ask(subject_of, agent_id, *a, **kw)
+
+    monkeypatch.setattr(orch, "ask_agent", ask_unless_away)
+    dropped = agent.forget_first_commit()
+    await orch.submit_spec(chain(("t", 0.01, "a1")), "p")
+    await asyncio.wait_for(refused.wait(), 5.0)  # asked again at the look: backing off now
+    away = False
+    await agent._publish_advert()  # back: its advert says so
+    assert await commits.at_least(2) == [("a1", ["t"], False), ("a1", ["t"], True)]
+    run = await orch.wait_terminal("p", 5.0)  # long before the back-off would have ended
+    assert run.state == "succeeded", run.reason
+    assert dropped == [["t"]] and [e[1] for e in agent.log] == ["t"]
+    assert not orch.commits._back  # nothing is kept for an agent once no commit waits on it

@@ -222,6 +222,39 @@ async def test_a_job_still_running_is_left_to_run(
     assert [r for r in caplog.records if r.getMessage() == said]
 
 
+async def test_a_job_offered_and_not_committed_yet_is_held_under_its_commits_token(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first round's offers are provisional (token 0) until the commit brings the tokens.
+    Asked about such a job before its commit came (t's commit lost here, the look after it
+    far off), the agent says it holds it, as a commit under that token would start it; then
+    the commit comes and t runs, once, where it was placed. Before, the agent said `gone` and
+    t was placed again for nothing (a commit backing off while its agent reconnected, asked
+    about by the watchdog meanwhile)."""
+    monkeypatch.setattr(commits, "COMMIT_CONFIRM_S", 60.0)
+    async with one_agent(nats_url, stall_s=60.0) as (orch, agent, _):
+        commit, lost = agent.core.commit, asyncio.Event()
+
+        def lose(cmd: CommitCommand) -> int:
+            lost.set()
+            return 0
+
+        agent.core.commit = lose  # type: ignore[method-assign]
+        await orch.submit_spec(one_task(0.01), "p")
+        run = orch.pipelines["p"]
+        token = run.tasks["t"].token
+        await asyncio.wait_for(lost.wait(), 5.0)
+        agent.core.commit = commit  # type: ignore[method-assign]
+        assert agent.core.jobs[("p", "t")].offer.token == 0  # held, provisionally
+        await orch.watchdog.ask_about(run, ["t"], "unstarted")
+        assert orch.watchdog.job_answers == {"held": 1}
+        await orch.commits.commit_all(run, {"t"})
+        done = await orch.wait_terminal("p", 10.0)
+        assert done.state == "succeeded", done.reason
+        assert done.tasks["t"].token == token and done.recoveries == 0  # never placed again
+        assert [e[1] for e in agent.log] == ["t"]
+
+
 async def test_an_agent_from_before_job_queries_is_left_alone(
     nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
