@@ -625,26 +625,32 @@ class Failover:
         self.give_back_strays(pid, keep=run.devices())
         if not run.terminal:
             await self.replace_lost(run)
-            self.commit_and_ask_waiting(run)
+            self.commit_and_ask(run)
             await o.persist(run)
         async with o._changed:
             o._changed.notify_all()
 
-    def commit_and_ask_waiting(self, run: PipelineRun) -> None:
+    def commit_and_ask(self, run: PipelineRun) -> None:
         """An owner commits a new plan after its submit reply, by plain messages it confirms
         a second later (docs/protocol.md): one that died in between left tasks accepted and
         never committed, each waiting for this replica's stall watchdog (`stall_s`, 10 s by
         default) to be told again. Commits are idempotent (an agent ignores one for a job it
         committed, ran, or no longer holds, or under another token), so every task the
         pipeline holds as accepted is committed again now, by request. Its agents are asked
-        too whether they hold those jobs (`JobQuery`): the record names a task's agent, not
-        the incarnation it was placed under, so an agent that restarted while the dead owner
-        could not act on it (its recovery held, or NATS away) lost them unseen; one it lost is
-        reported cancelled and placed again now, not a stall time later."""
-        waiting = {t for t, tr in run.tasks.items() if tr.state == "accepted" and tr.agent_id}
+        too whether they hold those jobs, and the started ones (`JobQuery`): the record names
+        a task's agent, not the incarnation it was placed under, so an agent that restarted
+        while the dead owner could not act on it (its recovery held, or NATS away) lost them
+        unseen; one it lost is reported cancelled and placed again now, not a stall time
+        later (a started one: when the watchdog found it overdue, far past its prediction,
+        and asked two looks later; a 25.1 s pipeline in `booking_stress --kill-after 10
+        --restart-agents-after 10`, seed 650)."""
+        held = {t: tr for t, tr in run.tasks.items() if tr.agent_id}
+        waiting = {t for t, tr in held.items() if tr.state == "accepted"}
+        started = {t for t, tr in held.items() if tr.state == "started"}
         if waiting:
             self.o._spawn(self.o.commits.commit_all(run, waiting))
-            self.o._spawn(self.o.watchdog.ask_about(run, sorted(waiting), "adopted"))
+        if waiting or started:
+            self.o._spawn(self.o.watchdog.ask_about(run, sorted(waiting | started), "adopted"))
 
     async def _give_back_ended(self, owner: str) -> None:
         """A dead owner's windows of pipelines that have ended (their lease kept as done) or

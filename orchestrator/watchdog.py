@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mars.watchdog")
 
 #: What a job query is about: a started task `overdue`, a `stalled` one (free to start, not
-#: started), one `waiting` for inputs on an agent that lost a stalled one, or one not started
+#: started), one `waiting` for inputs on an agent that lost a stalled one, or one not ended
 #: of a pipeline just `adopted` (its dead owner's record names agents, not incarnations), or
 #: one left queued, its inputs on their way, when its window was found gone (`unbooked`), or
 #: one free to start and not started at the look after its commit (`unstarted`).
@@ -51,6 +51,12 @@ AskKind = Literal["overdue", "stalled", "waiting", "adopted", "unbooked", "unsta
 #: again every few looks; an early ask on a mere sign (made once by what saw it) must not
 #: keep the stall watchdog from asking later, when a job held then may be lost.
 ASKED_AGAIN: frozenset[AskKind] = frozenset({"overdue", "unbooked", "unstarted"})
+#: The task states a kind asks about (any other: `accepted`, waiting to start); a task found
+#: in another by the time it is asked has moved on and is not asked.
+ASKED_STATES: dict[AskKind, tuple[str, ...]] = {
+    "overdue": ("started",),
+    "adopted": ("accepted", "started"),
+}
 #: Kinds where `held` is the expected answer, not noted in the pipeline's log.
 HELD_EXPECTED: frozenset[AskKind] = frozenset({"waiting", "adopted", "unbooked", "unstarted"})
 
@@ -261,8 +267,8 @@ class Watchdog:
         o = self.o
         tr = run.tasks[tid]
         agent, device, token = tr.agent_id, tr.device_id, tr.token
-        state = "started" if kind == "overdue" else "accepted"  # every other kind
-        if o.nc is None or tr.state != state or agent is None or device is None or token < 1:
+        states = ASKED_STATES.get(kind, ("accepted",))  # every other kind: not started
+        if o.nc is None or tr.state not in states or agent is None or device is None or token < 1:
             return  # (it ended, started, or was placed again since the look that found it)
         q = JobQuery(pipeline_id=run.pipeline_id, task_id=tid, device_id=device, token=token)
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from tests.harness import (
 )
 from tests.integration.test_failover import EventTap, adopted_after_kill, configs
 from tests.integration.test_offline import Proxy
+from tests.integration.test_recovery import start_victim
 from tests.integration.test_stall import one_agent, run_to_end
 
 pytestmark = pytest.mark.integration
@@ -381,8 +383,8 @@ async def test_an_adopter_asks_about_a_started_task_of_the_dead_owner(
     nats_url: str, tmp_path: Path
 ) -> None:
     """Its owner SIGKILLed while t runs, and t's end lost before the stream: the replica that
-    adopts the pipeline reads t's start from the stream, finds t overdue, and its watchdog
-    asks t's agent, named by the dead owner's records."""
+    adopts the pipeline reads t's start from the stream and asks t's agent, named by the dead
+    owner's records, whether it holds t (t has ended by then): it sends t's end again."""
     with (tmp_path / "orchestrator.log").open("wb") as log:
         proc = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
     agent = RecordingAgent(nats_url, configs(1)["ag0"], agent_id="ag0", calibrate=False)
@@ -407,6 +409,48 @@ async def test_an_adopter_asks_about_a_started_task_of_the_dead_owner(
         await tap.close()
         await client.close()
         await agent.stop()
+        if survivor is not None:
+            await survivor.stop()
+
+
+async def test_an_adopter_asks_about_a_started_task_its_agent_lost_unseen(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """t runs on the victim when its owner is SIGKILLed, and then the victim's process too,
+    which comes back at once (a new incarnation, holding no job). The dead owner's record
+    names the victim, not the incarnation, and the victim is alive: nothing says t is lost.
+    The replica that adopts the pipeline asks the victim about t at once: `gone`, so t is
+    placed again then, not when the watchdog finds it overdue, far past its prediction, and
+    asks two looks later (`booking_stress --kill-after 10 --restart-agents-after 10`, seed
+    650: a 25.1 s pipeline)."""
+    with (tmp_path / "orchestrator.log").open("wb") as log:
+        owner = procs.spawn(["-v", "orchestrator", "--nats", nats_url], log=log)
+    victim = start_victim(nats_url, tmp_path, "victim")
+    client = await Client.connect(nats_url)
+    tap, survivor = EventTap(), None
+    try:
+        assert await client.wait_for_agents(1, timeout=30.0) == 1  # the doomed replica alone
+        await tap.start(nats_url, "lost-run-1")
+        reply = await client.submit(one_task(3.0), pipeline_id="lost-run-1")
+        assert reply.state == "running"
+        await tap.wait("t", "started")
+        for proc in (owner, victim):  # neither says a word
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        victim = start_victim(nats_url, tmp_path, "victim")  # back, as a new incarnation
+        survivor = Orchestrator(nats_url, name="survivor")
+        await survivor.start()
+        run = await survivor.wait_terminal("lost-run-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert run.owner == "survivor" and survivor.failover.adopted == 1
+        said = "t adopted, asked victim about token "
+        assert [x for x in run.placement_log if x.startswith(said) and "holds no such job" in x]
+        assert survivor.watchdog.job_answers == {"gone": 1}
+        assert [x for x in run.placement_log if "victim cancelled t itself" in x]  # placed again
+    finally:
+        procs.stop_all([owner, victim])
+        await tap.close()
+        await client.close()
         if survivor is not None:
             await survivor.stop()
 
