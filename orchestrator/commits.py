@@ -67,8 +67,8 @@ class Commits:
         """An agent's advert came: it sends one as it connects and again after each
         reconnect, once its subscriptions are back, so commits to it backing off after a
         failure go now. After a server restart an agent comes back up to its reconnect
-        back-off later (5 s): a commit asked every 2 s reached it up to 2 s after that
-        (booking_stress seeds 611, 631)."""
+        back-off later (`reconnect_max_s`): a commit asked every 2 s reached it up to 2 s
+        after that (booking_stress seeds 611, 631)."""
         back = self._back.pop(agent_id, None)
         if back is not None:
             back.set()
