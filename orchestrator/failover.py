@@ -119,8 +119,12 @@ class Failover:
         self._done: dict[str, int] = {}
         self._adopting: set[str] = set()
         #: No adoption before this (monotonic): set when this replica is back from an outage
-        #: of its own, during which every lease may have lapsed with its owner alive.
+        #: of its own, during which every lease may have lapsed with its owner alive...
         self._adopt_from = -math.inf
+        #: ... but one lapsed (expiry and grace) before this instant (booking clock), the last
+        #: this replica saw the server up before the outage, lapsed while its owner could
+        #: renew it: adopted at once, as it would have been without the outage.
+        self._lapsed_before = -math.inf
         self._progress_due: set[str] = set()
         #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
         self._finished: dict[str, None] = {}
@@ -142,6 +146,7 @@ class Failover:
         self.leases = Leases(
             o.js, o.owner, lease_s=self.lease_s, grace_s=self.grace_s, mono=o.mono,
             wall=o.wall, keep_s=o.keep_s,
+            connection=lambda: o.nc.stats["reconnects"] if o.nc is not None else -1,
         )  # fmt: skip
         self.runs = RunStore(o.js, o.keep_s)
         await self.leases.start()
@@ -440,6 +445,7 @@ class Failover:
                     self._lose(pid, "renewal lost the CAS race")
                 catch_up = set(resumed)
                 if nc.stats["reconnects"] != reconnects:
+                    self._lapsed_before = self.leases.up_at.get(reconnects, -math.inf)
                     reconnects = nc.stats["reconnects"]
                     catch_up |= set(self.leases.held)
                     await self.leases.watch()
@@ -451,8 +457,11 @@ class Failover:
                     self.o._spawn(self.catch_up(pid))
                 # (and none while away: the CAS would wait in the client's buffer and take the
                 # lease the moment it is back, before its owner could renew it)
-                if nc.is_connected and self.o.mono() >= self._adopt_from:
+                if nc.is_connected:
+                    holding = self.o.mono() < self._adopt_from
                     for pid, lease, rev in self.leases.expired():
+                        if holding and lease.expires + self.grace_s >= self._lapsed_before:
+                            continue  # it may have lapsed only while the server was away
                         if pid not in self._adopting:
                             self._adopting.add(pid)
                             self.o._spawn(self.adopt(pid, lease, rev))

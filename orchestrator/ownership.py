@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -111,11 +112,17 @@ class Leases:
         mono: Callable[[], float],
         wall: Callable[[], float],
         keep_s: float = KEEP_S,
+        connection: Callable[[], int] = lambda: 0,
     ) -> None:
         self.js, self.owner = js, owner
         self.keep_s = keep_s
         self.lease_s, self.grace_s = lease_s, grace_s
         self.mono, self.wall = mono, wall
+        #: Which connection to the server this is (its client's reconnect count).
+        self.connection = connection
+        #: connection -> the latest instant (booking clock) a renewal was sent on it that
+        #: the server stored and answered on the same connection: it was up then.
+        self.up_at: dict[int, float] = {}
         self.kv: Any = None
         self.held: dict[str, Held] = {}
         #: Every live lease in the bucket as last seen: pipeline -> (lease, revision).
@@ -234,11 +241,15 @@ class Leases:
         h = self.held.get(pid)
         if h is None:
             return "gone"
-        sent = self.mono()
+        sent, sent_wall, conn = self.mono(), self.wall(), self.connection()
         if sent >= h.valid_until:
             h.lapsed = True
         try:
             rev = await self.kv.update(pid, encode(self._lease(pid, h.epoch)), last=h.revision)
+            if self.connection() == conn:  # (one sent while away waits, and goes on the next)
+                self.up_at[conn] = max(self.up_at.get(conn, -math.inf), sent_wall)
+                for old in [c for c in self.up_at if c < conn - 1]:
+                    del self.up_at[old]
         except KeyWrongLastSequenceError:
             cur = await self.read(pid)
             if cur is not None and cur[0].owner == self.owner and cur[0].epoch == h.epoch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -366,6 +367,55 @@ async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipel
         assert (first.failover.lost, second.failover.adopted) == (0, 0)
         rec = await settled_record(url, "outage-1")
         assert rec.owner == first.owner and rec.epoch == 1
+    finally:
+        with contextlib.suppress(Exception):
+            await second.stop()
+        await stop_cluster(first, agents)
+
+
+async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopted_at_once(
+    nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """first stops renewing (frozen, as a replica that died) and its lease on frozen-1
+    lapses while the server is up; second, which would adopt it, has not looked yet when the
+    server goes away. Back, second holds off adopting leases that may have lapsed only while
+    the server was away (`ADOPT_HOLD_LEASES`), but this one lapsed before: a renewal of
+    second's own, sent after the lapse and stored, says the server was up then. It is
+    adopted at once, not when the hold ends (booking_stress, a replica killed 3 s before a
+    3 s outage: 16.0 s pipelines)."""
+    url = nats_server.url
+    first, agents = await start_cluster(url, configs())
+    second = Orchestrator(url, name="second")
+    await second.start()
+    try:
+        assert await second.wait_for_agents(2, 10.0) == 2
+        await second.submit_spec(chain("mine", [8.0]), "mine-1")  # a lease second renews
+        await first.submit_spec(chain("frozen", [8.0]), "frozen-1")
+        leases, blind = second.failover.leases, [True]
+        expired, renew = leases.expired, leases._renew
+        monkeypatch.setattr(leases, "expired", lambda: [] if blind[0] else expired())
+        up_after_lapse = asyncio.Event()
+
+        async def noted(pid: str) -> str:
+            out = await renew(pid)
+            lapsed = leases.seen["frozen-1"][0].expires + leases.grace_s
+            if max(leases.up_at.values(), default=-math.inf) > lapsed:
+                up_after_lapse.set()
+            return out
+
+        monkeypatch.setattr(leases, "_renew", noted)
+        first.failover.suspend()
+        await asyncio.wait_for(up_after_lapse.wait(), 15.0)
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.sleep(1.0)  # the outage's length
+        await asyncio.to_thread(nats_server.start)
+        blind[0] = False
+        await second.wait_for(lambda: "frozen-1" in second.pipelines, 20.0)
+        assert second.failover.adopted == 1
+        assert second.mono() < second.failover._adopt_from  # the hold had not ended
+        run = await second.wait_terminal("frozen-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert (await settled_record(url, "frozen-1")).owner == "second"
     finally:
         with contextlib.suppress(Exception):
             await second.stop()
