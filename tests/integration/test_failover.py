@@ -37,7 +37,13 @@ from schemas.failover import (
     spec_key,
 )
 from schemas.rpc import ServiceError, settle
-from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from tests.harness import (
+    RecordingAgent,
+    agent_config,
+    start_cluster,
+    stop_cluster,
+    two_replicas,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -351,10 +357,7 @@ async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipel
     for a while (`ADOPT_HOLD_LEASES`). Before, whoever came back first adopted the other's
     pipelines, and every pipeline changed hands."""
     url = nats_server.url
-    first, agents = await start_cluster(url, configs())
-    second = Orchestrator(url, name="second")
-    await second.start()
-    try:
+    async with two_replicas(url, configs(), "first", "second") as (first, second, _):
         assert await second.wait_for_agents(2, 10.0) == 2
         await first.submit_spec(chain("outage", [0.2, 6.0, 0.2]), "outage-1")
         lease = first.failover.lease_s + first.failover.grace_s
@@ -367,10 +370,6 @@ async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipel
         assert (first.failover.lost, second.failover.adopted) == (0, 0)
         rec = await settled_record(url, "outage-1")
         assert rec.owner == first.owner and rec.epoch == 1
-    finally:
-        with contextlib.suppress(Exception):
-            await second.stop()
-        await stop_cluster(first, agents)
 
 
 async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopted_at_once(
@@ -384,10 +383,7 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
     adopted at once, not when the hold ends (booking_stress, a replica killed 3 s before a
     3 s outage: 16.0 s pipelines)."""
     url = nats_server.url
-    first, agents = await start_cluster(url, configs())
-    second = Orchestrator(url, name="second")
-    await second.start()
-    try:
+    async with two_replicas(url, configs(), "first", "second") as (first, second, _):
         assert await second.wait_for_agents(2, 10.0) == 2
         await second.submit_spec(chain("mine", [8.0]), "mine-1")  # a lease second renews
         await first.submit_spec(chain("frozen", [8.0]), "frozen-1")
@@ -408,6 +404,7 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
         await asyncio.wait_for(up_after_lapse.wait(), 15.0)
         await asyncio.to_thread(nats_server.stop)
         await asyncio.sleep(1.0)  # the outage's length
+        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
         await asyncio.to_thread(nats_server.start)
         blind[0] = False
         await second.wait_for(lambda: "frozen-1" in second.pipelines, 20.0)
@@ -416,10 +413,6 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
         run = await second.wait_terminal("frozen-1", 30.0)
         assert run.state == "succeeded", run.reason
         assert (await settled_record(url, "frozen-1")).owner == "second"
-    finally:
-        with contextlib.suppress(Exception):
-            await second.stop()
-        await stop_cluster(first, agents)
 
 
 async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
