@@ -618,7 +618,7 @@ STEPS = ("claim", "plan", "send", "book", "offer", "rest", "total")
 
 def timing_lines(log: Path) -> Iterator[tuple[str, dict[str, float]]]:
     """(pipeline id, its fields) of each of the orchestrator's `mars.timing` placement lines
-    (`service.TIMING_LINE`): `claim_ms`, ..., `total_ms`, `held_ms`, `start_mono`."""
+    (`submissions.TIMING_LINE`): `claim_ms`, ..., `total_ms`, `held_ms`, `start_mono`."""
     if not log.exists():
         return
     with log.open("rb") as fh:
