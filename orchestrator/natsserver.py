@@ -124,6 +124,9 @@ class EmbeddedNats:
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = Path(self.store_dir) / "nats-server.log"
+        #: Where this start's lines begin in the log: a server started again on the same
+        #: store appends to it, and the last one's "Server is ready" must not count.
+        self._log_from = 0
 
     @property
     def url(self) -> str:
@@ -146,6 +149,10 @@ class EmbeddedNats:
         ]  # fmt: skip
         if self.monitor_port is not None:
             args += ["-m", str(self.monitor_port)]
+        try:
+            self._log_from = self._log.stat().st_size
+        except FileNotFoundError:
+            self._log_from = 0
         # tied to this process: a demo, benchmark or test run killed outright (SIGKILL, an
         # OOM kill, a CI timeout) takes its broker with it instead of leaving it on its port
         self.proc = subprocess.Popen(
@@ -190,22 +197,28 @@ class EmbeddedNats:
             jsz = decode(resp.read(), ServerJetStream, "json")
         return {s.name: s.state.last_seq for a in jsz.account_details for s in a.stream_detail}
 
-    def _ready(self) -> bool:
+    def _this_start_log(self) -> str:
+        """What the log gained since this start (all of it, were it ever cut shorter)."""
         try:
-            text = self._log.read_text(errors="replace")
+            with self._log.open("rb") as fh:
+                if fh.seek(0, os.SEEK_END) >= self._log_from:
+                    fh.seek(self._log_from)
+                else:
+                    fh.seek(0)
+                return fh.read().decode(errors="replace")
         except FileNotFoundError:
-            return False
-        if "Server is ready" not in text:
+            return ""
+
+    def _ready(self) -> bool:
+        if "Server is ready" not in self._this_start_log():
             return False
         with contextlib.suppress(OSError), socket.create_connection((self.host, self.port), 0.2):
             return True
         return False
 
     def log_tail(self, n: int = 2000) -> str:
-        try:
-            return self._log.read_text(errors="replace")[-n:]
-        except FileNotFoundError:
-            return ""
+        """The end of what this start logged (why it did not start, say)."""
+        return self._this_start_log()[-n:]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -331,7 +331,6 @@ async def test_nats_server_restart_loses_no_pipeline(nats_server: EmbeddedNats) 
         # the server goes away mid-pipeline, then comes back on the same port and store
         await asyncio.to_thread(nats_server.stop)
         await asyncio.wait_for(agents[0].offline.wait(), 10.0)
-        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
         await asyncio.to_thread(nats_server.start)
         run = await orch.wait_terminal("restart-1", 40.0)
         assert run.state == "succeeded", run.reason
@@ -363,7 +362,6 @@ async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipel
         lease = first.failover.lease_s + first.failover.grace_s
         await asyncio.to_thread(nats_server.stop)
         await asyncio.sleep(lease + 1.5)  # the outage's length: past every lease
-        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
         await asyncio.to_thread(nats_server.start)
         run = await first.wait_terminal("outage-1", 30.0)
         assert run.state == "succeeded", run.reason
@@ -403,7 +401,6 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
         first.failover.suspend()
         await asyncio.wait_for(up_after_lapse.wait(), 15.0)
         await asyncio.to_thread(nats_server.stop)  # how long it is away does not matter here:
-        (Path(nats_server.store_dir) / "nats-server.log").unlink(missing_ok=True)
         await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
         blind[0] = False
         await second.wait_for(lambda: "frozen-1" in second.pipelines, 20.0)
