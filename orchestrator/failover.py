@@ -441,6 +441,12 @@ class Failover:
             await asyncio.sleep(self.renew_s)  # renewal cadence, not synchronisation
             try:
                 lost, resumed = await self.leases.renew_all()
+                if not self.leases.held and nc.is_connected:
+                    # renewals are this replica's sign the server was up before an outage
+                    # (`_lapsed_before`); holding none, it asks for one
+                    with contextlib.suppress(Exception):
+                        async with asyncio.timeout(self.renew_s):
+                            await self.leases.confirm_up()
                 for pid in lost:
                     self._lose(pid, "renewal lost the CAS race")
                 catch_up = set(resumed)

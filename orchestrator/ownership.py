@@ -120,8 +120,9 @@ class Leases:
         self.mono, self.wall = mono, wall
         #: Which connection to the server this is (its client's reconnect count).
         self.connection = connection
-        #: connection -> the latest instant (booking clock) a renewal was sent on it that
-        #: the server stored and answered on the same connection: it was up then.
+        #: connection -> the latest instant (booking clock) a renewal (or, renewing none, a
+        #: `confirm_up`) was sent on it that the server answered on the same connection: it
+        #: was up then.
         self.up_at: dict[int, float] = {}
         self.kv: Any = None
         self.held: dict[str, Held] = {}
@@ -237,6 +238,24 @@ class Leases:
                 resumed.append(pid)
         return lost, resumed
 
+    async def confirm_up(self) -> None:
+        """For a replica renewing no lease: a JetStream request on the bucket's stream (its
+        info), whose answer on the same connection says the server was up when it was sent,
+        as a stored renewal does (`up_at`). Raises if it went unanswered."""
+        sent_wall, conn = self.wall(), self.connection()
+        await self.kv.status()
+        self._was_up(conn, sent_wall)
+
+    def _was_up(self, conn: int, sent_wall: float) -> None:
+        """A request sent at `sent_wall` on connection `conn` was answered: the server was up
+        then, unless the answer came on a later connection (one sent while away waits in the
+        client's buffer, and goes out after the reconnect)."""
+        if self.connection() != conn:
+            return
+        self.up_at[conn] = max(self.up_at.get(conn, -math.inf), sent_wall)
+        for old in [c for c in self.up_at if c < conn - 1]:
+            del self.up_at[old]
+
     async def _renew(self, pid: str) -> str:
         h = self.held.get(pid)
         if h is None:
@@ -246,10 +265,7 @@ class Leases:
             h.lapsed = True
         try:
             rev = await self.kv.update(pid, encode(self._lease(pid, h.epoch)), last=h.revision)
-            if self.connection() == conn:  # (one sent while away waits, and goes on the next)
-                self.up_at[conn] = max(self.up_at.get(conn, -math.inf), sent_wall)
-                for old in [c for c in self.up_at if c < conn - 1]:
-                    del self.up_at[old]
+            self._was_up(conn, sent_wall)
         except KeyWrongLastSequenceError:
             cur = await self.read(pid)
             if cur is not None and cur[0].owner == self.owner and cur[0].epoch == h.epoch:

@@ -370,36 +370,39 @@ async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipel
         assert rec.owner == first.owner and rec.epoch == 1
 
 
+@pytest.mark.parametrize("second_holds", [True, False], ids=["renewing", "holding-none"])
 async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopted_at_once(
-    nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+    nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch, second_holds: bool
 ) -> None:
     """first stops renewing (frozen, as a replica that died) and its lease on frozen-1
     lapses while the server is up; second, which would adopt it, has not looked yet when the
     server goes away. Back, second holds off adopting leases that may have lapsed only while
     the server was away (`ADOPT_HOLD_LEASES`), but this one lapsed before: a renewal of
-    second's own, sent after the lapse and stored, says the server was up then. It is
-    adopted at once, not when the hold ends (booking_stress, a replica killed 3 s before a
-    3 s outage: 16.0 s pipelines)."""
+    second's own (or, renewing none, a JetStream request of its own: `confirm_up`), sent
+    after the lapse and answered, says the server was up then. It is adopted at once, not
+    when the hold ends (booking_stress, a replica killed 3 s before a 3 s outage: 16.0 s
+    pipelines)."""
     url = nats_server.url
     async with two_replicas(url, configs(), "first", "second") as (first, second, _):
         assert await second.wait_for_agents(2, 10.0) == 2
-        await second.submit_spec(chain("mine", [8.0]), "mine-1")  # a lease second renews
+        if second_holds:
+            await second.submit_spec(chain("mine", [8.0]), "mine-1")  # a lease second renews
         await first.submit_spec(chain("frozen", [8.0]), "frozen-1")
         leases, blind = second.failover.leases, [True]
-        expired, renew = leases.expired, leases._renew
+        expired, was_up = leases.expired, leases._was_up
         monkeypatch.setattr(leases, "expired", lambda: [] if blind[0] else expired())
         up_after_lapse = asyncio.Event()
 
-        async def noted(pid: str) -> str:
-            out = await renew(pid)
+        def noted(conn: int, sent_wall: float) -> None:
+            was_up(conn, sent_wall)
             lapsed = leases.seen["frozen-1"][0].expires + leases.grace_s
             if max(leases.up_at.values(), default=-math.inf) > lapsed:
                 up_after_lapse.set()
-            return out
 
-        monkeypatch.setattr(leases, "_renew", noted)
+        monkeypatch.setattr(leases, "_was_up", noted)
         first.failover.suspend()
         await asyncio.wait_for(up_after_lapse.wait(), 15.0)
+        assert bool(leases.held) == second_holds
         await asyncio.to_thread(nats_server.stop)  # how long it is away does not matter here:
         await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
         blind[0] = False
