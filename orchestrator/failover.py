@@ -125,6 +125,9 @@ class Failover:
         #: this replica saw the server up before the outage, lapsed while its owner could
         #: renew it: adopted at once, as it would have been without the outage.
         self._lapsed_before = -math.inf
+        #: ... and one whose owner renewed it after this replica was back (its revision past
+        #: the one seen then, or claimed since) lapsed with the server up: no hold either.
+        self._back_revs: dict[str, int] = {}
         self._progress_due: set[str] = set()
         #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
         self._finished: dict[str, None] = {}
@@ -455,9 +458,11 @@ class Failover:
                     reconnects = nc.stats["reconnects"]
                     catch_up |= set(self.leases.held)
                     await self.leases.watch()
+                    self._back_revs = {p: rev for p, (_, rev) in self.leases.seen.items()}
                     # a lease that expired while we were away (the server restarting, say)
                     # says nothing of its owner, away too: owners get ADOPT_HOLD_LEASES leases'
-                    # time to renew their own before anyone's is adopted here
+                    # time to renew their own before anyone's is adopted here (but one that
+                    # lapsed before, or was renewed after this, lapsed with the server up)
                     self._adopt_from = self.o.mono() + ADOPT_HOLD_LEASES * self.lease_s
                 for pid in sorted(catch_up):
                     self.o._spawn(self.catch_up(pid))
@@ -466,7 +471,11 @@ class Failover:
                 if nc.is_connected:
                     holding = self.o.mono() < self._adopt_from
                     for pid, lease, rev in self.leases.expired():
-                        if holding and lease.expires + self.grace_s >= self._lapsed_before:
+                        if (
+                            holding
+                            and lease.expires + self.grace_s >= self._lapsed_before
+                            and rev <= self._back_revs.get(pid, 0)
+                        ):
                             continue  # it may have lapsed only while the server was away
                         if pid not in self._adopting:
                             self._adopting.add(pid)

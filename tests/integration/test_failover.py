@@ -414,6 +414,45 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
         assert (await settled_record(url, "frozen-1")).owner == "second"
 
 
+async def test_after_a_server_outage_a_lease_renewed_since_and_lapsed_is_adopted_at_once(
+    nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """first is back from the outage, renews its lease on late-1, then dies (frozen): its
+    lease lapses with the server up, as it would have without the outage. second, back too,
+    holds off adopting leases last renewed before it was back (their owners may be on their
+    way), not one whose revision moved since: it adopts late-1 as soon as it lapses, not when
+    the hold ends (booking_stress, a replica killed as the server comes back: 13.3 s
+    pipelines)."""
+    monkeypatch.setattr(failover, "ADOPT_HOLD_LEASES", 6.0)  # a hold far longer than a lapse
+    url = nats_server.url
+    async with two_replicas(url, configs(), "first", "second") as (first, second, _):
+        assert await second.wait_for_agents(2, 10.0) == 2
+        await first.submit_spec(chain("late", [8.0]), "late-1")
+        # recorded before the outage (else its adopter finds no record and places it anew)
+        await kv_until(url, RUNS_BUCKET, run_key("late-1"), PipelineRecord, lambda r: True, 10.0)
+        leases, f = second.failover.leases, second.failover
+        apply = leases._apply
+        renewed_since = asyncio.Event()
+
+        def noted(entry: Any) -> None:
+            apply(entry)
+            seen = leases.seen.get("late-1")
+            if "late-1" in f._back_revs and seen is not None and seen[1] > f._back_revs["late-1"]:
+                renewed_since.set()
+
+        monkeypatch.setattr(leases, "_apply", noted)
+        await asyncio.to_thread(nats_server.stop)
+        await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
+        await asyncio.wait_for(renewed_since.wait(), 15.0)
+        first.failover.suspend()
+        await second.wait_for(lambda: "late-1" in second.pipelines, 12.0)
+        assert second.failover.adopted == 1
+        assert second.mono() < second.failover._adopt_from  # the hold had not ended
+        run = await second.wait_terminal("late-1", 30.0)
+        assert run.state == "succeeded", run.reason
+        assert (await settled_record(url, "late-1")).owner == "second"
+
+
 async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
     first, agents = await start_cluster(nats_url, configs())
     second = Orchestrator(nats_url, name="second")
