@@ -125,9 +125,11 @@ class Failover:
         #: this replica saw the server up before the outage, lapsed while its owner could
         #: renew it: adopted at once, as it would have been without the outage.
         self._lapsed_before = -math.inf
-        #: ... and one whose owner renewed it after this replica was back (its revision past
-        #: the one seen then, or claimed since) lapsed with the server up: no hold either.
-        self._back_revs: dict[str, int] = {}
+        #: ... and one renewed (or claimed) after this instant (booking clock), when this
+        #: replica noticed it was back, lapsed with the server up: its expiry is at least a
+        #: lease length later. (A renewal sent while its owner was away waits in the owner's
+        #: client and may be stored after this, with an expiry from before: still held.)
+        self._back_at = -math.inf
         self._progress_due: set[str] = set()
         #: Recently finished here (insertion-ordered, bounded): late persists are no-ops.
         self._finished: dict[str, None] = {}
@@ -457,8 +459,8 @@ class Failover:
                     self._lapsed_before = self.leases.up_at.get(reconnects, -math.inf)
                     reconnects = nc.stats["reconnects"]
                     catch_up |= set(self.leases.held)
+                    self._back_at = self.o.wall()
                     await self.leases.watch()
-                    self._back_revs = {p: rev for p, (_, rev) in self.leases.seen.items()}
                     # a lease that expired while we were away (the server restarting, say)
                     # says nothing of its owner, away too: owners get ADOPT_HOLD_LEASES leases'
                     # time to renew their own before anyone's is adopted here (but one that
@@ -474,7 +476,7 @@ class Failover:
                         if (
                             holding
                             and lease.expires + self.grace_s >= self._lapsed_before
-                            and rev <= self._back_revs.get(pid, 0)
+                            and lease.expires < self._back_at + self.lease_s
                         ):
                             continue  # it may have lapsed only while the server was away
                         if pid not in self._adopting:
