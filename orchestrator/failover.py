@@ -606,6 +606,14 @@ class Failover:
             o._spawn(self._give_back_ended(lease.owner))
         found = await self.runs.record(pid)
         spec = await self.runs.spec(pid)
+        placing = found is not None and found[0].state == "placing"
+        if placing and spec is not None:
+            # recorded while it was being placed (its owner back from an outage writes what
+            # it holds, `catch_up`) and never since: nothing was committed as far as the
+            # record knows, and resuming it as it says would leave it "placing" for good,
+            # every task pending (booking_stress seed 720, a replica killed 1 s after a
+            # server restart). Placed anew, as one answered and never recorded
+            found = None
         if found is None and spec is None:
             # claimed, and its owner died before answering (a spec is written before every
             # answer): nobody was told of it, and its id is freed for a submit to claim
@@ -623,7 +631,8 @@ class Failover:
             # lease just taken (tasks its first owner started are refused, and go elsewhere)
             self.placed_anew += 1
             self._spec_saved.add(pid)
-            why = f"adopted by {o.owner} from {lease.owner} (epoch {epoch}) with no record: "
+            why = f"adopted by {o.owner} from {lease.owner} (epoch {epoch}) with no record"
+            why += " but one from before its placement committed: " if placing else ": "
             await o.submissions.place_anew(pid, spec, why + "placed anew")
             run = o.pipelines.get(pid)
             if run is not None and not run.terminal:  # (a pipeline that ended gave all back)
