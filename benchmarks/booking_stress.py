@@ -922,6 +922,10 @@ def kill_rows(
             "  of those, answered but never recorded (placed anew)",
             logged(statuses, lambda x: x.endswith("with no record: placed anew")),
         ],
+        [
+            "  of those, recorded only while being placed (placed anew)",
+            logged(statuses, lambda x: x.endswith("before its placement committed: placed anew")),
+        ],
     ]
 
 
