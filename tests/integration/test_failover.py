@@ -370,6 +370,17 @@ async def test_after_a_server_outage_longer_than_a_lease_owners_keep_their_pipel
         assert rec.owner == first.owner and rec.epoch == 1
 
 
+async def adopted_during_the_hold(second: Orchestrator, url: str, pid: str, within: float) -> None:
+    """`second`, back from an outage, adopts `pid` (within `within` s) before its adoption
+    hold ends, and the pipeline succeeds under it."""
+    await second.wait_for(lambda: pid in second.pipelines, within)
+    assert second.failover.adopted == 1
+    assert second.mono() < second.failover._adopt_from  # the hold had not ended
+    run = await second.wait_terminal(pid, 30.0)
+    assert run.state == "succeeded", run.reason
+    assert (await settled_record(url, pid)).owner == "second"
+
+
 @pytest.mark.parametrize("second_holds", [True, False], ids=["renewing", "holding-none"])
 async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopted_at_once(
     nats_server: EmbeddedNats, monkeypatch: pytest.MonkeyPatch, second_holds: bool
@@ -406,12 +417,7 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
         await asyncio.to_thread(nats_server.stop)  # how long it is away does not matter here:
         await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
         blind[0] = False
-        await second.wait_for(lambda: "frozen-1" in second.pipelines, 20.0)
-        assert second.failover.adopted == 1
-        assert second.mono() < second.failover._adopt_from  # the hold had not ended
-        run = await second.wait_terminal("frozen-1", 30.0)
-        assert run.state == "succeeded", run.reason
-        assert (await settled_record(url, "frozen-1")).owner == "second"
+        await adopted_during_the_hold(second, url, "frozen-1", 20.0)
 
 
 async def test_after_a_server_outage_a_lease_renewed_since_and_lapsed_is_adopted_at_once(
@@ -445,12 +451,7 @@ async def test_after_a_server_outage_a_lease_renewed_since_and_lapsed_is_adopted
         await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
         await asyncio.wait_for(renewed_since.wait(), 15.0)
         first.failover.suspend()
-        await second.wait_for(lambda: "late-1" in second.pipelines, 12.0)
-        assert second.failover.adopted == 1
-        assert second.mono() < second.failover._adopt_from  # the hold had not ended
-        run = await second.wait_terminal("late-1", 30.0)
-        assert run.state == "succeeded", run.reason
-        assert (await settled_record(url, "late-1")).owner == "second"
+        await adopted_during_the_hold(second, url, "late-1", 12.0)
 
 
 async def test_replica_that_lost_its_lease_stops_acting(nats_url: str) -> None:
