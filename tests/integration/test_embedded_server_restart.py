@@ -15,15 +15,14 @@ from orchestrator.natsserver import EmbeddedNats, NatsServerError
 #: Stands in for a nats-server that is slow to get ready: it accepts connections on the
 #: port it is given at once, and never logs that it is ready.
 NOT_READY_YET = """\
-import socket, sys, time
+import signal, socket, sys
 args = sys.argv[1:]
 host, port = args[args.index("-a") + 1], int(args[args.index("-p") + 1])
 log = args[args.index("-l") + 1]
 with open(log, "a") as fh:
     fh.write("[1] Starting nats-server (stand-in)\\n")
 srv = socket.create_server((host, port))
-while True:
-    time.sleep(1)
+signal.pause()  # until stopped
 """
 
 

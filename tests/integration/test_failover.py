@@ -687,40 +687,36 @@ async def test_a_pipeline_recorded_while_it_was_being_placed_is_placed_anew_by_i
     `placing`, every task pending. Its adopter places it anew, as one never recorded. Before,
     it resumed the record as it was and the pipeline stayed `placing` for good
     (booking_stress seed 720: a replica killed 1 s after a server restart)."""
-    first, agents = await start_cluster(nats_url, configs())
-    second = Orchestrator(nats_url, name="second")
-    await second.start()
     never = asyncio.Event()
+    async with two_replicas(nats_url, configs(), "first", "second") as (first, second, _):
 
-    async def dies_placing(run: PipelineRun, **kw: Any) -> None:
-        gate = kw.get("gate")
-        if gate is not None:
-            await gate  # its claim: the lease is first's
-        await first.persist(run)  # a record of it while placing
-        await never.wait()  # ... and nothing more from it
+        async def dies_placing(run: PipelineRun, **kw: Any) -> None:
+            gate = kw.get("gate")
+            if gate is not None:
+                await gate  # its claim: the lease is first's
+            await first.persist(run)  # a record of it while placing
+            await never.wait()  # ... and nothing more from it
 
-    first.placer.place = dies_placing  # type: ignore[method-assign, assignment]
-    submit = asyncio.create_task(first.submit_spec(chain("mid", [0.2, 0.2]), "mid-1"))
-    try:
-        assert await second.wait_for_agents(2, 10.0) == 2
-        rec = await kv_until(
-            nats_url, RUNS_BUCKET, run_key("mid-1"), PipelineRecord, lambda r: True, 10.0
-        )
-        assert rec.state == "placing" and rec.owner == first.owner
-        first.failover.suspend()  # it dies here
-        run = await second.wait_terminal("mid-1", 30.0)
-        assert run.state == "succeeded", run.reason
-        assert second.failover.placed_anew == 1
-        assert any("before its placement committed: placed anew" in x for x in run.placement_log)
-        rec = await settled_record(nats_url, "mid-1")
-        assert rec.owner == "second" and rec.state == "succeeded"
-    finally:
-        submit.cancel()
-        with contextlib.suppress(BaseException):
-            await submit
-        with contextlib.suppress(Exception):
-            await second.stop()
-        await stop_cluster(first, agents)
+        first.placer.place = dies_placing  # type: ignore[method-assign, assignment]
+        submit = asyncio.create_task(first.submit_spec(chain("mid", [0.2, 0.2]), "mid-1"))
+        try:
+            assert await second.wait_for_agents(2, 10.0) == 2
+            rec = await kv_until(
+                nats_url, RUNS_BUCKET, run_key("mid-1"), PipelineRecord, lambda r: True, 10.0
+            )
+            assert rec.state == "placing" and rec.owner == "first"
+            first.failover.suspend()  # it dies here
+            run = await second.wait_terminal("mid-1", 30.0)
+            assert run.state == "succeeded", run.reason
+            assert second.failover.placed_anew == 1
+            placed_anew = "before its placement committed: placed anew"
+            assert any(placed_anew in x for x in run.placement_log)
+            rec = await settled_record(nats_url, "mid-1")
+            assert rec.owner == "second" and rec.state == "succeeded"
+        finally:
+            submit.cancel()
+            with contextlib.suppress(BaseException):
+                await submit
 
 
 async def test_a_pipeline_adopted_with_no_agent_up_waits_for_one(
