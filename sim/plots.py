@@ -11,12 +11,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+#: What to install for the plots.
+NEED = 'PNG plots need matplotlib: pip install "mars-orchestrator[sim]" (a checkout: -e ".[sim]")'
+
+
+def missing() -> str | None:
+    """Why plots cannot be drawn here (matplotlib is not installed), or None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return NEED
+    return None
+
 
 def _pyplot() -> Any:
     try:
         import matplotlib
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise RuntimeError('PNG plots need matplotlib: pip install -e ".[sim]"') from exc
+    except ImportError as exc:  # `sim.run` looks first (`missing`)
+        raise RuntimeError(NEED) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

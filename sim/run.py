@@ -2,7 +2,7 @@
 
 Prints the scenario's tables on stdout (progress on stderr) and writes `result.json`,
 `utilisation.png`, `completion_cdf.png` and `gantt.png` under `--out` (default
-`out/sim/SCENARIO`).
+`out/sim/SCENARIO`); the PNGs only where matplotlib is installed (the `sim` extra).
 """
 
 from __future__ import annotations
@@ -25,12 +25,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sim.plots import missing
     from sim.report import log
     from sim.scenarios import SCENARIOS
 
     out = Path(args.out) if args.out else Path("out") / "sim" / args.scenario
+    plots = not args.no_plots
+    if plots and (why := missing()) is not None:  # tables and JSON need no matplotlib
+        log(f"{why}; writing the tables and result.json only (--no-plots asks for just those)")
+        plots = False
     t0 = time.perf_counter()
-    SCENARIOS[args.scenario](out, args.seed, args.quick, not args.no_plots)
+    SCENARIOS[args.scenario](out, args.seed, args.quick, plots)
     log(f"{args.scenario}: {time.perf_counter() - t0:.1f} s real in all")
     return 0
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import build_parser
+from orchestrator.cli import build_parser, main
 from orchestrator.scheduling import LinkCostModel
 from sim import run as sim_run
 from sim.des import SimConfig
@@ -78,3 +79,19 @@ def test_seed_table_prints_ours_beside_the_seeds_labelled_numbers(
     # Heartbeat detection alone is 1.0-1.5 s; Kubernetes-like eviction alone is >= 330 s.
     assert ours["recovery_s"]["mean"] >= 1.0
     assert doc["summary"][seed_table.TRAD]["recovery_s"]["mean"] >= 330.0
+
+
+def test_without_matplotlib_a_scenario_says_what_to_install_in_one_line_and_writes_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `sim` extra is optional: without it the tables and JSON are written as the docs
+    say, and one line names what to install (before, a traceback and no result)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    out = tmp_path / "ec"
+    assert main(["sim", "run", "edge-cloud", "--quick", "--out", str(out)]) == 0
+    assert json.loads((out / "result.json").read_text())["scenario"] == "edge-cloud"
+    assert not list(out.glob("*.png"))
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "matplotlib" in line]
+    assert len(said) == 1 and 'pip install "mars-orchestrator[sim]"' in said[0], err
+    assert "Traceback" not in err
