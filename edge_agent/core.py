@@ -58,6 +58,9 @@ class Job:
     committed: bool = False
     state: JobState = "accepted"
     inputs: dict[str, bytes] = field(default_factory=dict)
+    #: The fencing token of the producer run each input came from (said on the job's end
+    #: event: the orchestrator commits its result only on its producers' committed runs).
+    input_tokens: dict[str, int] = field(default_factory=dict)
     #: Monotonic time it was accepted or committed, whichever was later, and when its
     #: pipeline's status was last asked about it (`stale_candidates`).
     since: float = field(default_factory=time.monotonic)
@@ -107,13 +110,14 @@ class AgentCore:
         # jobs gone from `jobs`, with their token and how they went, so a duplicate offer
         # (or a late input) is recognised after the fact
         self._done: OrderedDict[Key, tuple[int, Ending]] = OrderedDict()
-        # inputs of jobs a re-plan withdrew: the task is usually offered here again at once
-        # (its next round), and their producers count them delivered and may have let them go
-        self._orphans: OrderedDict[Key, dict[str, bytes]] = OrderedDict()
-        # the end event of each job that ended here after reporting its start, as sent (token,
-        # subject, event id, data): sent again when the orchestrator, having heard no end,
-        # asks about the job (it asks only about tasks it heard start; short tasks, reported
-        # once, are not kept: a fleet of them would hold thousands each for nothing)
+        # inputs of jobs a re-plan withdrew, with the producer token of each: the task is
+        # usually offered here again at once (its next round), and their producers count them
+        # delivered and may have let them go
+        self._orphans: OrderedDict[Key, tuple[dict[str, bytes], dict[str, int]]] = OrderedDict()
+        # the end event of each job that ended here, as sent (token, subject, event id, data):
+        # sent again when the orchestrator, having heard no end, asks about the job. Short
+        # tasks too: a look at a commit races their end events (asked "unstarted" as the end
+        # was on its way, a finished task was said gone and placed again)
         self._ends: OrderedDict[Key, tuple[int, str, str, bytes]] = OrderedDict()
 
     # -- admission -----------------------------------------------------------------------------
@@ -149,7 +153,10 @@ class AgentCore:
         if existing is not None:
             if offer.token == existing.offer.token:
                 if existing.state == "accepted":
-                    existing.offer = offer  # a retried offer, maybe with updated routing
+                    # a retried offer, maybe with updated routing, or naming the producer runs
+                    # its inputs must now come from (a producer placed again)
+                    existing.offer = offer
+                    self._fence(existing)
                     self._queue_if_ready(existing)  # its queued entry names the old offer
                 elif existing.offer.consumers != offer.consumers:
                     # running: only where its output goes may change (read when it ends)
@@ -201,11 +208,28 @@ class AgentCore:
         # agent, or offered again after a re-plan withdrew it): inputs that already arrived
         # stay. Their producers were told they were delivered and may have let them go;
         # dropping them would leave the task waiting for data nobody holds any more.
-        had = existing.inputs if existing is not None else self._orphans.pop(key, None)
-        if had:
-            wanted = {i.task_id for i in offer.inputs}
-            job.inputs = {p: d for p, d in had.items() if p in wanted}
+        if existing is not None:
+            had: tuple[dict[str, bytes], dict[str, int]] | None = (
+                existing.inputs,
+                existing.input_tokens,
+            )
+        else:
+            had = self._orphans.pop(key, None)
+        if had is not None and had[0]:
+            job.inputs, job.input_tokens = dict(had[0]), dict(had[1])
+            self._fence(job)
         return self._accept(offer)
+
+    @staticmethod
+    def _fence(job: Job) -> None:
+        """Keep only the inputs the job's offer still takes: from a producer it still has,
+        made by the producer run it names (any run while it names none: token 0)."""
+        want = {i.task_id: i.token for i in job.offer.inputs}
+        for p in list(job.inputs):
+            token = want.get(p)
+            if token is None or (token and job.input_tokens.get(p) != token):
+                del job.inputs[p]
+                job.input_tokens.pop(p, None)
 
     def _accept(self, offer: TaskOffer) -> OfferReply:
         return OfferReply(
@@ -262,13 +286,16 @@ class AgentCore:
                 ok=False,
                 reason=f"{msg.producer} is not an input of {msg.consumer}",
             )
-        if msg.token < inp.token:  # made by a placement of the producer since replaced
+        if inp.token and msg.token != inp.token:
+            # made by another run of the producer than the one this placement takes: one
+            # since replaced (its agent came back after the producer was placed again), or
+            # one this agent has not been told of yet (told before that run can start)
             return DataAck(
                 pipeline_id=msg.pipeline_id,
                 consumer=msg.consumer,
                 ok=False,
-                reason=f"stale output of {msg.producer}: token {msg.token}, this placement "
-                f"of {msg.consumer} takes {inp.token} or newer",
+                reason=f"output of {msg.producer} under token {msg.token}: this placement "
+                f"of {msg.consumer} takes its run under token {inp.token}",
             )
         payload = msg.data if data is None else data
         if payload is None:
@@ -280,6 +307,7 @@ class AgentCore:
             )
         complete = msg.producer in job.inputs  # a duplicate: queued already if ready
         job.inputs[msg.producer] = payload  # a duplicate delivery overwrites with equal bytes
+        job.input_tokens[msg.producer] = msg.token
         if not complete:
             self._queue_if_ready(job)
         return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
@@ -345,7 +373,7 @@ class AgentCore:
         job.state = "cancelled"
         self._remember(job.key, job.offer.token, how)
         if how == "withdrawn" and job.inputs:
-            _put_bounded(self._orphans, job.key, job.inputs, ORPHANS_KEPT)
+            _put_bounded(self._orphans, job.key, (job.inputs, job.input_tokens), ORPHANS_KEPT)
 
     def cancel(self, cmd: CancelCommand) -> list[Job]:
         """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""
@@ -398,6 +426,10 @@ class AgentCore:
         remembered."""
         end = self._ends.get(key)
         return end[1:] if end is not None and end[0] == token else None
+
+    def ran(self, key: Key, token: int) -> bool:
+        """The job ran to its end here under `token` (remembered longer than its end event)."""
+        return self._done.get(key) == (token, "ran")
 
     @property
     def running_total(self) -> int:

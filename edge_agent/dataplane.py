@@ -289,8 +289,11 @@ class DataPlane:
         """Released outputs: their object copies go too (the bucket TTL is the backstop)."""
         for e in entries:
             self._refused = {r for r in self._refused if r[:2] != e.key}
-            if e.object_key is not None and self.online:
-                self.spawn(self._delete_object(e.object_key))
+            if e.object_key is not None:
+                if self.online:
+                    self.spawn(self._delete_object(e.object_key))
+                # a delivered output still kept is put there again if it is fetched
+                self.store.set_object(e, None)
 
     async def _delete_object(self, key: str) -> None:
         with contextlib.suppress(Exception):
@@ -425,8 +428,12 @@ class DataPlane:
             if not self.online:
                 return
             assert self.nc is not None
+            # only the producer run this placement takes (a run since superseded may still
+            # be retained where it ran)
+            token = next((i.token for i in job.offer.inputs if i.task_id == producer), 0)
             req = FetchRequest(
-                pipeline_id=pid, producer=producer, consumer=consumer, agent_id=self.agent_id
+                pipeline_id=pid, producer=producer, consumer=consumer, agent_id=self.agent_id,
+                token=token or None,
             )
             try:
                 transfer = await request(

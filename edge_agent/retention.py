@@ -1,10 +1,14 @@
 """Outputs a producer's agent keeps until every consumer confirmed receipt. Pure, synchronous.
 
 A consumer that is re-placed after its producer finished fetches the output again from here, so
-a retained output is dropped only when all its consumers acknowledged it, when its pipeline is
-cancelled, or when it is older than `max_age_s`. Memory is bounded (`memory_bytes`; larger or
-later outputs spill to files) and so is the total (`max_bytes`; the oldest go first). Spilled
-outputs carry a small JSON sidecar and are found again after a restart.
+a retained output is let go only when all its consumers acknowledged it, when its pipeline is
+cancelled, or when it is older than `max_age_s`. One that every consumer acknowledged is still
+kept a while (`DELIVERED_KEEP_S`, at most `DELIVERED_KEPT`, the first to go for room): a
+consumer's job that took it may be withdrawn just after (a re-plan moved it), and its next
+placement fetches it from here instead of having the producer run again. Memory is bounded
+(`memory_bytes`; larger or later outputs spill to files) and so is the total (`max_bytes`; the
+oldest go first). Spilled outputs carry a small JSON sidecar and are found again after a
+restart.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("mars.agent.retention")
+#: How long an output every consumer acknowledged is still kept, and how many such at most.
+DELIVERED_KEEP_S = 30.0
+DELIVERED_KEPT = 256
 Key = tuple[str, str]  # (pipeline_id, producer task)
 
 
@@ -77,6 +85,8 @@ class OutputStore:
         self.max_age_s = max_age_s
         self.clock = clock  # wall clock: ages survive a restart
         self.entries: dict[Key, Retained] = {}
+        #: Outputs every consumer acknowledged, kept a while, oldest first (by delivery).
+        self.delivered: OrderedDict[Key, tuple[float, Retained]] = OrderedDict()
         self.bytes = 0
         self.memory = 0
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -84,7 +94,12 @@ class OutputStore:
 
     # -- queries --------------------------------------------------------------------------------
     def get(self, pipeline_id: str, producer: str) -> Retained | None:
-        return self.entries.get((pipeline_id, producer))
+        """The output kept, waiting for consumers or delivered to them all a while ago."""
+        key = (pipeline_id, producer)
+        entry = self.entries.get(key)
+        if entry is None and key in self.delivered:
+            entry = self.delivered[key][1]
+        return entry
 
     def read(self, entry: Retained) -> bytes:
         if entry.data is not None:
@@ -111,7 +126,7 @@ class OutputStore:
         `spill` writes it to disk at once (the agent is offline: it must survive a crash).
         """
         dropped: list[Retained] = []
-        old = self.entries.get((pipeline_id, producer))
+        old = self.get(pipeline_id, producer)
         if old is not None:
             self._remove(old)
             dropped.append(old)
@@ -120,6 +135,11 @@ class OutputStore:
             if consumers:
                 log.warning("output %s/%s of %d B exceeds retention", pipeline_id, producer, size)
             return None, dropped
+        # delivered outputs go first for room, in memory and in all
+        while self.delivered and (
+            self.bytes + size > self.max_bytes or self.memory + size > self.memory_bytes
+        ):
+            self._remove(next(iter(self.delivered.values()))[1])
         for victim in sorted(self.entries.values(), key=lambda e: e.created):
             if self.bytes + size <= self.max_bytes:
                 break
@@ -145,9 +165,16 @@ class OutputStore:
         return entry, dropped
 
     def route(self, pipeline_id: str, producer: str, consumer: str, agent_id: str) -> None:
-        """A consumer runs (now) on `agent_id`."""
-        entry = self.entries.get((pipeline_id, producer))
-        if entry is not None and entry.consumers.get(consumer) != agent_id:
+        """A consumer runs (now) on `agent_id` and does not hold the output (it asked for it):
+        kept until it acknowledges it there, delivered to all before or not."""
+        key = (pipeline_id, producer)
+        entry = self.entries.get(key)
+        if entry is None and key in self.delivered:
+            entry = self.delivered.pop(key)[1]
+            self.entries[key] = entry
+        if entry is not None and (
+            entry.consumers.get(consumer) != agent_id or consumer in entry.acked
+        ):
             entry.consumers[consumer] = agent_id
             entry.acked.discard(consumer)
             self._save_meta(entry)
@@ -155,7 +182,8 @@ class OutputStore:
     def ack(
         self, pipeline_id: str, producer: str, consumer: str, token: int | None = None
     ) -> Retained | None:
-        """Note a receipt; returns the entry if that was the last one (it is dropped)."""
+        """Note a receipt; returns the entry if that was the last one: it is no longer
+        waited on (its object copy may go), and is kept as delivered a while."""
         entry = self.entries.get((pipeline_id, producer))
         if entry is None or (token is not None and token != entry.token):
             return None
@@ -163,7 +191,11 @@ class OutputStore:
         if entry.unacked():
             self._save_meta(entry)
             return None
-        self._remove(entry)
+        del self.entries[entry.key]
+        self.delivered[entry.key] = (self.clock(), entry)
+        self._save_meta(entry)
+        while len(self.delivered) > DELIVERED_KEPT:
+            self._remove(next(iter(self.delivered.values()))[1])
         return entry
 
     def drop_pipeline(
@@ -172,7 +204,7 @@ class OutputStore:
         only = None if producers is None else set(producers)
         out = [
             e
-            for e in self.entries.values()
+            for e in [*self.entries.values(), *(e for _, e in self.delivered.values())]
             if e.pipeline_id == pipeline_id and (only is None or e.producer in only)
         ]
         for e in out:
@@ -180,9 +212,17 @@ class OutputStore:
         return out
 
     def expire(self) -> list[Retained]:
-        cutoff = self.clock() - self.max_age_s
+        """Outputs past `max_age_s` (returned), and delivered ones past their keep (not
+        returned: they were let go at delivery)."""
+        now = self.clock()
+        cutoff = now - self.max_age_s
         out = [e for e in self.entries.values() if e.created < cutoff]
         for e in out:
+            self._remove(e)
+        while self.delivered:
+            at, e = next(iter(self.delivered.values()))
+            if at > now - DELIVERED_KEEP_S and e.created >= cutoff:
+                break
             self._remove(e)
         return out
 
@@ -222,6 +262,9 @@ class OutputStore:
         if self.entries.get(entry.key) is entry:
             del self.entries[entry.key]
             self.bytes -= entry.size
+        elif (kept := self.delivered.get(entry.key)) is not None and kept[1] is entry:
+            del self.delivered[entry.key]
+            self.bytes -= entry.size
         if entry.data is not None:
             self.memory -= entry.size
             entry.data = None
@@ -257,7 +300,10 @@ class OutputStore:
                     with contextlib.suppress(FileNotFoundError):
                         p.unlink()
                 continue
-            self.entries[entry.key] = entry
+            if entry.unacked():
+                self.entries[entry.key] = entry
+            else:  # delivered to all before the restart
+                self.delivered[entry.key] = (self.clock(), entry)
             self.bytes += entry.size
         orphans = [b for b in self.dir.glob("*.bin") if not b.with_suffix(".json").exists()]
         for stray in [*self.dir.glob("*.tmp"), *self.dir.glob("*.jtmp"), *orphans]:

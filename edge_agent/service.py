@@ -336,6 +336,8 @@ class Agent:
         if end is not None:
             self.outbox.emit(*end)
             return "ended"
+        if self.core.ran(key, q.token):
+            return "ended"  # its end went out through the journal; the event is not kept
         log.warning(
             "asked about %s/%s under token %d: no such job here; saying it is cancelled",
             q.pipeline_id, q.task_id, q.token,
@@ -641,13 +643,15 @@ class Agent:
         error: str = "",
     ) -> None:
         offer = job.offer
+        ended = state in TASK_ENDED_STATES
         end = self._seq_event(
             offer.pipeline_id, offer.task.id, offer.device_id, offer.token, state,
             duration=duration, output=output, error=error,
+            input_tokens=dict(job.input_tokens) if ended else None,
         )  # fmt: skip
         if state == "started":
             job.start_reported = True
-        elif state in TASK_ENDED_STATES and job.start_reported:
+        elif ended:
             self.core.remember_end(job.key, offer.token, *end)
 
     def _seq_event(
@@ -661,6 +665,7 @@ class Agent:
         duration: float | None = None,
         output: Output | None = None,
         error: str = "",
+        input_tokens: dict[str, int] | None = None,
     ) -> tuple[str, str, bytes]:
         """Send a task event (subject, event id and data returned)."""
         self._event_seq += 1
@@ -677,6 +682,7 @@ class Agent:
             output_bytes=len(output.data) if output else 0,
             result=output.result[:256] if output else "",
             error=error[:2048],
+            input_tokens=input_tokens,
         )
         sent = (subjects.task_event(pipeline_id, task_id), ev.event_id, encode(ev))
         # journaled first: sent now if connected, replayed in order after a reconnect or restart

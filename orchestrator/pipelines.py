@@ -113,6 +113,11 @@ class PipelineRun:
     #: re-placement fail and put the placement back, they are its own again.
     detached: dict[str, tuple[str | None, int]] = field(default_factory=dict)
     parked: list[TaskEvent] = field(default_factory=list)
+    #: Per task, the tokens of its runs whose success was applied: an output of one of those
+    #: is its committed output (a task run again keeps the first as committed, see results).
+    succeeded_tokens: dict[str, set[int]] = field(default_factory=dict)
+    #: Results refused because a task ran on an output of a superseded producer run.
+    results_voided: int = 0
 
     def __post_init__(self) -> None:
         if not self.tasks:
@@ -164,6 +169,8 @@ class PipelineRun:
                 task.started_s = ran_since(t, ev)
             task.state = "started"
         elif ev.state in TASK_ENDED_STATES:
+            if ev.state == "succeeded":
+                self.succeeded_tokens.setdefault(ev.task_id, set()).add(ev.token)
             task.state = ev.state
             task.finished_s = t
             if task.started_s is None:  # a short task is reported once, when it ends
@@ -178,6 +185,49 @@ class PipelineRun:
         else:
             self.settle(now)
         return self.state if self.state != before else None
+
+    def superseded_inputs(self, ev: TaskEvent) -> dict[str, int]:
+        """Inputs a task's end says it ran on that are not its producers' committed output:
+        producer -> the token it ran on. A run counts as committed when its success was
+        applied here, or when it is the producer's current placement (its end may simply not
+        be heard yet: no consumer can hold its output before it ran). Empty when the event
+        names no tokens (an agent of an older release)."""
+        if ev.input_tokens is None:
+            return {}
+        spec = self.spec_by_id.get(ev.task_id)
+        if spec is None:
+            return {}
+        out: dict[str, int] = {}
+        for d in spec.deps:
+            token = ev.input_tokens.get(d, 0)
+            producer = self.tasks[d]
+            if token != producer.token and token not in self.succeeded_tokens.get(d, ()):
+                out[d] = token
+        return out
+
+    def void(self, ev: TaskEvent, superseded: dict[str, int], now: float) -> bool:
+        """A success of the current placement computed on superseded inputs: not committed;
+        the task is left `cancelled`, to be placed again. False if the event would not apply
+        anyway (a duplicate, another placement's, or the task or pipeline ended)."""
+        task = self.tasks.get(ev.task_id)
+        if (
+            ev.event_id in self.seen_events
+            or task is None or task.agent_id != ev.agent_id or task.token != ev.token
+            or self.terminal or task.state in TASK_ENDED_STATES
+        ):  # fmt: skip
+            return False
+        if len(self.seen_events) < MAX_SEEN_EVENTS:
+            self.seen_events.add(ev.event_id)
+        ran = ", ".join(
+            f"{d} under token {t} (its run is {self.tasks[d].token})"
+            for d, t in sorted(superseded.items())
+        )
+        task.state = "cancelled"
+        task.error = f"ran on a superseded output of {ran}: run again"[:2048]
+        self.results_voided += 1
+        self.results_dropped += 1
+        self.note(f"{ev.task_id} on {ev.agent_id}: {task.error}")
+        return True
 
     def settle(self, now: float) -> bool:
         """End the pipeline as succeeded if every task has: `apply`'s rule, also for task

@@ -426,6 +426,8 @@ class Placer:
                         run, st, refused, todo, placements, placed_here, rnd, reasons
                     )
                     continue
+            if only is not None:
+                await self._tell_consumers(run, only, placements, st, order, rnd)
             run.placements = placements
             run.plan = planned_view(placements)
             run.algorithm = plan.algorithm
@@ -499,6 +501,37 @@ class Placer:
         for tid, p in todo.items():
             if tid not in affected:
                 st.fixed[tid] = p
+
+    async def _tell_consumers(
+        self,
+        run: PipelineRun,
+        only: set[str],
+        placements: dict[str, Placement],
+        st: Round,
+        order: dict[str, int],
+        rnd: int,
+    ) -> None:
+        """Consumers that stay where they are, not started, of tasks placed again: offered
+        again under their own token, naming their producers' new runs, before those runs
+        are committed, so their agents take no output of a run this placement supersedes
+        (one whose agent comes back and pushes it). One not told (its agent did not answer,
+        or it started meanwhile) may still run on such an output: its end says so, and its
+        result is refused and the task run again (`PipelineRun.void`)."""
+        stay = sorted({
+            c for t in only for c in run.children[t]
+            if c not in only and c in placements
+            and run.tasks[c].state in ("offered", "accepted") and run.tasks[c].token
+        })  # fmt: skip
+        if not stay:
+            return
+        offers = [self._offer(run, c, placements, st, order) for c in stay]
+        replies = await self.o.offer_many(offers)
+        missed = [f"{r.task_id} ({r.code})" for r in replies if not r.accepted]
+        if missed:
+            run.note(
+                f"round {rnd}: not told of their producers' new runs: {', '.join(missed)}; "
+                "a result on an old run's output is refused"
+            )
 
     def _offer(
         self,

@@ -224,6 +224,12 @@ class Recovery:
         if run.terminal:
             await self.settle(run.pipeline_id)
 
+    def rerun_voided(self, run: PipelineRun, task_id: str) -> None:
+        """A task whose result was refused (`PipelineRun.void`): placed again, like one its
+        agent gave up, with whatever must run again to feed it."""
+        why = f"{task_id} ran on a superseded input"
+        self.o._spawn(self._recover_run(run, {task_id}, set(), why))
+
     async def settle(self, pipeline_id: str) -> None:
         """Write this pipeline's gathered result commits now and wait until all are done."""
         pending = self._commits.pop(pipeline_id, set())

@@ -500,6 +500,15 @@ class Orchestrator:
         run = self.pipelines.get(ev.pipeline_id)
         if run is None or not self.failover.may_act(run.pipeline_id):
             return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
+        if ev.state == "succeeded" and ev.input_tokens is not None:
+            superseded = run.superseded_inputs(ev)
+            if superseded and run.void(ev, superseded, self._now()):
+                # its inputs were not its producers' committed outputs: never committed,
+                # run again on them (placed like a task its agent gave up)
+                log.info("%s/%s: %s", run.pipeline_id, ev.task_id, run.tasks[ev.task_id].error)
+                self._give_back_later(run, ev.task_id)
+                self.recovery.rerun_voided(run, ev.task_id)
+                return
         ignored = run.duplicate_events + run.stale_events
         new_state = run.apply(ev, self._now())
         if ev.state in TASK_ENDED_STATES and new_state is None:

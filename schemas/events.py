@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from schemas.base import WireModel
-from schemas.limits import Bytes, Count, Ident, NonNegFloat, ShortText, Text
+from schemas.limits import MAX_DEPS, Bytes, Count, Ident, NonNegFloat, ShortText, Text
 
 TaskEventState = Literal["accepted", "started", "succeeded", "failed", "cancelled"]
 
@@ -31,6 +33,10 @@ class TaskOutcome(WireModel):
 class TaskEvent(TaskOutcome):
     state: TaskEventState
     error: Text = ""
+    #: On an end: the fencing token of the producer run each input came from (producer task
+    #: -> token). The owner commits the result only if every one is its producer's committed
+    #: run, and runs the task again otherwise. None: not said (an agent of an older release).
+    input_tokens: Annotated[dict[Ident, Count], Field(max_length=MAX_DEPS)] | None = None
 
 
 class PipelineEvent(WireModel):

@@ -19,12 +19,13 @@ from typing import Any
 
 from schemas.api import AgentSummary, ListReply, PipelineSummary
 from schemas.base import WireModel
+from schemas.events import TaskEvent
 from schemas.pipeline import OnnxRun
 from schemas.placement import InputRef
 
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
-WIRE_LEVEL = 2
+WIRE_LEVEL = 3
 
 #: Fields added after level 1, by model: the level that added each. A field named here
 #: must have a default (`tests/unit/test_wire_levels.py` holds it to that).
@@ -35,7 +36,10 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     OnnxRun: {"timeout_s": 2},
     PipelineSummary: {"submitted": 2, "owner": 2},
     ListReply: {"unanswered": 2},
-    AgentSummary: {"wire": 2},
+    AgentSummary: {"wire": 2, "draining": 3},
+    # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event
+    TaskEvent: {"input_tokens": 3},
+    # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining)
 }
 
 

@@ -1,7 +1,9 @@
-"""A consumer moved while its producer ended: the output went to the consumer's old place
-and the producer let it go. Its new agent finds the input gone when it asks for it and says
-so, and the orchestrator re-runs the producer at once instead of when the stall watchdog
-finds the consumer starved (two looks of `stall_s`). Over a real nats-server."""
+"""A consumer moved while its producer ended: the output went to the consumer's old place.
+Its producer's agent keeps a delivered output a while, so the consumer's new agent fetches it
+and the producer runs once. Where the output is gone all the same (let go: kept no longer, or
+lost with a restart), the new agent finds the input gone when it asks for it and says so, and
+the orchestrator re-runs the producer at once instead of when the stall watchdog finds the
+consumer starved (two looks of `stall_s`). Over a real nats-server."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from edge_agent import dataplane
+from edge_agent import dataplane, retention
 from edge_agent.core import Job
 from edge_agent.executors import Output
 from orchestrator import recovery
@@ -102,12 +104,12 @@ async def move_as_t_ends(
     pipeline at its end."""
     orch, agents = cluster
     a, b = agents["a"], agents["b"]
-    released = asyncio.Event()  # a let t's output go: b acknowledged it
+    released = asyncio.Event()  # b acknowledged t's output: a waits on it no more
     ack = a.data.store.ack
 
     def noted(pipeline_id: str, producer: str, consumer: str, token: int | None = None) -> Any:
         out = ack(pipeline_id, producer, consumer, token)
-        if a.data.store.get("p", "t") is None and a.log:
+        if ("p", "t") not in a.data.store.entries and a.log:
             released.set()
         return out
 
@@ -156,7 +158,30 @@ async def nothing(_run: PipelineRun) -> None:
     return None
 
 
+@pytest.fixture
+def let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agents keep no output every consumer acknowledged: t's is gone once b has it."""
+    monkeypatch.setattr(retention, "DELIVERED_KEPT", 0)
+
+
 @pytest.mark.parametrize("to", ["c", "a"])
+async def test_a_consumer_moved_as_its_producer_ended_fetches_the_output_delivered_before(
+    cluster: Cluster, nats_url: str, to: str
+) -> None:
+    """u takes t's output on b, then moves to c (or a): t's agent still keeps the output it
+    delivered to b, so u's new agent gets it, and t runs once."""
+    orch, agents = cluster
+    done = await move_as_t_ends(cluster, nats_url, ["c"] if to == "a" else [], nothing)
+    log = "\n".join(done.placement_log)
+    ran = {n: [x[1] for x in ag.log] for n, ag in agents.items()}
+    assert ran["a"].count("t") == 1, log
+    assert ran[to][-1] == "u" and ran["b"] == [] and sum(r.count("u") for r in ran.values()) == 1
+    assert orch.displaced.inputs_regrown == 0 and "re-running t" not in log, log
+    assert agents[to].data.stats["inputs_gone"] == 0
+
+
+@pytest.mark.parametrize("to", ["c", "a"])
+@pytest.mark.usefixtures("let_go")
 async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_again(
     cluster: Cluster, nats_url: str, to: str
 ) -> None:
@@ -177,6 +202,7 @@ async def test_a_consumer_moved_as_its_producer_ended_gets_the_producer_run_agai
     assert "cannot re-place" not in log and done.tasks["u"].agent_id == to, log
 
 
+@pytest.mark.usefixtures("let_go")
 async def test_a_re_run_that_finds_no_room_is_tried_again(
     cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,6 +224,7 @@ async def test_a_re_run_that_finds_no_room_is_tried_again(
     assert "re-running t" in log, log
 
 
+@pytest.mark.usefixtures("let_go")
 async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
     cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +258,7 @@ async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
     assert orch.displaced.inputs_regrown == 1 and not orch.displaced.early
 
 
+@pytest.mark.usefixtures("let_go")
 async def test_a_producer_heard_ending_during_the_move_stays_ended(
     cluster: Cluster, nats_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

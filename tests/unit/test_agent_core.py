@@ -283,9 +283,9 @@ def test_a_provisional_offer_withdrawn_uncommitted_does_not_refuse_the_next_one(
 
 
 def test_an_output_older_than_the_producer_placement_planned_with_is_refused() -> None:
-    """The consumer's offer names the producer placement's token it was planned with: an
-    output made under an older one (a placement since replaced, pushing late) is refused,
-    that token or a newer one (the producer moved again) is taken."""
+    """The consumer's offer names the producer run it takes: an output made under any other
+    token (a placement since replaced, pushing late, or one not told to this consumer yet) is
+    refused, that one is taken."""
     c = core()
     planned = offer("b", deps=("x",), inputs=[InputRef(task_id="x", agent_id="a2", token=40)])
     assert c.admit(planned).accepted
@@ -298,9 +298,10 @@ def test_an_output_older_than_the_producer_placement_planned_with_is_refused() -
         )  # fmt: skip
 
     stale = push(39)
-    assert not stale.ok and "stale output of x: token 39" in stale.reason
+    assert not stale.ok and "output of x under token 39" in stale.reason
+    assert not push(41).ok
     assert c.take_ready() == []  # still waiting for its input
-    assert push(41).ok
+    assert push(40).ok
     assert [j.offer.task.id for j in c.take_ready()] == ["b"]
     # a provisional first placement's consumer knows no token yet: any output is taken
     c2 = core()
@@ -309,3 +310,58 @@ def test_an_output_older_than_the_producer_placement_planned_with_is_refused() -
     assert c2.deliver(
         DataTransfer(pipeline_id="p", producer="x", consumer="b", token=1, data=b"1", sha256=SHA)
     ).ok
+
+
+def _push(c: AgentCore, producer: str, token: int, consumer: str = "b") -> Any:
+    return c.deliver(
+        DataTransfer(pipeline_id="p", producer=producer, consumer=consumer, token=token,
+                     data=b"1", sha256=SHA)
+    )  # fmt: skip
+
+
+def test_a_consumer_told_of_its_producers_new_run_drops_the_old_runs_output() -> None:
+    """A producer placed again: its consumer, staying where it is, is offered again under its
+    own token naming the producer's new run. An output of the old run that came first is let
+    go (the consumer waits for the new one), and later pushes of the old run are refused."""
+    c = core()
+    first = offer("b", token=5, inputs=[InputRef(task_id="x", agent_id="a2"),
+                                         InputRef(task_id="y", agent_id="a2")])  # fmt: skip
+    assert c.admit(first).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["b"]))
+    assert _push(c, "x", 7).ok  # the old run of x (any run: not told of one yet)
+    assert _push(c, "y", 8).ok
+    told = first.model_copy(update={"inputs": [InputRef(task_id="x", agent_id="a3", token=9),
+                                               InputRef(task_id="y", agent_id="a2", token=8)]})
+    assert c.admit(told).accepted
+    assert c.take_ready() == []  # x's old output is gone; y's, from the run named, stays
+    assert c.jobs[("p", "b")].input_tokens == {"y": 8}
+    assert not _push(c, "x", 7).ok
+    assert _push(c, "x", 9).ok
+    [job] = c.take_ready()
+    assert job.input_tokens == {"x": 9, "y": 8}
+    c.finish(job.key, True)
+    assert job.input_tokens == {"x": 9, "y": 8}  # kept for its end event
+
+
+def test_inputs_kept_for_a_withdrawn_job_are_fenced_at_its_next_offer() -> None:
+    c = core()
+    ins = [InputRef(task_id="x", agent_id="a2", token=3)]
+    assert c.admit(offer("b", token=5, inputs=ins)).accepted
+    assert _push(c, "x", 3).ok
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"]))  # withdrawn: inputs kept
+    again = [InputRef(task_id="x", agent_id="a2", token=3)]
+    assert c.admit(offer("b", token=6, inputs=again)).accepted
+    assert c.jobs[("p", "b")].input_tokens == {"x": 3}  # the same run: kept
+    c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"]))
+    moved = [InputRef(task_id="x", agent_id="a4", token=4)]
+    assert c.admit(offer("b", token=7, inputs=moved)).accepted
+    assert c.jobs[("p", "b")].inputs == {}  # x ran again since: the old output is not taken
+
+
+def test_a_short_finished_job_is_remembered_as_ran() -> None:
+    c = core()
+    assert c.admit(offer("t", token=3)).accepted
+    c.commit(CommitCommand(pipeline_id="p", task_ids=["t"]))
+    [job] = c.take_ready()
+    c.finish(job.key, True)
+    assert c.ran(("p", "t"), 3) and not c.ran(("p", "t"), 4)

@@ -119,3 +119,29 @@ def test_a_started_task_is_overdue_only_far_past_its_prediction() -> None:
     assert r.overdue(now=1.0 + 1.0 + 10.0 + 3 * 4.0 + 0.5, after_s=10.0, factor=3.0) == ["a"]
     r.apply(ev("e2", "a", "succeeded", 10), now=30.0)
     assert r.overdue(now=100.0, after_s=10.0, factor=3.0) == []
+
+
+def test_a_result_on_a_superseded_producer_run_is_voided_not_committed() -> None:
+    r = run()
+    assert r.apply(ev("e1", "a", "succeeded", 10), 2.0) is None
+    good = ev("e2", "b", "succeeded", 11).model_copy(update={"input_tokens": {"a": 10}})
+    assert r.superseded_inputs(good) == {}
+    # a was placed again (token 12) before its first run's end was heard: that run is not a
+    # committed one, and a result on its output is refused
+    r2 = run()
+    r2.tasks["a"].token = 12
+    bad = ev("e3", "b", "succeeded", 11).model_copy(update={"input_tokens": {"a": 10}})
+    assert r2.superseded_inputs(bad) == {"a": 10}
+    assert r2.void(bad, {"a": 10}, 3.0)
+    assert r2.tasks["b"].state == "cancelled" and "superseded output of a" in r2.tasks["b"].error
+    assert r2.results_voided == 1 and r2.state == "running"
+    assert not r2.void(bad, {"a": 10}, 3.0)  # the same event again: once
+    assert r2.apply(bad, 3.0) is None and r2.tasks["b"].state == "cancelled"
+    # the current placement's output before its end is heard: not superseded
+    now = ev("e4", "b", "succeeded", 11).model_copy(update={"input_tokens": {"a": 12}})
+    assert r2.superseded_inputs(now) == {}
+    # an agent of an older release says nothing: nothing to judge by
+    assert r2.superseded_inputs(ev("e5", "b", "succeeded", 11)) == {}
+    # a missing input token (0) is never a committed run
+    none = ev("e6", "b", "succeeded", 11).model_copy(update={"input_tokens": {}})
+    assert r2.superseded_inputs(none) == {"a": 0}

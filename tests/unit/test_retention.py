@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from edge_agent import retention
 from edge_agent.dataplane import check_payload, object_key
 from edge_agent.outbox import backoff_delay, reconnect_handler
 from edge_agent.retention import OutputStore
@@ -46,8 +47,35 @@ def test_kept_until_every_consumer_acked(tmp_path: Path) -> None:
     assert store.ack("p", "src", "a", token=6) is None  # another placement's receipt
     assert store.ack("p", "src", "a", token=7) is None
     assert store.get("p", "src") is entry
-    assert store.ack("p", "src", "b") is entry  # the last one releases it
+    assert store.ack("p", "src", "b") is entry  # the last one: waited on no more
+    assert len(store) == 0 and store.get("p", "src") is entry  # kept a while, delivered
+
+
+def test_a_delivered_output_is_kept_a_while_for_a_consumer_placed_again(tmp_path: Path) -> None:
+    """A consumer's job may acknowledge an output and be withdrawn just after (a re-plan
+    moved it): its next placement fetches the output instead of the producer running again."""
+    store, clock = _store(tmp_path)
+    entry, _ = store.put("p", "src", 7, b"x" * 10, {"c": "agent-1"})
+    assert store.ack("p", "src", "c") is entry
+    store.route("p", "src", "c", "agent-2")  # the moved consumer asks for it
+    assert store.entries[("p", "src")] is entry and entry.unacked() == {"c": "agent-2"}
+    store.ack("p", "src", "c")
+    clock.t += retention.DELIVERED_KEEP_S + 1
+    store.expire()
     assert store.get("p", "src") is None and store.bytes == 0 and store.memory == 0
+
+
+def test_delivered_outputs_go_first_for_room_and_are_bounded(tmp_path: Path) -> None:
+    store, _ = _store(tmp_path, memory_bytes=100, max_bytes=1000)
+    store.put("p", "done", 1, b"d" * 60, {"c": "x"})
+    store.ack("p", "done", "c")
+    live, _ = store.put("p", "live", 1, b"l" * 60, {"c": "x"})  # memory: the delivered goes
+    assert live is not None and live.data is not None and store.get("p", "done") is None
+    assert store.memory == 60 and store.bytes == 60
+    for i in range(retention.DELIVERED_KEPT + 5):
+        store.put("q", f"t{i}", 1, b"", {"c": "x"})
+        store.ack("q", f"t{i}", "c")
+    assert len(store.delivered) == retention.DELIVERED_KEPT
 
 
 def test_a_new_route_needs_a_new_receipt(tmp_path: Path) -> None:
