@@ -427,10 +427,6 @@ class AgentCore:
         end = self._ends.get(key)
         return end[1:] if end is not None and end[0] == token else None
 
-    def ran(self, key: Key, token: int) -> bool:
-        """The job ran to its end here under `token` (remembered longer than its end event)."""
-        return self._done.get(key) == (token, "ran")
-
     @property
     def running_total(self) -> int:
         return sum(self.running.values())

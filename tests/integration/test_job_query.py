@@ -140,20 +140,21 @@ async def test_a_stalled_task_its_agent_lost_is_placed_again_once_asked(
         assert [e[1] for e in agent.log] == ["t"]  # and run once, there
 
 
-async def test_a_short_tasks_end_lost_before_the_stream_runs_it_again_a_stall_time_later(
+async def test_a_short_tasks_end_lost_before_the_stream_is_sent_again_when_asked(
     nats_url: str,
 ) -> None:
     """A task too short to report its start (its end is its only event), that end lost
-    before the stream: its agent keeps no end of it, so, asked once the events read again
-    say nothing of it, it says `gone`, and the task runs again a stall time later, not two
-    looks after that as starved."""
+    before the stream: its agent keeps that end too, so, asked once the events read again
+    say nothing of it, it says `ended` and sends the end again; the task runs once. (Before,
+    short tasks' ends were not kept: the agent said `gone`, and a task that had finished was
+    placed and run again; a look at a commit racing a short task's end did the same.)"""
     async with one_agent(nats_url, stall_s=2.0) as (orch, agent, _):
         lost = lose_first_end(agent)
         run = await run_to_end(orch, one_task(0.01))
         assert lost
-        assert orch.watchdog.job_answers == {"gone": 1}
-        assert not [x for x in run.placement_log if "starved" in x], run.placement_log
-        assert [e[1] for e in agent.log] == ["t", "t"]  # its first run's end never came
+        assert orch.watchdog.job_answers == {"ended": 1}
+        assert run.state == "succeeded" and run.recoveries == 0, run.placement_log
+        assert [e[1] for e in agent.log] == ["t"]
 
 
 async def test_an_agent_that_lost_a_stalled_job_is_asked_about_the_pipelines_others(

@@ -356,12 +356,3 @@ def test_inputs_kept_for_a_withdrawn_job_are_fenced_at_its_next_offer() -> None:
     moved = [InputRef(task_id="x", agent_id="a4", token=4)]
     assert c.admit(offer("b", token=7, inputs=moved)).accepted
     assert c.jobs[("p", "b")].inputs == {}  # x ran again since: the old output is not taken
-
-
-def test_a_short_finished_job_is_remembered_as_ran() -> None:
-    c = core()
-    assert c.admit(offer("t", token=3)).accepted
-    c.commit(CommitCommand(pipeline_id="p", task_ids=["t"]))
-    [job] = c.take_ready()
-    c.finish(job.key, True)
-    assert c.ran(("p", "t"), 3) and not c.ran(("p", "t"), 4)
