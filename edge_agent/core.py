@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,8 +30,20 @@ from schemas.placement import (
 )
 
 Key = tuple[str, str]  # (pipeline_id, task_id)
-#: A job that may start, as queued for its device: (order, pipeline, task, seq, job, offer).
-Queued = tuple[int, str, str, int, "Job", TaskOffer]
+#: A job's place in its device's queue: its booked window's start (booking clock; inf when
+#: its offer names none), its pipeline's priority (negated: higher first), its place in its
+#: own pipeline's plan, pipeline, task.
+Rank = tuple[float, int, int, str, str]
+#: A job that may start, as queued for its device: (rank, seq, job, offer).
+Queued = tuple[Rank, int, "Job", TaskOffer]
+#: A job not ready yet whose window is booked, as noted for its device: (window start, seq,
+#: job, offer).
+Booked = tuple[float, int, "Job", TaskOffer]
+#: A job still waiting for its inputs (or commit) holds its window this long after the
+#: window's end: then its plan has slipped, and the tasks booked after it go ahead.
+HOLD_AFTER_S = 1.0
+#: Ready jobs looked at past one that must wait, for one that fits before the windows ahead.
+BACKFILL_LOOK = 16
 JobState = Literal["accepted", "running", "succeeded", "failed", "cancelled"]
 MAX_JOBS = 10_000
 REMEMBERED = 4_096
@@ -72,6 +85,20 @@ class Job:
     def key(self) -> Key:
         return (self.offer.pipeline_id, self.offer.task.id)
 
+    @property
+    def rank(self) -> Rank:
+        o = self.offer
+        start = o.window_start if o.window_start is not None else math.inf
+        return (start, -o.priority, o.order, o.pipeline_id, o.task.id)
+
+    @property
+    def run_s(self) -> float:
+        """Its booked window's length (0 without one)."""
+        o = self.offer
+        if o.window_start is None or o.window_end is None:
+            return 0.0
+        return max(0.0, o.window_end - o.window_start)
+
     def ready(self) -> bool:
         return (
             self.committed
@@ -104,6 +131,16 @@ class AgentCore:
         # skipped when met: no event looks at every queued job (with thousands queued, a scan
         # per input, commit and finished task made an agent's work grow as their square).
         self._ready: dict[str, list[Queued]] = {d: [] for d in self.devices}
+        # Per device, jobs accepted with a booked window, by its start: the first of those not
+        # ready yet hold their windows against ready jobs booked after them (`take_ready`).
+        # Entries go stale as ready-queue entries do.
+        self._booked: dict[str, list[Booked]] = {d: [] for d in self.devices}
+        #: Booking clock minus this host's monotonic clock, from the last offer batch or
+        #: commit that said when it was sent (None: not heard yet; no window is held then).
+        self.clock_offset: float | None = None
+        #: When (monotonic) a job held back by a booked window may go ahead anyway (that
+        #: window's hold ends): `take_ready` should be called again then.
+        self.recheck_at: float | None = None
         self._seq = itertools.count()
         self.draining = False
         self.healthy = True
@@ -157,6 +194,7 @@ class AgentCore:
                     # its inputs must now come from (a producer placed again)
                     existing.offer = offer
                     self._fence(existing)
+                    self._note_booked(existing)
                     self._queue_if_ready(existing)  # its queued entry names the old offer
                 elif existing.offer.consumers != offer.consumers:
                     # running: only where its output goes may change (read when it ends)
@@ -204,6 +242,7 @@ class AgentCore:
         if existing is None and len(self.jobs) >= MAX_JOBS:
             return self._reject(offer, "no_capacity", f"{MAX_JOBS} jobs queued")
         job = self.jobs[key] = Job(offer)
+        self._note_booked(job)
         # Placed here again (a newer token, e.g. moved by adaptive re-planning onto this same
         # agent, or offered again after a re-plan withdrew it): inputs that already arrived
         # stay. Their producers were told they were delivered and may have let them go;
@@ -312,36 +351,101 @@ class AgentCore:
             self._queue_if_ready(job)
         return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
 
+    def set_clock(self, sent_at: float | None) -> None:
+        """A message from an orchestrator said the booking clock when it was sent."""
+        if sent_at is not None:
+            self.clock_offset = sent_at - time.monotonic()
+
+    def _note_booked(self, job: Job) -> None:
+        o = job.offer
+        if o.window_start is None or o.device_id not in self._booked:
+            return
+        heap = self._booked[o.device_id]
+        heapq.heappush(heap, (o.window_start, next(self._seq), job, o))
+        if len(heap) > 2 * len(self.jobs) + 64:  # mostly stale
+            heap[:] = [b for b in heap if self._holding(b, -math.inf)]
+            heapq.heapify(heap)
+
+    def _holding(self, b: Booked, now: float) -> bool:
+        """Whether a noted window still holds its place: its job is here under that offer, not
+        started, not ready (a ready one is in the ready queue), its window not long over."""
+        job, offer = b[2], b[3]
+        return (
+            job.offer is offer and self.jobs.get(job.key) is job and job.state == "accepted"
+            and not job.ready()
+            and (offer.window_end is None or now < offer.window_end + HOLD_AFTER_S)
+        )  # fmt: skip
+
     def _queue_if_ready(self, job: Job) -> None:
         if not job.ready():
             return
         o = job.offer
         heap = self._ready[o.device_id]
-        heapq.heappush(heap, (o.order, o.pipeline_id, o.task.id, next(self._seq), job, o))
+        heapq.heappush(heap, (job.rank, next(self._seq), job, o))
         if len(heap) > 2 * len(self.jobs) + 64:  # mostly stale: keep only what may still start
             heap[:] = [q for q in heap if self._startable(q)]
             heapq.heapify(heap)
 
     def _startable(self, q: Queued) -> bool:
-        job, offer = q[4], q[5]
+        job, offer = q[2], q[3]
         return job.offer is offer and self.jobs.get(job.key) is job and job.ready()
 
+    def _held_back(self, dev: str, job: Job, now: float, free: int) -> float | None:
+        """Whether starting `job` now would delay a window booked before its own on `dev`:
+        one of a job not ready yet that begins before `job`, started now, would end, with no
+        slot left for it. Returns when (booking clock) the first such hold ends, or None if
+        `job` may start (backfilling: it ends before the windows ahead begin, or they have
+        slots enough)."""
+        heap = self._booked[dev]
+        while heap and not self._holding(heap[0], now):
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        start = job.offer.window_start if job.offer.window_start is not None else math.inf
+        before = min(start, now + job.run_s)
+        if heap[0][0] >= before:
+            return None
+        ahead = [
+            b for b in heapq.nsmallest(free + 8, heap)
+            if b[0] < before and b[2] is not job and self._holding(b, now)
+        ]  # fmt: skip
+        if len(ahead) < free:
+            return None
+        return min((b[3].window_end or now) + HOLD_AFTER_S for b in ahead)
+
     def take_ready(self) -> list[Job]:
-        """Jobs that may start now, in plan order per device, bounded by free slots."""
+        """Jobs that may start now, per device in the order of their booked windows (then
+        priority, then plan order), bounded by free slots. A ready job whose start would
+        delay a window booked before its own, of a job still waiting for its inputs, waits
+        (`recheck_at` says until when at most); one behind it that fits before that window
+        goes first."""
         started: list[Job] = []
+        mono = time.monotonic()
+        now = None if self.clock_offset is None else mono + self.clock_offset
+        self.recheck_at = None
         for dev, heap in self._ready.items():
             free = self.devices[dev].slots - self.running[dev]
-            while free > 0 and heap:
+            waiting: list[Queued] = []
+            while free > 0 and heap and len(waiting) <= BACKFILL_LOOK:
                 q = heapq.heappop(heap)
                 if not self._startable(q):
                     continue  # started, ended, dropped or offered again since it was queued
-                job = q[4]
+                job = q[2]
+                if now is not None and job.offer.window_start is not None:
+                    until = self._held_back(dev, job, now, free)
+                    if until is not None:
+                        waiting.append(q)
+                        at = mono + (until - now)
+                        self.recheck_at = min(self.recheck_at or at, at)
+                        continue
                 self.running[dev] += 1
                 job.state = "running"
                 started.append(job)
                 free -= 1
+            for q in waiting:
+                heapq.heappush(heap, q)
         if len(started) > 1:
-            started.sort(key=lambda j: (j.offer.order, j.offer.pipeline_id, j.offer.task.id))
+            started.sort(key=lambda j: j.rank)
         return started
 
     def finish(self, key: Key, ok: bool) -> Job | None:

@@ -104,6 +104,9 @@ class Agent:
         self._event_seq = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._running: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        #: The call of `_start_ready` for a job held back by a booked window, and when it is
+        #: due (monotonic).
+        self._recheck: tuple[asyncio.TimerHandle | None, float] = (None, 0.0)
         self._stopped = asyncio.Event()
         #: How long a job may wait without starting before its pipeline's status is asked.
         self.stale_check_s = STALE_CHECK_S
@@ -210,6 +213,8 @@ class Agent:
         if self.nc is not None and self.nc.is_connected:
             await self.outbox.wait_empty(1.0)  # bounded: what is left stays journaled
         self._stopped.set()
+        if self._recheck[0] is not None:
+            self._recheck[0].cancel()
         # until none is left: a task's own clean-up may spawn another (cancelled at once), and
         # no write may reach the state directory once it is removed below
         while left := [t for t in self._tasks if not t.done()]:
@@ -421,12 +426,14 @@ class Agent:
 
     async def _on_offers(self, msg: Msg) -> None:
         async def admit_all(batch: OfferBatch) -> OfferBatchReply:
+            self.core.set_clock(batch.sent_at)
             return OfferBatchReply(replies=[self._admit(offer) for offer in batch.offers])
 
         await respond(self.nc, msg, OfferBatch, admit_all)
 
     async def _on_commit(self, msg: Msg) -> None:
         async def commit(cmd: CommitCommand) -> CommitCommand:
+            self.core.set_clock(cmd.sent_at)
             jobs = [
                 j for t in cmd.task_ids if (j := self.core.jobs.get((cmd.pipeline_id, t)))
             ]  # fmt: skip
@@ -457,7 +464,7 @@ class Agent:
             if running is not None:
                 running.cancel()  # an exec task's process group is killed with it
         self.data.cancel(cmd.pipeline_id, cmd.task_ids)
-        self._jobs_changed.set()
+        self._start_ready()  # a window held by a job withdrawn is free
 
     # -- jobs nobody will start -----------------------------------------------------------------
     async def _stale_loop(self) -> None:
@@ -545,7 +552,21 @@ class Agent:
         for job in self.core.take_ready():
             task = self._running[job.key] = self._spawn(self._execute(job))
             task.add_done_callback(functools.partial(self._ended, job))
+        self._recheck_at(self.core.recheck_at)
         self._jobs_changed.set()
+
+    def _recheck_at(self, at: float | None) -> None:
+        """A ready job held back by a booked window goes when the hold ends, if nothing
+        (that window's job becoming ready, a slot freed) starts it sooner."""
+        if at is None:
+            return
+        timer, due = self._recheck
+        if timer is not None and not timer.cancelled() and due <= at + 1e-3:
+            return  # one due sooner already
+        if timer is not None:
+            timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._recheck = (loop.call_later(max(0.0, at - time.monotonic()), self._start_ready), at)
 
     def _ended(self, job: Job, task: asyncio.Task[None]) -> None:
         """A run cancelled before its first step never enters `_execute`, whose `finally`

@@ -125,7 +125,8 @@ class Commits:
                 attempt += 1
                 try:
                     await o.ask_agent(
-                        subjects.commit, agent_id, cmd, CommitCommand,
+                        subjects.commit, agent_id, cmd.model_copy(update={"sent_at": o.wall()}),
+                        CommitCommand,
                         timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
                     )  # fmt: skip
                     if look:
@@ -150,7 +151,8 @@ class Commits:
         """Send `cmd` to the agent as a plain message, to be looked after COMMIT_CONFIRM_S
         later (`confirm_loop`); False when it could not be sent (ask by request)."""
         try:
-            await self.o.tell_agent(subjects.commit, agent_id, cmd, encoding=AGENT_ENCODING)
+            sent = cmd.model_copy(update={"sent_at": self.o.wall()})  # the booking clock now
+            await self.o.tell_agent(subjects.commit, agent_id, sent, encoding=AGENT_ENCODING)
         except Exception as exc:
             log.warning("commit to %s not sent (asking by request): %s", agent_id, exc)
             return False

@@ -555,6 +555,8 @@ class Placer:
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
             slot=p.slot, token=0 if provisional else st.tokens[tid], order=order[tid], task=task,
+            window_start=st.t0 + p.start, window_end=st.t0 + p.finish,
+            priority=run.spec.priority,
             replaces=prev[1] if (prev := st.prior.get(tid)) and prev[2] == agent_id else 0,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
                              ready=run.tasks[d].state == "succeeded" or d in st.ended,

@@ -650,7 +650,7 @@ class Orchestrator:
             assert self.nc is not None
             try:
                 rep = await self.ask_agent(
-                    subjects.offers, agent_id, OfferBatch(offers=mine), OfferBatchReply,
+                    subjects.offers, agent_id, OfferBatch(offers=mine, sent_at=self.wall()), OfferBatchReply,
                     timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
                 )  # fmt: skip
                 replies: list[OfferReply] = rep.replies

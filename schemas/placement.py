@@ -10,6 +10,9 @@ from schemas.base import WireModel
 from schemas.limits import MAX_DEPS, MAX_INLINE_DATA, MAX_OUTPUT_BYTES, Bytes, Count, Ident, Text
 from schemas.pipeline import TaskSpec
 
+#: A time on the booking clock (Unix seconds, as orchestrators write bookings).
+BookingTime = Annotated[float, Field(ge=0.0, le=1e11, allow_inf_nan=False)]
+
 RejectCode = Literal[
     "no_capacity",
     "no_memory",
@@ -38,10 +41,10 @@ class InputRef(WireModel):
     nbytes: Bytes = 0
     #: The producer already finished: fetch its output from `agent_id` rather than wait for it.
     ready: bool = False
-    #: The fencing token of the producer's placement this offer was planned with (0: not
-    #: known yet, a first placement's provisional offer). An output made under an older
-    #: token (a placement of the producer since replaced) is refused; a newer one is taken
-    #: (the producer moved again, and its consumers are told so after it).
+    #: The fencing token of the producer run this task takes its input from (0: not known
+    #: yet, a first placement's provisional offer: any run). An output made under any other
+    #: token is refused; a producer placed again has its staying consumers offered again,
+    #: naming its new run, before that run is committed.
     token: Count = 0
 
 
@@ -73,6 +76,14 @@ class TaskOffer(WireModel):
     #: run that placement, or is running it, refuses (`already_ran`, `already_running`): the
     #: task keeps that placement instead of being run twice, or killed and run again.
     replaces: Count = 0
+    #: The task's booked window on the booking clock (the orchestrators' wall clock, seconds):
+    #: an agent runs its ready tasks in the order of their windows, across pipelines, and
+    #: starts one ahead of its window only where that delays no earlier window (None: an
+    #: orchestrator of an older release; `order` then).
+    window_start: BookingTime | None = None
+    window_end: BookingTime | None = None
+    #: The pipeline's priority: among tasks whose windows start together, the higher first.
+    priority: Annotated[int, Field(ge=0, le=1000)] = 100
     task: TaskSpec
     inputs: Annotated[list[InputRef], Field(max_length=MAX_DEPS)] = Field(default_factory=list)
     consumers: Annotated[list[ConsumerRef], Field(max_length=MAX_DEPS)] = Field(
@@ -94,6 +105,9 @@ class OfferBatch(WireModel):
     trip per agent instead of one per task. Each offer is admitted as if sent alone."""
 
     offers: Annotated[list[TaskOffer], Field(min_length=1, max_length=MAX_BATCH)]
+    #: The booking clock when sent: with its own monotonic clock an agent tells from it
+    #: where "now" falls among booked windows (it never reads its own wall clock for that).
+    sent_at: BookingTime | None = None
 
 
 class OfferBatchReply(WireModel):
@@ -115,6 +129,8 @@ class CommitCommand(WireModel):
     pipeline_id: Ident
     task_ids: Annotated[list[Ident], Field(max_length=10_000)]
     tokens: Annotated[list[Count], Field(max_length=10_000)] | None = None
+    #: The booking clock when sent (see `OfferBatch.sent_at`).
+    sent_at: BookingTime | None = None
 
     @model_validator(mode="after")
     def _one_token_per_task(self) -> Self:

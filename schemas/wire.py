@@ -21,7 +21,7 @@ from schemas.api import AgentSummary, ListReply, PipelineSummary
 from schemas.base import WireModel
 from schemas.events import TaskEvent
 from schemas.pipeline import OnnxRun
-from schemas.placement import InputRef
+from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
 
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
@@ -37,8 +37,12 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     PipelineSummary: {"submitted": 2, "owner": 2},
     ListReply: {"unanswered": 2},
     AgentSummary: {"wire": 2, "draining": 3},
-    # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event
+    # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
+    # booked windows on offers, and the booking clock on offers and commits
     TaskEvent: {"input_tokens": 3},
+    TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3},
+    OfferBatch: {"sent_at": 3},
+    CommitCommand: {"sent_at": 3},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining)
 }
 

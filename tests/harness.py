@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, TypeVar
+
+import yaml
 
 from edge_agent.config import AgentConfig
 from edge_agent.core import Job
@@ -147,3 +151,60 @@ async def mars_cli(*args: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+def agent_process_config(
+    tmp: Path, name: str, *, gflops: float = 10.0, labels: dict[str, str] | None = None
+) -> Path:
+    """An agent config file: one emulated 1-slot CPU, synthetic tasks, 0.2 s heartbeats, every
+    started task reported at once, nothing measured that would change its figures."""
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "site": f"site-{name}",
+                "tier": "edge",
+                "labels": labels or {},
+                "probe_cpu": False,
+                "probe_gpus": False,
+                "probe_accelerators": False,
+                "devices": [{"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops,
+                             "emulated": True}],
+                "allowed_kinds": ["synthetic"],
+                "heartbeat_interval_s": 0.2,
+                "started_event_after_s": 0.0,
+                "link_probe_every_s": 0,
+                "recalibrate_every_s": 0,
+                "buffer_dir": str(tmp / f"{name}-buffer"),
+            }
+        )
+    )  # fmt: skip
+    return cfg
+
+
+class AgentProcesses:
+    """`mars agent` processes (`start`); every one still running is killed at the end (a
+    stopped one is continued first)."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+
+    async def start(self, name: str, **config: Any) -> asyncio.subprocess.Process:
+        cfg = agent_process_config(self.tmp, name, **config)
+        self.procs[name] = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orchestrator.cli", "agent", "--nats", self.url,
+            "--config", str(cfg), "--id", name, "--grace", "0",
+        )  # fmt: skip
+        return self.procs[name]
+
+    async def __aenter__(self) -> AgentProcesses:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for p in self.procs.values():
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signal.SIGCONT)
+                    p.kill()
+                await p.wait()

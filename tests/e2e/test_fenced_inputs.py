@@ -9,76 +9,25 @@ new run only.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-import yaml
 
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
 from schemas.events import TaskEvent
 from schemas.rpc import settle
+from tests.harness import AgentProcesses
 
 pytestmark = pytest.mark.e2e
 
 #: The producer's run time on the first producer agent; the second one is four times slower,
 #: so its run is still under way when the first agent, resumed, ends its own run.
 PRODUCE_S = 1.5
-
-
-def _config(tmp_path: Path, name: str, role: str, gflops: float) -> Path:
-    cfg = tmp_path / f"{name}.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "site": f"site-{name}",
-                "tier": "edge",
-                "labels": {"role": role},
-                "probe_cpu": False,
-                "probe_gpus": False,
-                "probe_accelerators": False,
-                "devices": [{"device_id": "cpu0", "kind": "cpu", "slots": 1, "gflops": gflops,
-                             "emulated": True}],
-                "allowed_kinds": ["synthetic"],
-                "heartbeat_interval_s": 0.2,
-                "started_event_after_s": 0.0,
-                "link_probe_every_s": 0,
-                "recalibrate_every_s": 0,
-                "buffer_dir": str(tmp_path / f"{name}-buffer"),
-            }
-        )
-    )  # fmt: skip
-    return cfg
-
-
-@contextlib.asynccontextmanager
-async def _agents(url: str, tmp_path: Path) -> AsyncIterator[dict[str, Any]]:
-    procs: dict[str, Any] = {}
-
-    async def start(name: str, role: str, gflops: float = 10.0) -> Any:
-        procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator.cli", "agent", "--nats", url,
-            "--config", str(_config(tmp_path, name, role, gflops)), "--id", name, "--grace", "0",
-        )  # fmt: skip
-        return procs[name]
-
-    box: dict[str, Any] = {"start": start, "procs": procs}
-    try:
-        yield box
-    finally:
-        for p in procs.values():
-            if p.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    p.send_signal(signal.SIGCONT)
-                    p.kill()
-                await p.wait()
 
 
 async def test_a_consumer_never_takes_the_output_of_a_superseded_producer_run(
@@ -100,9 +49,9 @@ async def test_a_consumer_never_takes_the_output_of_a_superseded_producer_run(
     await nc.subscribe(subjects.task_event("fence", "*"), cb=on_event)
     await settle(nc)
     try:
-        async with _agents(nats_url, tmp_path) as fleet:
-            first = await fleet["start"]("prod-1", "producer")
-            await fleet["start"]("cons", "consumer")
+        async with AgentProcesses(nats_url, tmp_path) as fleet:
+            first = await fleet.start("prod-1", labels={"role": "producer"})
+            await fleet.start("cons", labels={"role": "consumer"})
             assert await orch.wait_for_agents(2, timeout=30.0) == 2
             spec = PipelineSpec.model_validate({
                 "name": "fence",
@@ -120,7 +69,7 @@ async def test_a_consumer_never_takes_the_output_of_a_superseded_producer_run(
             )
             first.send_signal(signal.SIGSTOP)  # silenced while p runs there
             stopped = asyncio.get_running_loop().time()
-            await fleet["start"]("prod-2", "producer", gflops=2.5)
+            await fleet.start("prod-2", gflops=2.5, labels={"role": "producer"})
             # p placed again on prod-2 once prod-1 is found dead
             await asyncio.wait_for(
                 started.setdefault(("p", "prod-2"), asyncio.Event()).wait(), 30.0

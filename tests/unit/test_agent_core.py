@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -330,8 +331,14 @@ def test_a_consumer_told_of_its_producers_new_run_drops_the_old_runs_output() ->
     c.commit(CommitCommand(pipeline_id="p", task_ids=["b"]))
     assert _push(c, "x", 7).ok  # the old run of x (any run: not told of one yet)
     assert _push(c, "y", 8).ok
-    told = first.model_copy(update={"inputs": [InputRef(task_id="x", agent_id="a3", token=9),
-                                               InputRef(task_id="y", agent_id="a2", token=8)]})
+    told = first.model_copy(
+        update={
+            "inputs": [
+                InputRef(task_id="x", agent_id="a3", token=9),
+                InputRef(task_id="y", agent_id="a2", token=8),
+            ]
+        }
+    )
     assert c.admit(told).accepted
     assert c.take_ready() == []  # x's old output is gone; y's, from the run named, stays
     assert c.jobs[("p", "b")].input_tokens == {"y": 8}
@@ -356,3 +363,80 @@ def test_inputs_kept_for_a_withdrawn_job_are_fenced_at_its_next_offer() -> None:
     moved = [InputRef(task_id="x", agent_id="a4", token=4)]
     assert c.admit(offer("b", token=7, inputs=moved)).accepted
     assert c.jobs[("p", "b")].inputs == {}  # x ran again since: the old output is not taken
+
+
+NOW = 1_000.0  # the booking clock when the test's orchestrator "sent" its messages
+
+
+def booked(task_id: str, start: float, end: float, *, pid: str = "p", prio: int = 100,
+           deps: tuple[str, ...] = (), order: int = 0) -> TaskOffer:  # fmt: skip
+    return offer(task_id, pipeline_id=pid, window_start=NOW + start, window_end=NOW + end,
+                 priority=prio, deps=deps, order=order)  # fmt: skip
+
+
+def run_in_order(c: AgentCore) -> list[str]:
+    """Start what may start, one at a time, each finishing before the next is taken."""
+    out = []
+    while started := c.take_ready():
+        for job in started:
+            out.append(f"{job.offer.pipeline_id}/{job.offer.task.id}")
+            c.finish(job.key, True)
+    return out
+
+
+def commit_all(c: AgentCore, *tasks: tuple[str, str]) -> None:
+    for pid, t in tasks:
+        c.commit(CommitCommand(pipeline_id=pid, task_ids=[t]))
+
+
+def test_ready_tasks_run_in_the_order_of_their_booked_windows_across_pipelines() -> None:
+    """A low-priority pipeline's tasks booked first run first: a later pipeline's task,
+    booked after them, does not jump ahead because it is first in its own plan (the plan's
+    order is each pipeline's own). Equal windows: the higher priority first."""
+    c = core()
+    c.set_clock(NOW)
+    for i, (s, e) in enumerate([(0, 3), (3, 6), (6, 9)]):
+        assert c.admit(booked(f"l{i}", s, e, pid="low", prio=10, order=i)).accepted
+    assert c.admit(booked("h0", 7.7, 10.7, pid="high", prio=500, order=0)).accepted
+    assert c.admit(booked("m0", 7.7, 10.7, pid="mid", prio=5, order=0)).accepted
+    commit_all(c, ("high", "h0"), ("mid", "m0"), ("low", "l2"), ("low", "l1"), ("low", "l0"))
+    assert run_in_order(c) == ["low/l0", "low/l1", "low/l2", "high/h0", "mid/m0"]
+
+
+def test_a_ready_task_goes_ahead_of_its_window_only_where_it_delays_no_earlier_one() -> None:
+    c = core()
+    c.set_clock(NOW)
+    # w is booked at +5 s and waits for its input; r, booked later, is ready now
+    assert c.admit(booked("w", 5, 6, deps=("x",))).accepted
+    assert c.admit(booked("short", 20, 21)).accepted  # 1 s: done well before w's window
+    assert c.admit(booked("long", 30, 40)).accepted  # 10 s: would run through w's window
+    commit_all(c, ("p", "w"), ("p", "short"), ("p", "long"))
+    assert [j.offer.task.id for j in c.take_ready()] == ["short"]  # backfilled
+    c.finish(("p", "short"), True)
+    assert c.take_ready() == []  # long waits for w
+    assert c.recheck_at is not None and c.recheck_at > time.monotonic() + 5.0
+    assert c.deliver(
+        DataTransfer(pipeline_id="p", producer="x", consumer="w", token=1, data=b"1",
+                     sha256=SHA)
+    ).ok  # fmt: skip
+    assert [j.offer.task.id for j in c.take_ready()] == ["w"]  # its input came: w runs
+    c.finish(("p", "w"), True)
+    assert [j.offer.task.id for j in c.take_ready()] == ["long"]
+
+
+def test_a_window_whose_job_never_got_ready_stops_holding_once_it_is_over() -> None:
+    c = core()
+    c.set_clock(NOW - 100.0)  # w's window ended long ago: its plan has slipped
+    assert c.admit(booked("w", 5, 6, deps=("x",))).accepted
+    assert c.admit(booked("r", 30, 40)).accepted
+    commit_all(c, ("p", "w"), ("p", "r"))
+    assert [j.offer.task.id for j in c.take_ready()] == ["r"]
+
+
+def test_without_a_clock_or_windows_jobs_start_in_plan_order() -> None:
+    """Offers of an orchestrator of an older release name no window: plan order, as before."""
+    c = core()
+    assert c.admit(offer("b", order=1)).accepted
+    assert c.admit(offer("a", order=0)).accepted
+    commit_all(c, ("p", "b"), ("p", "a"))
+    assert run_in_order(c) == ["p/a", "p/b"]

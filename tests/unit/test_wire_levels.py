@@ -20,7 +20,7 @@ from schemas.api import AgentsReply, AgentSummary, ListReply, PipelineSummary
 from schemas.base import WireModel
 from schemas.codec import Encoding, decode, encode, headers_for
 from schemas.pipeline import TaskSpec
-from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
+from schemas.placement import CancelCommand, InputRef, OfferBatch, TaskOffer
 from schemas.wire import ADDED, WIRE_HEADER, WIRE_LEVEL, level_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +112,7 @@ def test_a_level_1_message_leaves_out_the_added_fields_at_any_depth(encoding: En
 
 
 def test_a_message_with_no_added_field_is_the_same_at_every_level() -> None:
-    plain = CommitCommand(pipeline_id="p", task_ids=["a"], tokens=[3])
+    plain = CancelCommand(pipeline_id="p", task_ids=["a"], max_token=3)
     for enc in ("json", "msgpack"):
         assert encode(plain, enc, level=1) == encode(plain, enc)
 
