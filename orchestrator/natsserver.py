@@ -22,6 +22,7 @@ from types import TracebackType
 from orchestrator.procs import tied_to_caller
 from schemas.advisories import ServerConnections, ServerJetStream
 from schemas.codec import decode
+from schemas.limits import MAX_PAYLOAD_BYTES
 
 
 class NatsServerError(RuntimeError):
@@ -53,7 +54,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 #: Accounts of the embedded server: clients without credentials land in APP (JetStream on);
 #: SYS is the system account, and APP imports its own connect/disconnect advisories so an
 #: orchestrator sees a crashed agent's connection close at once (see docs/recovery.md).
-ACCOUNTS_CONF = """accounts {
+#: Messages as large as the wire allows (`MAX_PAYLOAD_BYTES`, as deploy/nats/single.conf):
+#: a pipeline of the most tasks a spec may hold takes more than the server's default 1 MiB.
+ACCOUNTS_CONF = """max_payload: %(max_payload)d
+accounts {
   SYS {
     users: [{user: "sys", password: "%(password)s"}]
     exports: [{stream: "$SYS.ACCOUNT.APP.>"}]
@@ -136,7 +140,10 @@ class EmbeddedNats:
         Path(self.store_dir).mkdir(parents=True, exist_ok=True)
         conf = Path(self.store_dir) / "accounts.conf"
         if not conf.exists():  # kept across restarts on the same store
-            conf.write_text(ACCOUNTS_CONF % {"password": secrets.token_hex(16)})
+            conf.write_text(
+                ACCOUNTS_CONF
+                % {"password": secrets.token_hex(16), "max_payload": MAX_PAYLOAD_BYTES}
+            )
             conf.chmod(0o600)
         args = [
             find_binary(),

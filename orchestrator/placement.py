@@ -25,9 +25,10 @@ from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key, device_of_key
 from orchestrator.scheduling import Placement, Unschedulable
 from orchestrator.scheduling.engine import NO_COMPUTE_TIME
+from schemas import subjects
 from schemas.api import PlannedTask
 from schemas.bookings import BookingWindow
-from schemas.placement import ConsumerRef, InputRef, OfferReply, TaskOffer
+from schemas.placement import CancelCommand, ConsumerRef, InputRef, OfferReply, TaskOffer
 from schemas.rpc import let_sends_out
 
 if TYPE_CHECKING:
@@ -93,6 +94,18 @@ class Round:
     kept: set[str] = field(default_factory=set)
 
 
+@dataclass
+class Asked:
+    """Every offer one placement sent, whatever its answer: what a failed first placement
+    withdraws (`Placer._withdraw`)."""
+
+    #: (agent, task) -> the highest token offered there
+    tokens: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the answers to them, awaited before anything is withdrawn (a withdrawal overtaking
+    #: its offer at the agent would withdraw nothing)
+    answers: list[asyncio.Future[list[OfferReply]]] = field(default_factory=list)
+
+
 class Placer:
     def __init__(self, orch: Orchestrator) -> None:
         self.o = orch
@@ -101,7 +114,8 @@ class Placer:
         self._booking = asyncio.Lock()
         #: placements under way in this process
         self.placing = 0
-        #: pipeline -> the withdrawal of its provisional offers under way (`withdrawn`)
+        #: pipeline -> the withdrawal of a failed first placement's offers under way
+        #: (`withdrawn`)
         self._withdrawals: dict[str, asyncio.Task[None]] = {}
 
     def budget_s(self) -> float:
@@ -120,12 +134,31 @@ class Placer:
         """Place `only` these tasks (default: all), everything else staying where it is;
         never a task on a device of `exclude`'s (task, device) pairs. `gate` (the ownership
         claim of a new pipeline, sent before planning so its round trip overlaps the plan) is
-        awaited before anything is booked; whatever it raises ends the placement."""
+        awaited before anything is booked; whatever it raises ends the placement.
+
+        A first placement (`only` None) that fails, however (unplaceable, out of rounds, an
+        error part-way), withdraws every offer it sent from every agent it sent one to
+        (`withdrawn` says when that has been sent); what it booked is given back by its
+        caller (the run's end, or `Failover.give_back_strays`)."""
         self.placing += 1
+        asked = Asked()
         try:
-            await self._place(run, only, exclude, gate)
+            await self._place(run, only, exclude, gate, asked)
+        except BaseException:
+            if only is None and asked.tokens:
+                self._withdrawals[run.pipeline_id] = self.o._spawn(self._withdraw(run, asked))
+            raise
         finally:
             self.placing -= 1
+
+    def _ask(self, asked: Asked, offers: list[TaskOffer]) -> asyncio.Future[list[OfferReply]]:
+        """`Orchestrator.start_offers`, noting what was offered where."""
+        for x in offers:
+            k = (x.agent_id, x.task.id)
+            asked.tokens[k] = max(asked.tokens.get(k, 0), x.token)
+        answers = self.o.start_offers(offers)
+        asked.answers.append(answers)
+        return answers
 
     async def _place(
         self,
@@ -133,6 +166,7 @@ class Placer:
         only: set[str] | None,
         exclude: set[tuple[str, str]] | None,
         gate: Awaitable[object] | None,
+        asked: Asked,
     ) -> None:
         o = self.o
         spec = run.spec
@@ -239,7 +273,7 @@ class Placer:
                     steps["claim"] = clock() - t_gate
                 t_book = clock()
                 if provisional:
-                    offered = o.start_offers(list(offers.values()))
+                    offered = self._ask(asked, list(offers.values()))
                     await let_sends_out()  # on the wire before the CAS writes are made
                     t_sent = clock()
                     steps["send"] += t_sent - t_book
@@ -248,14 +282,7 @@ class Placer:
                     o.store.book(k, by_key[k], now, evictable, prepared, moving)
                     for k, prepared in zip(keys, ready, strict=True)
                 ))  # fmt: skip
-                try:
-                    results: list[BookResult] = await booking
-                except BaseException:
-                    if offered is not None:  # withdraw what was admitted for nothing
-                        self._withdrawals[run.pipeline_id] = self.o._spawn(
-                            self._withdraw(run, todo, offered)
-                        )
-                    raise
+                results: list[BookResult] = await booking
                 steps["book"] += clock() - t_book
             run.cas_retries += sum(r.cas_retries for r in results)
             bad = {r.key for r in results if not r.ok}
@@ -293,7 +320,7 @@ class Placer:
                     offers = {
                         tid: self._offer(run, tid, placements, st, order) for tid in todo
                     }  # fmt: skip
-                    replies = await o.offer_many(list(offers.values()))
+                    replies = await self._ask(asked, list(offers.values()))
             else:
                 replies = await offered
             steps["offer"] += clock() - t_offer
@@ -381,7 +408,7 @@ class Placer:
             stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
             if stale:
                 t_offer = clock()
-                again = await o.offer_many(stale)
+                again = await self._ask(asked, stale)
                 # A producer placed before this placement that cannot be told where its
                 # consumers went: it ended (or started) at its agent before its end was heard
                 # here (`duplicate`: it sent its output to where they were), or its agent
@@ -412,7 +439,7 @@ class Placer:
                     fed = {c for d in ended for c in run.children[d] if c in final and c in todo}
                     final.update({c: self._offer(run, c, placements, st, order) for c in fed})
                     again = [r for r in again if r.task_id not in ended]
-                    told = await o.offer_many([final[c] for c in sorted(fed)])
+                    told = await self._ask(asked, [final[c] for c in sorted(fed)])
                     st.sent.update({r.task_id: final[r.task_id] for r in told if r.accepted})
                     again += told
                 steps["offer"] += clock() - t_offer
@@ -565,17 +592,28 @@ class Placer:
             consumers=consumers,
         )  # fmt: skip
 
-    async def _withdraw(
-        self,
-        run: PipelineRun,
-        todo: dict[str, Placement],
-        offered: asyncio.Future[list[OfferReply]],
-    ) -> None:
-        """Cancel the provisional offers of a placement whose booking failed outright."""
+    async def _withdraw(self, run: PipelineRun, asked: Asked) -> None:
+        """Withdraw every offer a failed first placement sent, once each has been answered
+        (or given up on): from each agent, every task offered there, under at most the
+        highest token offered there (nothing of the pipeline there is any other's). Offers
+        refused, or withdrawn already by a re-plan, are named too: an agent that holds no
+        such job does nothing."""
         try:
-            took = {r.task_id: todo[r.task_id] for r in await offered if r.accepted}
-            if took:
-                await self.o.cancel_tasks(run, took, "placement failed", max_token=0)
+            await asyncio.wait(asked.answers)
+            for answers in asked.answers:  # what failed was said where it was awaited
+                if not answers.cancelled():
+                    answers.exception()
+            per_agent: dict[str, list[str]] = {}
+            for agent_id, tid in asked.tokens:
+                per_agent.setdefault(agent_id, []).append(tid)
+            for agent_id, tids in sorted(per_agent.items()):
+                cmd = CancelCommand(
+                    pipeline_id=run.pipeline_id, reason="placement failed",
+                    task_ids=sorted(tids),
+                    max_token=max(asked.tokens[(agent_id, t)] for t in tids),
+                )  # fmt: skip
+                with contextlib.suppress(Exception):
+                    await self.o.tell_agent(subjects.cancel, agent_id, cmd)
         finally:
             if self._withdrawals.get(run.pipeline_id) is asyncio.current_task():
                 del self._withdrawals[run.pipeline_id]  # (not a later placement's)

@@ -78,6 +78,7 @@ from schemas.events import PipelineEvent, TaskEvent
 from schemas.limits import Ident
 from schemas.pipeline import PipelineSpec
 from schemas.placement import (
+    MAX_BATCH,
     CancelCommand,
     OfferBatch,
     OfferBatchReply,
@@ -627,6 +628,12 @@ class Orchestrator:
             )  # fmt: skip
         except (TimeoutError, nats.errors.NoRespondersError, RemoteError) as exc:
             return _unanswered(offer, f"no answer to offer: {type(exc).__name__} {exc}"[:2048])
+        except nats.errors.MaxPayloadError:  # never sent: no agent could be offered it
+            return OfferReply(
+                pipeline_id=offer.pipeline_id, task_id=offer.task.id, agent_id=offer.agent_id,
+                accepted=False, code="bad_spec",
+                reason=f"the offer is larger than the server's {self.nc.max_payload} B limit",
+            )  # fmt: skip
 
     async def offer_many(self, offers: Sequence[TaskOffer]) -> list[OfferReply]:
         """Offer each task to its agent, one `OfferBatch` request per agent; replies in the
@@ -642,7 +649,7 @@ class Orchestrator:
             per_agent.setdefault(x.agent_id, []).append(i)
         out: list[OfferReply | None] = [None] * len(offers)
 
-        async def one_agent(agent_id: str, idx: list[int]) -> None:
+        async def one_batch(agent_id: str, idx: list[int]) -> None:
             mine = [offers[i] for i in idx]
             if len(mine) == 1:
                 out[idx[0]] = await self.offer(mine[0])
@@ -654,16 +661,26 @@ class Orchestrator:
                     timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
                 )  # fmt: skip
                 replies: list[OfferReply] = rep.replies
+            except nats.errors.MaxPayloadError:  # larger than the server takes: in halves
+                half = len(idx) // 2
+                await asyncio.gather(
+                    one_batch(agent_id, idx[:half]), one_batch(agent_id, idx[half:])
+                )
+                return
             except nats.errors.NoRespondersError:
                 replies = list(await asyncio.gather(*(self.offer(x) for x in mine)))
             except (TimeoutError, RemoteError) as exc:
                 why = f"no answer to offers: {type(exc).__name__} {exc}"[:2048]
                 replies = [_unanswered(x, why) for x in mine]
+            got = {r.task_id: r for r in replies}
             for i, x in zip(idx, mine, strict=True):
-                got = next((r for r in replies if r.task_id == x.task.id), None)
-                out[i] = got if got is not None else _unanswered(x, "no reply for this offer")
+                out[i] = got.get(x.task.id) or _unanswered(x, "no reply for this offer")
 
-        asked = asyncio.gather(*(one_agent(a, idx) for a, idx in per_agent.items()))
+        # an agent given more offers than one batch holds gets them in several, at once
+        asked = asyncio.gather(*(
+            one_batch(a, idx[i : i + MAX_BATCH])
+            for a, idx in per_agent.items() for i in range(0, len(idx), MAX_BATCH)
+        ))  # fmt: skip
 
         async def answers() -> list[OfferReply]:
             await asked

@@ -257,6 +257,7 @@ class Submissions:
                 "pipeline %s not placed: %s (%s)", pid, failed,
                 "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
             )  # fmt: skip
+            await o.placer.withdrawn(pid)  # its offers are withdrawn before its client is told
             run.finish("unschedulable" if unsched else "failed", str(failed), o._now())
             await o._finished(run)
             await o._publish_pipeline(run)

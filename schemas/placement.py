@@ -7,7 +7,16 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from schemas.base import WireModel
-from schemas.limits import MAX_DEPS, MAX_INLINE_DATA, MAX_OUTPUT_BYTES, Bytes, Count, Ident, Text
+from schemas.limits import (
+    MAX_DEPS,
+    MAX_INLINE_DATA,
+    MAX_OUTPUT_BYTES,
+    MAX_TASKS,
+    Bytes,
+    Count,
+    Ident,
+    Text,
+)
 from schemas.pipeline import TaskSpec
 
 #: A time on the booking clock (Unix seconds, as orchestrators write bookings).
@@ -86,7 +95,9 @@ class TaskOffer(WireModel):
     priority: Annotated[int, Field(ge=0, le=1000)] = 100
     task: TaskSpec
     inputs: Annotated[list[InputRef], Field(max_length=MAX_DEPS)] = Field(default_factory=list)
-    consumers: Annotated[list[ConsumerRef], Field(max_length=MAX_DEPS)] = Field(
+    #: Every task that takes this one's output: as many as a pipeline has other tasks (a
+    #: task names at most MAX_DEPS inputs, but any number of tasks may name the same one).
+    consumers: Annotated[list[ConsumerRef], Field(max_length=MAX_TASKS)] = Field(
         default_factory=list
     )
 

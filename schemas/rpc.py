@@ -124,10 +124,18 @@ async def request(
 ) -> Rep:
     """Send a request model and decode the reply model (RemoteError on an error envelope).
     `level`: the receiver's wire level, where known (schemas/wire.py)."""
-    msg = await nc.request(
-        subject, encode(req, encoding, level), timeout=timeout, headers=headers_for(encoding)
-    )
+    body, headers = encode(req, encoding, level), headers_for(encoding)
+    if len(body) + header_bytes(headers) > nc.max_payload:
+        # refused here, not by the server: one over its limit closes the connection (nats-py
+        # leaves the headers out of its own check)
+        raise nats.errors.MaxPayloadError
+    msg = await nc.request(subject, body, timeout=timeout, headers=headers)
     return decode_reply(msg.data, msg.headers, reply_model)
+
+
+def header_bytes(headers: Mapping[str, str]) -> int:
+    """What `headers` add to a message on the wire (the server counts them in its limit)."""
+    return len("NATS/1.0\r\n\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items())
 
 
 async def settle(nc: Any, timeout: float = 2.0) -> None:

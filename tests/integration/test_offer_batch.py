@@ -12,9 +12,12 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
+from orchestrator.commits import AGENT_ENCODING
 from orchestrator.service import Orchestrator
 from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec, subjects
 from schemas.codec import decode, encode, encoding_of
+from schemas.limits import MAX_DEPS
+from schemas.placement import MAX_BATCH, InputRef
 from schemas.rpc import request, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 
@@ -125,3 +128,29 @@ async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> N
         run.tasks["a"].agent_id, run.tasks["a"].state = "slow", "accepted"
         await orch.commits.commit_all(run, {"a"})
         assert [c.task_ids for c in got] == [["a"], ["a"]]
+
+
+async def test_offers_past_one_batch_reach_the_agent_in_several(nats_url: str) -> None:
+    """More offers to one agent than a batch holds, and offers together larger than the
+    server takes in one message: sent in several batches, each offer answered, the
+    orchestrator's connection kept. Before, the first failed to build (`MAX_BATCH`) and the
+    second to send (`MaxPayloadError`), and the placement with them."""
+    orch, agents = await start_cluster(nats_url, {"b1": agent_config("s", "edge")})
+    try:
+        assert orch.nc is not None
+        inc = agents[0].incarnation
+        many = [_offer("b1", inc, f"m{i}") for i in range(MAX_BATCH * 2 + 500)]
+        replies = await orch.offer_many(many)
+        assert [r.task_id for r in replies] == [x.task.id for x in many]
+        assert all(r.accepted for r in replies), {r.code for r in replies}
+        # each offer names as many inputs as a task may have: together more than a message holds
+        inputs = [InputRef(task_id=f"p{j}", agent_id="b1") for j in range(MAX_DEPS)]
+        big = [_offer("b1", inc, f"big{i}", inputs=inputs) for i in range(64)]
+        size = len(encode(OfferBatch(offers=big), AGENT_ENCODING))
+        assert size > orch.nc.max_payload
+        replies = await orch.offer_many(big)
+        assert all(r.accepted for r in replies), {r.code for r in replies}
+        assert len(agents[0].core.jobs) == len(many) + len(big)
+        assert orch.nc.is_connected and orch.nc.stats["reconnects"] == 0
+    finally:
+        await stop_cluster(orch, agents)

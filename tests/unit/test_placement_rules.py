@@ -136,7 +136,7 @@ async def test_the_portfolio_budget_is_spent_only_when_one_placement_is_under_wa
     placer = Placer(orch)
     seen: list[tuple[int, float]] = []
 
-    async def fake(run: object, only: object, exclude: object, gate: object) -> None:
+    async def fake(run: object, only: object, exclude: object, gate: object, asked: object) -> None:
         seen.append((placer.placing, placer.budget_s()))
         if len(seen) == 1:
             await placer.place(run)  # type: ignore[arg-type]  # a second one meanwhile
