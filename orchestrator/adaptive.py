@@ -72,6 +72,10 @@ MOVE_RACE_S = 0.5
 #: of one pipeline go late together (the same cause), and each pricing re-plans the pipeline
 #: twice; a task found late within the gap is looked at again when it ends.
 LATE_GAP_S = 0.25
+#: A late task still running is priced again each time its run has grown this many times
+#: longer: what it is modelled to have left (its overrun so far) grows with it, and a move
+#: that did not pay at the first look may pay later.
+LATE_REGROW = 1.5
 
 
 # -- the rule (pure) ------------------------------------------------------------------------------
@@ -462,6 +466,9 @@ class Adaptive:
             late_task=tid,
         )
         self.o._spawn(self.consider(run, trig))
+        # looked at again while it runs on (its end event drops the timer)
+        again = max(LATE_GAP_S, elapsed * (LATE_REGROW - 1.0))
+        self._timers[key] = asyncio.get_running_loop().call_later(again, self._late, key)
 
     async def _on_drift(self, msg: Msg) -> None:
         try:

@@ -185,11 +185,49 @@ async def test_a_task_running_late_is_priced_and_logged(nats_url: str) -> None:
         ]})  # fmt: skip
         await orch.submit_spec(late, "late-1")
         await orch.wait_for(lambda: len(orch.adaptive.decisions) >= 1, 10.0)
-        [d] = orch.adaptive.decisions
+        d = orch.adaptive.decisions[0]
         assert d.trigger.startswith("late(lead@a-cpu:cpu0")
         assert not d.replan  # pinned to its agent: nowhere else to go
         run = await orch.wait_terminal("late-1", 10.0)
         assert run.state == "succeeded" and d.line() in run.placement_log
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_a_task_overrunning_more_and_more_gets_its_successor_moved(
+    nats_url: str,
+) -> None:
+    """`lead` (pinned to a-cpu) is predicted at 0.6 s and runs 6 s: a-cpu is ten times
+    slower than it says, and says nothing. `next`, booked after it on a-cpu, would wait for
+    it; b-cpu, slower on paper, is idle. At the first look the overrun is small and moving
+    `next` does not pay; the late task is looked at again as its overrun grows, and once the
+    gain rule says so, `next` moves to b-cpu."""
+    cfgs = {
+        "a-cpu": agent_config("s1", "edge", probe_cpu=False, devices=[
+            {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}]),
+        "b-cpu": agent_config("s1", "edge", probe_cpu=False, devices=[
+            {"device_id": "cpu0", "kind": "cpu", "gflops": 22.0, "emulated": True}]),
+    }  # fmt: skip
+    orch, agents = await start_cluster(nats_url, cfgs)
+    a = next(x for x in agents if x.agent_id == "a-cpu")
+    dev = a.core.devices["cpu0"]
+    a.core.devices["cpu0"] = dev.model_copy(update={"gflops": 10.0})
+    try:
+        syn = {"kind": "synthetic", "ref_gflops": 100.0}
+        spec = PipelineSpec.model_validate({"name": "overrun", "tasks": [
+            {"id": "lead", "requires": {"pinned_agent": "a-cpu"}, "run": {**syn, "seconds": 0.6}},
+            {"id": "next", "run": {**syn, "seconds": 0.2}},
+        ]})  # fmt: skip
+        await orch.submit_spec(spec, "overrun")
+        run = orch.pipelines["overrun"]
+        assert run.tasks["next"].agent_id == "a-cpu"  # planned behind lead, on the faster
+        done = await orch.wait_terminal("overrun", 15.0)
+        assert done.state == "succeeded", done.reason
+        late = [d for d in orch.adaptive.decisions if d.trigger.startswith("late(lead@")]
+        assert len(late) >= 2 and not late[0].replan, [d.line() for d in late]
+        assert any(d.replan for d in late), [d.line() for d in late]
+        assert done.tasks["next"].agent_id == "b-cpu", done.placement_log
+        assert [x[1] for x in a.log] == ["lead"]
     finally:
         await stop_cluster(orch, agents)
 
