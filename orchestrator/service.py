@@ -16,12 +16,12 @@ from collections.abc import (
 from typing import Any, TypeVar
 
 import nats
-import nats.micro
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import RetentionPolicy, StreamConfig
 from nats.micro.request import Request
+from nats.micro.service import Service, ServiceConfig
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator import eventloop, ownership
@@ -263,12 +263,14 @@ class Orchestrator:
         await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
         await self.queries.subscribe()
         await self.replicas.start(nc)
-        svc = await nats.micro.add_service(
+        svc = Service(
             nc,
-            name=subjects.API_SERVICE,
-            version=VERSION,
-            queue_group=subjects.API_QUEUE,
-            description="MARS pipeline API",
+            ServiceConfig(
+                name=subjects.API_SERVICE,
+                version=VERSION,
+                queue_group=subjects.API_QUEUE,
+                description="MARS pipeline API",
+            ),
         )
         endpoints: list[tuple[str, str, Callable[[Request], Awaitable[None]]]] = [
             ("submit", subjects.SUBMIT, self.submissions.enqueue),
@@ -279,6 +281,10 @@ class Orchestrator:
         ]
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
+        # visible ($SRV PING, INFO, STATS) only now: `nats.micro.add_service` answers them
+        # before its endpoints are added, so a client discovering the API as it came up saw
+        # none (the server takes one connection's subscriptions in the order they are sent)
+        await svc.start()
         self._service = svc
         for _ in range(SUBMITS_AT_ONCE):
             self._spawn(self.submissions.worker())
