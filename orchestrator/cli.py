@@ -253,19 +253,23 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def agent_line(a: AgentSummary) -> str:
-    """One agent of `mars agents`: its devices, and the windows booked on each (`FULL`: the
-    device's booking key is at its size limit and takes no new bookings)."""
+    """One agent of `mars agents`: alive, draining (heard from, taking no new work) or
+    silent (not heard from lately, or dead: how long since it was), its devices, and the
+    windows booked on each (`FULL`: the device's booking key is at its size limit and takes
+    no new bookings)."""
     booked = ",".join(
         f"{q.device_id}:{q.windows}" + (f"(FULL, {q.key_bytes // 1024} KiB)" if q.full else "")
         for q in a.queues
         if q.windows or q.full
     )
     older = 0 < a.wire < WIRE_LEVEL  # still to upgrade (docs/operations.md, "Upgrading")
+    state = "alive" if a.alive else "draining" if a.draining else "silent"
     return (
-        f"{a.agent_id:<16} {'alive' if a.alive else 'silent':<7} site={a.site} "
+        f"{a.agent_id:<16} {state:<8} site={a.site} "
         f"tier={a.tier} running={a.running} devices={','.join(a.devices)}"
         + (f" booked={booked}" if booked else "")
         + (f" wire={a.wire} (an older release)" if older else "")
+        + (f" last_seen={a.last_seen_s:.1f}s ago" if state == "silent" else "")
     )
 
 

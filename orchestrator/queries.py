@@ -268,7 +268,9 @@ class Queries:
                         for d in adv.devices
                     ],
                     running=entry.running,
-                    last_seen_s=max(0.0, now - entry.last_seen),
+                    # when it was last heard, also once health monitoring says it is dead
+                    last_seen_s=max(0.0, now - entry.heard),
+                    draining=entry.draining and self.o.view.heard_lately(entry, now),
                     queues=self._queues(aid, adv.devices, booked, full),
                     wire=entry.wire,
                 )

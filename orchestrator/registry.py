@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 
 from orchestrator.scheduling import Cluster, Device, Link
@@ -51,6 +51,13 @@ class AgentEntry:
     #: The wire level its adverts name (schemas/wire.py): its offers leave out what it
     #: cannot read.
     wire: int = 1
+    #: When it was last heard from (its advert or a heartbeat), kept when health monitoring
+    #: says it is dead (`last_seen` then goes to -inf, out of planning): `mars agents` says
+    #: how long it has been silent.
+    heard: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.heard = self.last_seen
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ class ClusterView:
         if at - entry.last_seen > entry.advert.heartbeat_interval_s * self.misses:
             self._members += 1
         entry.last_seen = at
+        entry.heard = max(entry.heard, at)
 
     def mark_dead(self, agent_id: str, incarnation: str) -> None:
         """Out of planning now (health monitoring says dead), not when its heartbeats lapse."""
@@ -132,6 +140,11 @@ class ClusterView:
 
     def alive(self, now: float) -> list[AgentEntry]:
         return list(self._alive(now))
+
+    def heard_lately(self, entry: AgentEntry, now: float) -> bool:
+        """Its heartbeats are on time and it is not marked dead, whether it takes work or
+        drains."""
+        return now - entry.last_seen <= entry.advert.heartbeat_interval_s * self.misses
 
     def _alive(self, now: float) -> tuple[AgentEntry, ...]:
         """Live agents by id; every plan asks, so the set is kept until it can change."""

@@ -155,12 +155,15 @@ class AgentSummary(WireModel):
     alive: bool
     devices: Annotated[list[ShortText], Field(max_length=64)]
     running: Annotated[int, Field(ge=0, le=1 << 20)] = 0
+    #: Seconds since the answering replica last heard from it (its advert or a heartbeat).
     last_seen_s: NonNegFloat = 0.0
     #: Devices with a booking key, in `devices`' order.
     queues: Annotated[list[DeviceQueue], Field(max_length=64)] = Field(default_factory=list)
     #: The wire level the agent's adverts name (schemas/wire.py: 1 for a release before
     #: levels); 0: not said (a replica before levels answered).
     wire: Annotated[int, Field(ge=0, le=9999)] = 0
+    #: Heard from lately, and taking no new work (`mars drain`): not `alive` for planning.
+    draining: bool = False
 
 
 class AgentsReply(WireModel):
