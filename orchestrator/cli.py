@@ -104,7 +104,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     async def go() -> int:
         cmd = DrainCommand(agent_id=args.agent_id, deadline_s=args.deadline, resume=args.resume)
         nc = await nats.connect(
-            args.nats, name="mars-cli", connect_timeout=5,
+            args.nats, name="mars-cli", connect_timeout=5, allow_reconnect=False,
             error_cb=nats_error_logger(logging.getLogger("mars.cli")),
         )  # fmt: skip
         try:
@@ -120,7 +120,12 @@ def cmd_drain(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(go())
     except Exception as exc:
-        return _fail(exc)
+        who = f"agent {args.agent_id}"
+        return _fail(exc, (
+            f"no agent {args.agent_id} at {args.nats}: no agent with that id answered "
+            "(`mars agents` lists them)",
+            f"{who} did not answer within {args.timeout:g} s",
+        ))  # fmt: skip
 
 
 def _keep_hours(text: str) -> float:
@@ -170,9 +175,34 @@ async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
         await client.close()
 
 
-def _fail(exc: Exception) -> int:
+def _api_silent(url: str) -> tuple[str, str]:
+    """What it means when an API request goes unanswered, or unanswered in time."""
+    return (
+        f"no orchestrator replica answered at {url}: is `mars orchestrator` running there?",
+        f"no orchestrator replica answered in time at {url}",
+    )
+
+
+def _fail(exc: Exception, silent: tuple[str, str] = ("", "")) -> int:
+    """An error said in words (exit code 2): a refusal with its code and details, a request
+    nobody answered or none answered in time (`silent`: what each means for the request),
+    a server out of reach. Output cut off by a closed pipe is left to `main`."""
+    import nats.errors
+
     from schemas.codec import DecodeError, RemoteError
 
+    if isinstance(exc, BrokenPipeError):
+        raise exc
+    nobody, late = silent
+    if isinstance(exc, nats.errors.NoRespondersError) and nobody:
+        print(f"error: {nobody}", file=sys.stderr)
+        return 2
+    if isinstance(exc, TimeoutError) and late:  # nats-py's timeout is a TimeoutError too
+        print(f"error: {late}", file=sys.stderr)
+        return 2
+    if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError):
+        print(f"error: cannot reach the NATS server: {exc}", file=sys.stderr)
+        return 2
     if isinstance(exc, RemoteError):
         env = exc.envelope
         print(f"error {env.code}: {env.message}", file=sys.stderr)
@@ -205,7 +235,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         print(plan_table(reply))
         if not args.wait:
             return 0
-        st = await client.wait(reply.pipeline_id, args.timeout)
+        try:
+            st = await client.wait(reply.pipeline_id, args.timeout)
+        except TimeoutError:
+            return await _still_running(client, reply.pipeline_id, args.timeout)
         if args.json:
             print(st.model_dump_json(indent=2))
         else:
@@ -216,7 +249,30 @@ def cmd_submit(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
-        return _fail(exc)
+        return _fail(exc, _api_silent(args.nats))
+
+
+#: `mars submit --wait`: the pipeline had not ended when `--timeout` passed.
+STILL_RUNNING = 3
+
+
+async def _still_running(client: Any, pipeline_id: str, waited: float) -> int:
+    """`submit --wait` gave up waiting: the pipeline runs on, and how to follow it."""
+    from schemas.api import TERMINAL_STATES
+
+    state = "running"
+    with contextlib.suppress(Exception):  # its state now, if an orchestrator says it in time
+        state = (await client.status(pipeline_id)).state
+    if state in TERMINAL_STATES:  # it ended as the wait gave up
+        print(state)
+        return 0 if state == "succeeded" else 1
+    print(
+        f"pipeline {pipeline_id}: still {state} after {waited:g} s (--timeout); it keeps "
+        f"running: follow it with `mars status {pipeline_id}`, stop it with "
+        f"`mars cancel {pipeline_id}`",
+        file=sys.stderr,
+    )
+    return STILL_RUNNING
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -234,7 +290,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
-        return _fail(exc)
+        return _fail(exc, _api_silent(args.nats))
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -249,7 +305,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
-        return _fail(exc)
+        return _fail(exc, _api_silent(args.nats))
 
 
 def agent_line(a: AgentSummary) -> str:
@@ -282,7 +338,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
-        return _fail(exc)
+        return _fail(exc, _api_silent(args.nats))
 
 
 def cmd_bookings(args: argparse.Namespace) -> int:
@@ -302,7 +358,10 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
-        return _fail(exc)
+        return _fail(exc, (
+            f"JetStream did not answer at {args.nats}: is it enabled on that server?",
+            f"JetStream did not answer in time at {args.nats}",
+        ))  # fmt: skip
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -314,7 +373,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     try:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
-        return _fail(exc)
+        return _fail(exc, _api_silent(args.nats))
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -590,8 +649,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logs.setup(args.verbose)
-    rc: int = args.fn(args)
+    try:
+        rc: int = args.fn(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is met below
+    except BrokenPipeError:
+        return _stdout_gone()
     return rc
+
+
+def _stdout_gone() -> int:
+    """Whoever read the output stopped (`mars list | head`): quiet, as a Unix tool that
+    SIGPIPE ended, and with its exit status. What is still buffered goes nowhere: written
+    at exit it would fail again, with a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
 """The operator's failure paths, as `mars` meets them: a dead or drained agent in `mars
-agents`."""
+agents`, nobody to answer, a wait that runs out, a closed pipe."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,9 @@ from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 from tests.integration.test_recovery import ClusterEvents
 
 pytestmark = pytest.mark.e2e
+
+#: A process that should end at once gets this long (a Python start on a loaded machine).
+PROMPT_S = 30.0
 
 
 async def test_mars_agents_shows_a_dead_agent_silent_since_last_heard_and_a_drained_one_draining(
@@ -51,3 +58,72 @@ async def test_mars_agents_shows_a_dead_agent_silent_since_last_heard_and_a_drai
         await client.close()
         await events.stop()
         await stop_cluster(orch, agents[:1])
+
+
+async def test_nobody_to_answer_is_said_in_words(nats_url: str) -> None:
+    """No orchestrator up, or no agent of that id: said as what it means, not as
+    `NoRespondersError: nats: no responders available for request`."""
+    for args in (["list"], ["agents"], ["status", "p1"]):
+        rc, out, err = await mars_cli(*args, "--nats", nats_url)
+        assert rc == 2 and out == "", (args, out, err)
+        assert err.strip() == (
+            f"error: no orchestrator replica answered at {nats_url}: is `mars orchestrator` "
+            "running there?"
+        ), args
+    rc, out, err = await mars_cli("drain", "nosuch", "--nats", nats_url)
+    assert rc == 2 and out == "", out + err
+    assert err.strip() == (
+        f"error: no agent nosuch at {nats_url}: no agent with that id answered (`mars agents` "
+        "lists them)"
+    )
+
+
+async def test_submit_wait_that_runs_out_says_the_pipeline_runs_on(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """`submit --wait --timeout` that passes printed `error: TimeoutError: ` and nothing else."""
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
+    try:
+        slow = tmp_path / "slow.yaml"
+        slow.write_text("name: slow\ntasks: [{id: t, run: {kind: synthetic, seconds: 60}}]\n")
+        rc, out, err = await mars_cli(
+            "submit", str(slow), "--wait", "--timeout", "0.5", "--id", "slow1", "--nats", nats_url
+        )
+        assert rc == 3, out + err
+        assert err.strip() == (
+            "pipeline slow1: still running after 0.5 s (--timeout); it keeps running: follow "
+            "it with `mars status slow1`, stop it with `mars cancel slow1`"
+        )
+        assert (await orch.status_of("slow1")).state == "running"
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def _into_closed_pipe(*args: str) -> tuple[int, str]:
+    """`mars ARGS` writing to a pipe nobody reads any more: (exit code, stderr)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "orchestrator.cli", *args,
+            stdout=write_end, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+    _, err = await asyncio.wait_for(proc.communicate(), PROMPT_S)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+async def test_output_into_a_closed_pipe_ends_quietly(nats_url: str, tmp_path: Path) -> None:
+    """`mars ... | head`: no BrokenPipeError traceback, the exit status of a tool SIGPIPE
+    ended; whether the pipe closes mid-output (`schema`: ~100 KiB) or before a short one is
+    flushed at exit (`schema --out`, `list` through the API)."""
+    sigpipe = 128 + signal.SIGPIPE
+    assert await _into_closed_pipe("schema") == (sigpipe, "")
+    assert await _into_closed_pipe("schema", "--out", str(tmp_path)) == (sigpipe, "")
+    orch, agents = await start_cluster(nats_url, {"a": agent_config("s", "edge", cpu_slots=1)})
+    try:
+        assert await _into_closed_pipe("agents", "--nats", nats_url) == (sigpipe, "")
+    finally:
+        await stop_cluster(orch, agents)
