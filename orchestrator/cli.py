@@ -26,9 +26,16 @@ if TYPE_CHECKING:
 DEFAULT_URL = os.environ.get("MARS_NATS_URL", "nats://127.0.0.1:4222")
 
 
-def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
-    async def runner() -> None:
-        stop = asyncio.Event()
+def _run_until_signal(
+    main: Callable[[asyncio.Event, asyncio.Event], Awaitable[int | None]],
+) -> int:
+    """Run a service until SIGINT/SIGTERM: `main(stop, started)` sets `started` once the
+    service is up, and from then on stops it gracefully when `stop` is set. Told to stop
+    before that (still reaching its server, say), it is cancelled at once: nothing runs yet
+    that a graceful stop would wait for."""
+
+    async def runner() -> int:
+        stop, started = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
 
         def on_signal(sig: int) -> None:
@@ -40,10 +47,32 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, on_signal, sig)
-        await main(stop)
+        work = asyncio.ensure_future(main(stop, started))
+        told = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((work, told), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            told.cancel()
+        if not work.done() and not started.is_set():
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+            return 0
+        return await work or 0
 
-    eventloop.run(runner())
-    return 0
+    return eventloop.run(runner())
+
+
+async def _reached(url: str, stop: asyncio.Event, retry: bool) -> int | None:
+    """The NATS server reached before a service starts (`orchestrator/reach.py`); else the
+    exit code: 2 when it is out of reach, 0 when told to stop while trying again."""
+    from orchestrator.reach import Unreachable, reach
+
+    try:
+        return None if await reach(url, stop, retry=retry) else 0
+    except Unreachable as exc:
+        print(f"error: {exc} (--retry-connect: keep trying)", file=sys.stderr, flush=True)
+        return 2
 
 
 async def _paced_gc_once_up(started: asyncio.Event) -> None:
@@ -78,8 +107,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if updates:
         config = AgentConfig.model_validate({**config.model_dump(), **updates})
 
-    async def main(stop: asyncio.Event) -> None:
-        started = asyncio.Event()
+    async def main(stop: asyncio.Event, started: asyncio.Event) -> int | None:
+        if (failed := await _reached(args.nats, stop, args.retry_connect)) is not None:
+            return failed
         paced = asyncio.create_task(_paced_gc_once_up(started))
         try:
             # SIGTERM/SIGINT: drain, let running work finish for the grace period, cancel the rest
@@ -89,6 +119,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
             )  # fmt: skip
         finally:
             paced.cancel()
+        return 0
 
     return _run_until_signal(main)
 
@@ -154,15 +185,17 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     budget = args.plan_budget_ms / 1e3
     keep = args.keep_hours * 3600.0
     key_max = args.booking_key_max_kib * 1024
-    return _run_until_signal(
-        lambda stop: run_orchestrator(
-            args.nats,
-            stop=stop,
-            plan_budget_s=budget,
-            keep_s=keep,
-            booking_key_max_bytes=key_max,
-        )
-    )
+
+    async def main(stop: asyncio.Event, started: asyncio.Event) -> int | None:
+        if (failed := await _reached(args.nats, stop, args.retry_connect)) is not None:
+            return failed
+        await run_orchestrator(
+            args.nats, stop=stop, plan_budget_s=budget, keep_s=keep,
+            booking_key_max_bytes=key_max, started=started,
+        )  # fmt: skip
+        return 0
+
+    return _run_until_signal(main)
 
 
 async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
@@ -409,9 +442,7 @@ def cmd_sim_agents(args: argparse.Namespace) -> int:
         print("error: --heartbeat must be in (0, 60] seconds", file=sys.stderr)
         return 2
 
-    async def main(stop: asyncio.Event) -> None:
-        started = asyncio.Event()
-
+    async def main(stop: asyncio.Event, started: asyncio.Event) -> None:
         async def announce() -> None:
             await started.wait()
             print(
@@ -507,6 +538,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--nats", default=DEFAULT_URL, help="NATS URL (env MARS_NATS_URL)")
         return sp
 
+    def retry_connect(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--retry-connect",
+            action="store_true",
+            help="a NATS server out of reach at start is tried again, with a growing wait, "
+            "each failure said on stderr (for systemd and other supervisors); without it, "
+            "the process says so and exits with 2",
+        )
+
     a = with_nats(sub.add_parser("agent", help="run an edge agent on this host"))
     a.add_argument("--config", help="agent config YAML")
     a.add_argument("--id", help="stable agent id (default: config or hostname)")
@@ -515,6 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--grace", type=float, help="seconds running work may finish on SIGTERM (default: config)"
     )
+    retry_connect(a)
     a.set_defaults(fn=cmd_agent)
 
     dr = with_nats(
@@ -556,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
             "bookings, plans go elsewhere or are refused with that reason"
         ),
     )
+    retry_connect(o)
     o.set_defaults(fn=cmd_orchestrator)
 
     s = with_nats(sub.add_parser("submit", help="submit a pipeline file (YAML or JSON)"))

@@ -1,14 +1,17 @@
 """The operator's failure paths, as `mars` meets them: a dead or drained agent in `mars
-agents`, nobody to answer, a wait that runs out, a closed pipe."""
+agents`, a server out of reach, nobody to answer, a wait that runs out, a closed pipe."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
+import socket
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,14 @@ pytestmark = pytest.mark.e2e
 
 #: A process that should end at once gets this long (a Python start on a loaded machine).
 PROMPT_S = 30.0
+
+
+@pytest.fixture
+def closed_url() -> Iterator[str]:
+    """A URL nothing listens on: a port held by a socket that never listens."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"nats://127.0.0.1:{held.getsockname()[1]}"
 
 
 async def test_mars_agents_shows_a_dead_agent_silent_since_last_heard_and_a_drained_one_draining(
@@ -127,3 +138,49 @@ async def test_output_into_a_closed_pipe_ends_quietly(nats_url: str, tmp_path: P
         assert await _into_closed_pipe("agents", "--nats", nats_url) == (sigpipe, "")
     finally:
         await stop_cluster(orch, agents)
+
+
+@contextlib.asynccontextmanager
+async def service_process(*args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`mars ARGS` (a service) as a process of its own, its stderr piped; killed after, if
+    it did not end."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "orchestrator.cli", *args,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+@pytest.mark.parametrize("service", ["agent", "orchestrator"])
+async def test_a_service_that_cannot_reach_its_server_says_so_and_exits(
+    service: str, closed_url: str
+) -> None:
+    """Before, it printed nothing (even with -v), ignored the first SIGTERM and ran for good."""
+    async with service_process(service, "--nats", closed_url) as proc:
+        _, raw = await asyncio.wait_for(proc.communicate(), PROMPT_S)
+        err = raw.decode()
+        assert proc.returncode == 2, err
+        assert err.startswith(f"error: cannot reach NATS at {closed_url}: "), err
+        assert "--retry-connect" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("service", ["agent", "orchestrator"])
+async def test_retry_connect_says_each_failure_and_stops_on_the_first_sigterm(
+    service: str, closed_url: str
+) -> None:
+    async with service_process(service, "--nats", closed_url, "--retry-connect") as proc:
+        assert proc.stderr is not None
+        said = []
+        for _ in range(2):  # the first failure, and the next after a longer wait
+            line = await asyncio.wait_for(proc.stderr.readline(), PROMPT_S)
+            said.append(line.decode())
+        assert all(f"cannot reach NATS at {closed_url}: " in s for s in said), said
+        assert [re.sub(r".*trying again in ", "", s).strip() for s in said] == ["0.5 s", "1 s"]
+        assert proc.returncode is None
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 10.0) == 0
