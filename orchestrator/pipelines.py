@@ -167,6 +167,7 @@ class PipelineRun:
         elif ev.state == "started":
             if task.state != "started":  # a replayed start keeps the first start time
                 task.started_s = ran_since(t, ev)
+                self._causal(ev.task_id)
             task.state = "started"
         elif ev.state in TASK_ENDED_STATES:
             if ev.state == "succeeded":
@@ -179,6 +180,7 @@ class PipelineRun:
             task.output_bytes = ev.output_bytes
             task.result = ev.result
             task.error = ev.error
+            self._causal(ev.task_id)
         before = self.state
         if ev.state == "failed":
             self.finish("failed", f"task {ev.task_id} failed on {ev.agent_id}: {ev.error}", now)
@@ -275,10 +277,40 @@ class PipelineRun:
             and t - tr.started_s > after_s + factor * (tr.predicted_s or 0.0)
         ]  # fmt: skip
 
+    def _causal(self, task_id: str) -> None:
+        """Times here are when events were heard, each late by its agent's link: a consumer
+        heard starting before its producer was heard ending did start after that end (it had
+        the input). Its producers' ends are dated back to its start, and its consumers' starts
+        forward to its end, so a timeline never shows a consumer running before its input was
+        made."""
+        tr = self.tasks[task_id]
+        if tr.started_s is not None:
+            for d in self.spec_by_id[task_id].deps:
+                dep = self.tasks[d]
+                if dep.finished_s is not None and dep.finished_s > tr.started_s:
+                    dep.finished_s = tr.started_s
+                    if dep.started_s is not None:
+                        dep.started_s = min(dep.started_s, dep.finished_s)
+        if tr.finished_s is not None:
+            for c in self.children[task_id]:
+                child = self.tasks[c]
+                if child.started_s is not None and child.started_s < tr.finished_s:
+                    tr.finished_s = child.started_s
+            if tr.started_s is not None:
+                tr.started_s = min(tr.started_s, tr.finished_s)
+
     def finish(self, state: PipelineState, reason: str, now: float) -> None:
+        """End the pipeline; a task that did not end ends `cancelled` with it (it will not
+        run, and its agents are told so), not left `started` or `accepted` for good."""
         self.state = state
         self.reason = reason
         self.finished_at = now
+        if state != "succeeded":
+            for tr in self.tasks.values():
+                if tr.state not in TASK_ENDED_STATES:
+                    tr.state = "cancelled"
+                    if not tr.error:
+                        tr.error = f"the pipeline {state}"
 
     def status(self, now: float) -> StatusReply:
         end = self.finished_at if self.finished_at is not None else now

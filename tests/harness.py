@@ -154,10 +154,16 @@ async def mars_cli(*args: str) -> tuple[int, str, str]:
 
 
 def agent_process_config(
-    tmp: Path, name: str, *, gflops: float = 10.0, labels: dict[str, str] | None = None
+    tmp: Path,
+    name: str,
+    *,
+    gflops: float = 10.0,
+    labels: dict[str, str] | None = None,
+    started_event_after_s: float = 0.0,
 ) -> Path:
     """An agent config file: one emulated 1-slot CPU, synthetic tasks, 0.2 s heartbeats, every
-    started task reported at once, nothing measured that would change its figures."""
+    started task reported at once (by default), nothing measured that would change its
+    figures."""
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(
         yaml.safe_dump(
@@ -172,7 +178,7 @@ def agent_process_config(
                              "emulated": True}],
                 "allowed_kinds": ["synthetic"],
                 "heartbeat_interval_s": 0.2,
-                "started_event_after_s": 0.0,
+                "started_event_after_s": started_event_after_s,
                 "link_probe_every_s": 0,
                 "recalibrate_every_s": 0,
                 "buffer_dir": str(tmp / f"{name}-buffer"),

@@ -145,3 +145,30 @@ def test_a_result_on_a_superseded_producer_run_is_voided_not_committed() -> None
     # a missing input token (0) is never a committed run
     none = ev("e6", "b", "succeeded", 11).model_copy(update={"input_tokens": {}})
     assert r2.superseded_inputs(none) == {"a": 0}
+
+
+def test_a_consumer_is_never_shown_starting_before_its_producer_ended() -> None:
+    """Events are heard late by each agent's link: b's start (heard at 2.1, 0.5 s into its
+    run) dates before a's end (heard at 2.0); a's end is dated back to b's start."""
+    r = run()
+    assert r.apply(ev("e1", "a", "succeeded", 10), 3.0) is None  # heard late: clock 2.0
+    r.apply(ev("e2", "b", "started", 11), 3.1)  # clock 2.1, ran 0.5 s: began at 1.6
+    a, b = r.tasks["a"], r.tasks["b"]
+    assert b.started_s is not None and abs(b.started_s - 1.6) < 1e-9
+    assert a.finished_s is not None and a.finished_s <= b.started_s
+    assert a.started_s is not None and a.started_s <= a.finished_s
+    # the other order of hearing: the consumer first, the producer's end after
+    r2 = run()
+    r2.apply(ev("e2", "b", "started", 11), 3.1)
+    r2.apply(ev("e1", "a", "succeeded", 10), 3.5)
+    assert r2.tasks["a"].finished_s <= r2.tasks["b"].started_s  # type: ignore[operator]
+
+
+def test_tasks_of_a_pipeline_that_failed_or_was_cancelled_end_cancelled() -> None:
+    r = run()
+    r.apply(ev("e1", "a", "started", 10), 1.5)
+    r.finish("cancelled", "cancelled by the user", 2.0)
+    assert [t.state for t in r.status(2.0).tasks] == ["cancelled", "cancelled"]
+    r2 = run()
+    assert r2.apply(ev("e1", "a", "failed", 10), 2.0) == "failed"
+    assert [t.state for t in r2.status(2.0).tasks] == ["failed", "cancelled"]
