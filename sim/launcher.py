@@ -37,6 +37,7 @@ import yaml
 
 from orchestrator import eventloop
 from orchestrator.natsserver import find_binary, free_port, server_env
+from orchestrator.procs import stop_all
 from schemas.linkcontrol import LinkControl
 from sim.linkemu import LinkSpecEntry, control_request, profile_to_dict, write_spec
 from sim.topology import Topology, load_topology
@@ -114,14 +115,17 @@ def _ours(rec: ProcRecord) -> psutil.Process | None:
     Known by the argv it was started with. Its start time alone is not enough: psutil
     derives it from the boot time, which moves when the wall clock is stepped (seen here:
     4.4 s between a start and its `down`, which then took a live fleet for gone and left it
-    running)."""
+    running). It is the fallback where there is no argv to go by: a state file from before
+    argv was recorded, or a process that has not got its own yet. `Popen` returns once the
+    child's exec is under way, and for a moment after that its arguments read empty (seen
+    in ~5-25% of looks made at once): taken for gone, a nats-server just started was said to
+    have "exited at start", and the clean-up that followed at once left it running."""
     try:
         p = psutil.Process(rec.pid)
         if p.status() == psutil.STATUS_ZOMBIE:
             return None
-        if rec.cmdline:
-            return p if p.cmdline() == rec.cmdline else None
-        # a state file from before argv was recorded
+        if rec.cmdline and (argv := p.cmdline()):
+            return p if argv == rec.cmdline else None
         return p if abs(p.create_time() - rec.create_time) <= 0.5 else None
     except psutil.Error:
         return None
@@ -184,17 +188,30 @@ def up(
         nats_url=f"nats://127.0.0.1:{port}",
     )
     state.save()
+    started: list[subprocess.Popen[bytes]] = []
     try:
-        _start(topo, state, rd, port, timeout, verbose)
+        _start(topo, state, rd, port, timeout, verbose, started)
     except BaseException:
-        down(rd)
+        # what it started goes, whatever failed: by its records (agents and orchestrator
+        # first), then any child still running that they missed (not recorded, or not known
+        # for ours); the failure said is the first one
+        with contextlib.suppress(Exception):
+            down(rd)
+        stop_all(started)
         raise
     return state
 
 
 def _start(
-    topo: Topology, state: SimState, rd: Path, port: int, timeout: float, verbose: int
+    topo: Topology,
+    state: SimState,
+    rd: Path,
+    port: int,
+    timeout: float,
+    verbose: int,
+    started: list[subprocess.Popen[bytes]],
 ) -> None:
+    """Start the fleet, each process put in `started` as soon as it is."""
     logs = rd / "logs"
     nats_log = logs / "nats-server.log"
     proc = subprocess.Popen(
@@ -203,6 +220,7 @@ def _start(
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True, env=server_env(),
     )  # fmt: skip
+    started.append(proc)
     _record(state, "nats", "nats-server", proc, nats_log)
     _wait_until(
         lambda: "Server is ready" in _tail(str(nats_log), 1 << 20) and _port_open(port),
@@ -223,6 +241,7 @@ def _start(
     proc = _detached(
         [sys.executable, "-m", "sim.linkemu", "serve", "--spec", str(rd / "linkemu.json")], emu_log
     )
+    started.append(proc)
     _record(state, "linkemu", "linkemu", proc, emu_log)
     _wait_until(ready.exists, 15.0, "link emulator", state.processes[-1])
     info = json.loads(ready.read_text())
@@ -241,6 +260,7 @@ def _start(
     vflags = ["-v"] * verbose
     orch_log = logs / "orchestrator.log"
     proc = _detached(_mars(*vflags, "orchestrator", "--nats", state.nats_url), orch_log)
+    started.append(proc)
     _record(state, "orchestrator", "orchestrator", proc, orch_log)
 
     for aid, agent in agents:
@@ -249,6 +269,7 @@ def _start(
         alog = logs / f"agent-{aid}.log"
         args = ["agent", "--nats", state.links[aid]["url"], "--config", str(cfg), "--id", aid]
         proc = _detached(_mars(*vflags, *args), alog)
+        started.append(proc)
         _record(state, "agent", aid, proc, alog)
 
     n = len(agents)
