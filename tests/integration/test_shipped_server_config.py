@@ -1,0 +1,86 @@
+"""The nats-server config shipped for operators (deploy/nats/single.conf) gives an orchestrator
+what the server MARS starts itself gives it: an agent's crash is seen through the server's
+disconnect advisory at once, not after its heartbeats stop. A real nats-server runs the
+shipped file, changed only in its port and store directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.natsserver import find_binary, free_port, server_env
+from orchestrator.procs import tied_to_caller
+from orchestrator.service import Orchestrator
+from tests.conftest import REPO
+from tests.integration.test_recovery import ClusterEvents, start_victim
+
+pytestmark = pytest.mark.integration
+
+SHIPPED = REPO / "deploy" / "nats" / "single.conf"
+
+
+@contextlib.contextmanager
+def shipped_server(tmp_path: Path) -> Iterator[str]:
+    """A nats-server on the shipped config, listening on a free port and storing under
+    `tmp_path`; its URL."""
+    text = SHIPPED.read_text()
+    port = free_port()
+    for was, now in (
+        ("listen: 127.0.0.1:4222", f"listen: 127.0.0.1:{port}"),
+        ("store_dir: /var/lib/mars/jetstream", f"store_dir: {tmp_path / 'jetstream'}"),
+    ):
+        assert text.count(was) == 1, f"{SHIPPED} no longer says {was!r}"
+        text = text.replace(was, now)
+    conf, log = tmp_path / "single.conf", tmp_path / "nats-server.log"
+    conf.write_text(text)
+    proc = subprocess.Popen(
+        [find_binary(), "-c", str(conf), "-l", str(log)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=server_env(), preexec_fn=tied_to_caller(),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10.0
+        while "Server is ready" not in (log.read_text() if log.exists() else ""):
+            assert proc.poll() is None, f"nats-server exited: {log.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "nats-server not ready"
+            time.sleep(0.02)  # polling the log of a child that says nothing else
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_an_agents_crash_is_seen_through_the_shipped_servers_advisory(
+    tmp_path: Path,
+) -> None:
+    """The agent is killed outright: it is dead by the server's disconnect advisory
+    (`cause: disconnect`), not by its heartbeats (1.5 s of silence). Before, the shipped
+    config had no system account: no advisory reached the orchestrator, and only the
+    heartbeats found the crash."""
+    with shipped_server(tmp_path) as url:
+        orch = Orchestrator(url)
+        await orch.start()
+        events = ClusterEvents()
+        await events.start(url)
+        proc = start_victim(url, tmp_path, "victim")
+        try:
+            assert await orch.wait_for_agents(1, timeout=30.0) == 1
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            at, ev = await events.wait("agent_dead", "victim", timeout=10.0)
+            assert ev.cause == "disconnect"  # the advisory, not the heartbeat timeout
+            assert orch.recovery.stats["disconnect_advisories"] == 1
+            assert at - killed < 1.0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+            await events.stop()
+            await orch.stop()
