@@ -14,9 +14,10 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from orchestrator import eventloop
+from schemas.api import PipelineState
 from schemas.wire import WIRE_LEVEL
 from sim.run import add_arguments as add_sim_run_arguments
 
@@ -167,6 +168,26 @@ def _keep_hours(text: str) -> float:
     if not 0.01 <= hours <= 24 * 365:  # 36 s (a live pipeline's keys are rewritten at a third)
         raise argparse.ArgumentTypeError("--keep-hours must be between 0.01 and 8760")
     return hours
+
+
+def _page_size(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= n <= 1000:
+        raise argparse.ArgumentTypeError("--limit must be between 1 and 1000")
+    return n
+
+
+def _offset(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= n <= 1 << 31:
+        raise argparse.ArgumentTypeError("--offset must be 0 or more")
+    return n
 
 
 def _kib(text: str) -> int:
@@ -328,11 +349,19 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
-        reply = await client.list()
-        for p in reply.pipelines:
+        reply = await client.list(state=args.state, limit=args.limit, offset=args.offset)
+        if args.json:
+            print(reply.model_dump_json(indent=2))
+        for p in [] if args.json else reply.pipelines:
             print(f"{p.pipeline_id}  {p.name:<24} {p.state:<14} {p.tasks:>4} tasks  {p.owner}")
-        if reply.unanswered:  # their pipelines are missing above
+        if reply.unanswered:  # what they know beyond their records is missing above
             print(f"not answered by: {', '.join(reply.unanswered)}", file=sys.stderr)
+        shown = args.offset + len(reply.pipelines)
+        if shown < reply.total:
+            print(
+                f"{args.offset + 1}-{shown} of {reply.total}; the next: --offset {shown}",
+                file=sys.stderr,
+            )
         return 0
 
     try:
@@ -613,7 +642,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
 
-    ls = with_nats(sub.add_parser("list", help="list pipelines"))
+    ls = with_nats(
+        sub.add_parser("list", help="list pipelines, newest first (every replica's, kept ones)")
+    )
+    ls.add_argument("--state", choices=get_args(PipelineState), help="only those in this state")
+    ls.add_argument("--limit", type=_page_size, default=100, help="at most this many (1-1000)")
+    ls.add_argument("--offset", type=_offset, default=0, help="skip this many of the newest")
+    ls.add_argument("--json", action="store_true")
     ls.set_defaults(fn=cmd_list)
 
     ag = with_nats(sub.add_parser("agents", help="list agents the orchestrator sees"))

@@ -3,8 +3,9 @@
 Each replica holds its own pipelines in memory: it answers for what it holds, passes a
 request about another's pipeline on to the holder of its lease (never on again: no request
 goes round in circles), and reads the record in KV of a pipeline nobody holds now. `list`
-asks every replica heard from lately for its own and merges them. Split from the service
-shell (orchestrator/service.py), which registers these as endpoints."""
+reads every pipeline's record in KV (`listing.py`) and asks every replica heard from lately
+for what it holds, newer than its records. Split from the service shell
+(orchestrator/service.py), which registers these as endpoints."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 import nats
 from nats.aio.msg import Msg
 
+from orchestrator.listing import recorded
 from orchestrator.reservations.store import Cached, device_key
 from schemas import subjects
 from schemas.agent import DeviceSpec
@@ -30,10 +32,12 @@ from schemas.api import (
     DeviceQueue,
     ListReply,
     ListRequest,
+    PipelineSummary,
     StatusReply,
     StatusRequest,
 )
 from schemas.base import WireModel
+from schemas.failover import RUNS_BUCKET
 from schemas.rpc import RemoteError, ServiceError, request, respond
 
 if TYPE_CHECKING:
@@ -119,22 +123,44 @@ class Queries:
         await respond(self.o.nc, msg, StatusRequest, self._status_held)
 
     async def list(self, req: ListRequest) -> ListReply:
-        """The newest pipelines of every replica: each holds its own in memory, so every
-        replica heard from lately is asked for its own (`replicas.py`), and the lists merged."""
+        """A page of every pipeline with a record in KV (`listing.py`: any replica's, up or
+        not), each as the replicas up hold it in memory where one does (their memory is
+        newer than their last record write, and holds pipelines not recorded yet: each
+        replica heard from lately is asked for its own, `replicas.py`), then filtered and
+        sorted newest first."""
         peers = self.o.replicas.up()
-        answers = await asyncio.gather(*(self._ask_list(p, req) for p in peers))
-        merged = {s.pipeline_id: s for s in self._list_here(req).pipelines}
+        everything = ListRequest(limit=1000)  # each one's own, merged before any filter
+        asked = asyncio.gather(*(self._ask_list(p, everything) for p in peers))
+        stored, answers = await asyncio.gather(self._recorded(), asked)
         unanswered: list[str] = []
-        for peer, got in zip(peers, answers, strict=True):
+        if stored is None:
+            unanswered.append(RUNS_BUCKET)
+        merged = {s.pipeline_id: s for s in stored or ()}
+        held = [self._list_here(everything), *answers]
+        for peer, got in zip(["", *peers], held, strict=True):
             if got is None:
                 unanswered.append(peer)
                 continue
             for s in got.pipelines:  # a copy left where a lease lapsed says less than the end
                 cur = merged.get(s.pipeline_id)
-                if cur is None or (cur.state not in TERMINAL_STATES and s.state in TERMINAL_STATES):
+                if cur is None or cur.state not in TERMINAL_STATES or s.state in TERMINAL_STATES:
                     merged[s.pipeline_id] = s
-        newest = sorted(merged.values(), key=lambda s: -(s.submitted or 0.0))
-        return ListReply(pipelines=newest[: req.limit], unanswered=unanswered[:64])
+        rows = [s for s in merged.values() if req.state is None or s.state == req.state]
+        rows.sort(key=lambda s: (-(s.submitted or 0.0), s.pipeline_id))
+        return ListReply(
+            pipelines=rows[req.offset : req.offset + req.limit],
+            unanswered=unanswered[:64],
+            total=len(rows),
+        )
+
+    async def _recorded(self) -> builtins.list[PipelineSummary] | None:
+        """Every pipeline's summary as its record says; None when the records cannot be read
+        (JetStream not answering), said in the reply's `unanswered`."""
+        try:
+            return await recorded(self.o.js)
+        except Exception as exc:
+            log.warning("list: the pipelines' records could not be read: %r", exc)
+            return None
 
     def _list_here(self, req: ListRequest) -> ListReply:
         runs = [r for r in self.o.pipelines.values() if req.state is None or r.state == req.state]

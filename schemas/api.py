@@ -99,6 +99,8 @@ class StatusReply(WireModel):
 class ListRequest(WireModel):
     state: PipelineState | None = None
     limit: Annotated[int, Field(ge=1, le=1000)] = 100
+    #: The page: this many of the newest (of `state`, when given) are skipped.
+    offset: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
 class PipelineSummary(WireModel):
@@ -113,11 +115,16 @@ class PipelineSummary(WireModel):
 
 
 class ListReply(WireModel):
-    """The newest pipelines of every replica (each holds its own in memory), newest first."""
+    """A page of the pipelines whose records are kept (`MARS_RUNS`, whichever replica wrote
+    them), each as the replica holding it knows it, newest first."""
 
     pipelines: Annotated[list[PipelineSummary], Field(max_length=1000)]
-    #: Replicas known to be up that did not answer in time: their pipelines are missing.
+    #: Replicas known to be up that did not answer in time: what they know since their last
+    #: record writes is missing (`MARS_RUNS` here: the records could not be read, and only
+    #: what replicas hold in memory is listed).
     unanswered: Annotated[list[Ident], Field(max_length=64)] = Field(default_factory=list)
+    #: How many pipelines there are (of the request's `state`), this page and the others.
+    total: Annotated[int, Field(ge=0, le=1 << 31)] = 0
 
 
 class CancelRequest(WireModel):

@@ -8,14 +8,26 @@ replica needs to finish a pipeline it did not start) and the pipeline's spec liv
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+import msgpack
+from pydantic import Field, ValidationError
 
 from schemas.api import PipelineState, PlannedTask, TaskStatus
 from schemas.base import WireModel
 from schemas.bookings import Instant
-from schemas.limits import MAX_TASKS, Count, Ident, NonNegFloat, ShortText, Text
+from schemas.codec import DecodeError
+from schemas.limits import (
+    MAX_CONTAINER_LEN,
+    MAX_PAYLOAD_BYTES,
+    MAX_STR_LEN,
+    MAX_TASKS,
+    Count,
+    Ident,
+    NonNegFloat,
+    ShortText,
+    Text,
+)
 
 #: Seconds relative to the plan's time zero; finite and bounded either way.
 PlanTime = Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)]
@@ -95,6 +107,56 @@ class PipelineRecord(WireModel):
     evictions: Annotated[
         dict[Ident, Annotated[int, Field(ge=0, le=1000)]], Field(max_length=MAX_TASKS)
     ] = Field(default_factory=dict)
+
+
+class RecordHead(WireModel):
+    """What `list` reads of a `PipelineRecord` (`read_head`): who it is, its state, when it
+    was submitted and how many tasks it has."""
+
+    pipeline_id: Ident
+    name: Ident
+    owner: ShortText
+    state: PipelineState
+    tasks: Annotated[int, Field(ge=0, le=MAX_TASKS)] = 0
+    submitted_wall: Instant = 0.0
+
+
+#: The fields of a record `read_head` reads; it counts `tasks` and skips all the others.
+_HEAD = frozenset(RecordHead.model_fields) - {"tasks"}
+
+
+def read_head(data: bytes) -> RecordHead:
+    """The head of a `PipelineRecord` from its msgpack bytes (records are written in msgpack
+    only), every other field skipped unbuilt: `list` reads every record, and decoding all of
+    a 20-task record took ~4/5 of its cost. DecodeError, with a code, for anything else."""
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise DecodeError("payload_too_large", f"record of {len(data)} bytes")
+    reader = msgpack.Unpacker(
+        raw=False, strict_map_key=True, max_buffer_size=max(1, len(data)),
+        max_str_len=MAX_STR_LEN, max_bin_len=MAX_PAYLOAD_BYTES,
+        max_array_len=MAX_CONTAINER_LEN, max_map_len=MAX_CONTAINER_LEN, max_ext_len=0,
+    )  # fmt: skip
+    reader.feed(data)
+    fields: dict[str, Any] = {}
+    try:
+        for _ in range(reader.read_map_header()):
+            key = reader.unpack()
+            if type(key) is not str:
+                raise DecodeError("bad_request", "map keys must be strings")
+            if key == "tasks":
+                fields["tasks"] = n = reader.read_array_header()
+                for _ in range(n):
+                    reader.skip()
+            elif key in _HEAD:
+                fields[key] = reader.unpack()
+            else:
+                reader.skip()
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise DecodeError("bad_request", f"not a record: {type(exc).__name__}") from exc
+    try:
+        return RecordHead.model_validate(fields)
+    except ValidationError as exc:
+        raise DecodeError("invalid", f"record head: {exc.error_count()} errors") from exc
 
 
 class ReplicaHello(WireModel):

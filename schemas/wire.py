@@ -17,7 +17,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.api import AgentSummary, ListReply, PipelineSummary
+from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary
 from schemas.base import WireModel
 from schemas.events import TaskEvent
 from schemas.pipeline import OnnxRun
@@ -35,7 +35,8 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     InputRef: {"token": 2},
     OnnxRun: {"timeout_s": 2},
     PipelineSummary: {"submitted": 2, "owner": 2},
-    ListReply: {"unanswered": 2},
+    ListReply: {"unanswered": 2, "total": 3},
+    ListRequest: {"offset": 3},
     AgentSummary: {"wire": 2, "draining": 3},
     # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
     # booked windows on offers, and the booking clock on offers and commits
@@ -43,7 +44,8 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
-    # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining)
+    # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
+    # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
 }
 
 
