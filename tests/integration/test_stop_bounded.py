@@ -69,7 +69,8 @@ def test_a_second_sigterm_while_stopping_ends_the_process(tmp_path: Path) -> Non
     script.write_text(
         "import asyncio, sys\n"
         "from orchestrator.cli import _run_until_signal\n"
-        "async def main(stop):\n"
+        "async def main(stop, started):\n"
+        "    started.set()  # up: a stop from here on is the service's own\n"
         "    print('up', flush=True)\n"
         "    await stop.wait()\n"
         "    print('stopping', flush=True)\n"
