@@ -24,6 +24,7 @@ class Recorder:
 
     answer: JobHeld = "held"
     asked: list[tuple[str, JobQuery]] = field(default_factory=list)
+    max_payload: int = 1 << 20  # what a connection says its server takes
 
     async def request(self, subject: str, data: bytes, **_: Any) -> Reply:
         q = decode(data, JobQuery)
