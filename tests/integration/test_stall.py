@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from nats.aio.msg import Msg
 
-from edge_agent import dataplane
+from edge_agent import dataplane, retention
 from edge_agent.retention import Retained
 from orchestrator import recovery
 from orchestrator.pipelines import PipelineRun
@@ -23,6 +23,14 @@ from schemas.placement import DataAck, DataTransfer
 from tests.harness import EMULATED_CPU, RecordingAgent, agent_config, one_device_agent
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def outputs_let_go_once_delivered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inputs these tests lose are gone for good: a producer's agent keeps no output once
+    every consumer acknowledged it (by default it keeps one a while, and a lost input is
+    fetched from there instead of the producer running again)."""
+    monkeypatch.setattr(retention, "DELIVERED_KEPT", 0)
 
 
 def chain(*tasks: str) -> PipelineSpec:
@@ -334,7 +342,7 @@ async def test_replays_are_bounded_when_every_pipeline_looks_stalled(
         for pid in pids:
             run = await orch.wait_terminal(pid, 20.0)
             assert run.state == "succeeded", run.reason
-        assert len(lost) >= 2 * len(pids)  # started and succeeded, for every one
+        assert len(lost) >= len(pids)  # each one's end went by the live path unheard
         assert most[0] == 2  # bounded, and used
 
 
