@@ -146,10 +146,10 @@ class PipelineRun:
 
     def apply(self, ev: TaskEvent, now: float) -> PipelineState | None:
         """Apply one task event; returns the new pipeline state when it changed."""
-        if ev.event_id in self.seen_events:
+        task = self.tasks.get(ev.task_id)
+        if ev.event_id in self.seen_events and not self._wound_back(ev):
             self.duplicate_events += 1
             return None
-        task = self.tasks.get(ev.task_id)
         if task is None or task.agent_id != ev.agent_id or task.token != ev.token:
             kept = task is not None and self.detached.get(ev.task_id) == (ev.agent_id, ev.token)
             if kept and len(self.parked) < MAX_PARKED and ev not in self.parked:
@@ -187,6 +187,17 @@ class PipelineRun:
         else:
             self.settle(now)
         return self.state if self.state != before else None
+
+    def _wound_back(self, ev: TaskEvent) -> bool:
+        """An end event heard before, of the task's current placement, while the task is not
+        ended: a re-placement that ran meanwhile put the task back as it was before the end
+        (its agent, asked, sends the end again). Applied again, or nothing would end it."""
+        task = self.tasks.get(ev.task_id)
+        return (
+            ev.state in TASK_ENDED_STATES and task is not None and not self.terminal
+            and task.state not in TASK_ENDED_STATES
+            and task.agent_id == ev.agent_id and task.token == ev.token
+        )  # fmt: skip
 
     def superseded_inputs(self, ev: TaskEvent) -> dict[str, int]:
         """Inputs a task's end says it ran on that are not its producers' committed output:

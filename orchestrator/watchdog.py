@@ -32,6 +32,7 @@ import nats.errors
 
 from orchestrator.pipelines import PipelineRun
 from schemas import subjects
+from schemas.api import TASK_ENDED_STATES
 from schemas.codec import DecodeError
 from schemas.placement import JobQuery, JobReply
 from schemas.rpc import RemoteError
@@ -300,6 +301,17 @@ class Watchdog:
         }[rep.state]
         run.note(f"{tid} {kind}, asked {agent} about token {token}: {said}")
         log.warning("pipeline %s: task %s %s; %s %s", run.pipeline_id, tid, kind, agent, said)
+        if (
+            rep.state == "ended"
+            and run.tasks[tid].token == token
+            and run.tasks[tid].state not in TASK_ENDED_STATES
+            and run.pipeline_id not in self.replaying
+        ):
+            # its end is in the stream if its agent's journal saw it delivered (sent again
+            # only if not): read the pipeline's events again now, not a stall time later
+            self.replaying.add(run.pipeline_id)
+            self._replayed[run.pipeline_id] = self.o.mono()
+            self.o._spawn(self._replay(run, {}))
         if rep.state == "gone" and kind == "stalled":  # (`unstarted` asks about them all)
             # an agent that lost one job of the pipeline (a process restarted unseen) has
             # likely lost the others queued there, waiting for inputs: asked now, not each

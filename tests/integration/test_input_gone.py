@@ -269,14 +269,14 @@ async def test_a_producer_heard_ending_during_the_move_stays_ended(
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     orch, agents = cluster
     heard = asyncio.Event()
-    real_event, real_offers = orch._task_event, orch.offer_many
+    real_event, real_offers = orch._task_event, orch.start_offers
 
     async def late(ev: TaskEvent) -> None:
         if (ev.pipeline_id, ev.task_id, ev.state) == ("p", "t", "succeeded"):
             await heard.wait()
         await real_event(ev)
 
-    async def mid_placement(offers: Sequence[TaskOffer]) -> list[OfferReply]:
+    async def answered(offers: Sequence[TaskOffer]) -> list[OfferReply]:
         replies = await real_offers(offers)
         if any(o.task.id == "u" and o.inputs[0].ready for o in offers) and not heard.is_set():
             heard.set()  # u is told t's output is ready: now t's end is heard, mid-placement
@@ -284,8 +284,11 @@ async def test_a_producer_heard_ending_during_the_move_stays_ended(
             await orch.wait_for(lambda: run.tasks["t"].state == "succeeded", 10.0)
         return replies
 
+    def mid_placement(offers: Sequence[TaskOffer]) -> asyncio.Future[list[OfferReply]]:
+        return asyncio.ensure_future(answered(offers))
+
     orch._task_event = late  # type: ignore[method-assign]
-    orch.offer_many = mid_placement  # type: ignore[method-assign]
+    orch.start_offers = mid_placement  # type: ignore[method-assign]
     done = await move_as_t_ends(cluster, nats_url, [], nothing, heard=False)
     log = "\n".join(done.placement_log)
     assert "t already ended or running on their agents" in log, log

@@ -3,6 +3,7 @@ connection that records the requests and answers them as an agent would."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,3 +118,29 @@ async def test_an_early_ask_on_a_sign_does_not_use_up_the_stall_watchdogs() -> N
     assert [q.task_id for _, q in nc.asked] == [task] * 3
     assert o.watchdog.job_answers == {"held": 3} and o.watchdog.asking == 0
     assert not [x for x in run.placement_log if "unstarted" in x or "unbooked" in x]  # quiet
+
+
+async def test_an_agent_that_says_it_ran_a_task_not_ended_here_has_the_events_read_again() -> None:
+    """The agent ran the task and its end went to the stream (its journal saw it delivered,
+    so it is not sent again), but this replica never applied it: the pipeline's events are
+    read again at once, not a stall time later."""
+    o, _ = idle_orchestrator(1)
+    run = o.pipelines["p0"]
+    tid = sorted(t for t, tr in run.tasks.items() if tr.state == "started")[0]
+    replayed: list[str] = []
+
+    async def replay(r: PipelineRun) -> int:
+        replayed.append(r.pipeline_id)
+        r.tasks[tid].state = "succeeded"  # the stream held its end
+        return 1
+
+    o.failover.replay = replay  # type: ignore[method-assign,assignment]
+    spawned: list[asyncio.Task[None]] = []
+    o._spawn = lambda coro: spawned.append(asyncio.ensure_future(coro))  # type: ignore[assignment,func-returns-value,method-assign]
+    nc = Recorder(answer="ended")
+    o.nc = nc  # type: ignore[assignment]
+    o.watchdog.asking = 1
+    await o.watchdog._ask_agents(run, [tid], "overdue")
+    await asyncio.gather(*spawned)  # the replay it spawned
+    assert replayed == ["p0"] and run.tasks[tid].state == "succeeded"
+    assert "p0" not in o.watchdog.replaying

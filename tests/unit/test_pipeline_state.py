@@ -172,3 +172,19 @@ def test_tasks_of_a_pipeline_that_failed_or_was_cancelled_end_cancelled() -> Non
     r2 = run()
     assert r2.apply(ev("e1", "a", "failed", 10), 2.0) == "failed"
     assert [t.state for t in r2.status(2.0).tasks] == ["failed", "cancelled"]
+
+
+def test_an_end_heard_before_applies_again_to_a_task_put_back_under_its_placement() -> None:
+    """A re-placement that failed put the task back as it was before its end was heard: the
+    end, heard again (read again from the stream), ends it; under another token it does not."""
+    r = run()
+    end = ev("e1", "a", "succeeded", 10)
+    r.apply(end, 2.0)
+    r.tasks["a"].state = "accepted"  # put back
+    r.apply(end, 2.5)
+    assert r.tasks["a"].state == "succeeded" and r.duplicate_events == 0
+    r.apply(end, 2.6)
+    assert r.duplicate_events == 1  # ended now: a plain duplicate
+    r.tasks["a"].state, r.tasks["a"].token = "accepted", 12  # placed again since
+    r.apply(end, 2.7)
+    assert r.tasks["a"].state == "accepted" and r.duplicate_events == 2
