@@ -669,9 +669,8 @@ class Orchestrator:
                 replies: list[OfferReply] = rep.replies
             except nats.errors.MaxPayloadError:  # larger than the server takes: in halves
                 half = len(idx) // 2
-                await asyncio.gather(
-                    one_batch(agent_id, idx[:half]), one_batch(agent_id, idx[half:])
-                )
+                await one_batch(agent_id, idx[:half])
+                await one_batch(agent_id, idx[half:])
                 return
             except nats.errors.NoRespondersError:
                 replies = list(await asyncio.gather(*(self.offer(x) for x in mine)))
@@ -682,11 +681,14 @@ class Orchestrator:
             for i, x in zip(idx, mine, strict=True):
                 out[i] = got.get(x.task.id) or _unanswered(x, "no reply for this offer")
 
-        # an agent given more offers than one batch holds gets them in several, at once
-        asked = asyncio.gather(*(
-            one_batch(a, idx[i : i + MAX_BATCH])
-            for a, idx in per_agent.items() for i in range(0, len(idx), MAX_BATCH)
-        ))  # fmt: skip
+        async def one_agent(agent_id: str, idx: list[int]) -> None:
+            # more offers than one batch holds go in several, one after another: the agent
+            # reads them in turn, and each is given its own OFFER_TIMEOUT_S to be answered
+            # (sent at once, the last waited for all of them, and a busy host's timed out)
+            for i in range(0, len(idx), MAX_BATCH):
+                await one_batch(agent_id, idx[i : i + MAX_BATCH])
+
+        asked = asyncio.gather(*(one_agent(a, idx) for a, idx in per_agent.items()))
 
         async def answers() -> list[OfferReply]:
             await asked
