@@ -9,6 +9,8 @@ whoever writes the key next. A new window may evict an overlapping one only if t
 from __future__ import annotations
 
 import itertools
+import math
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -105,13 +107,10 @@ def add(
     kept = [w for w in current if (w.pipeline_id, w.task_id) not in keys]
     conflicts: list[BookingWindow] = []
     evicted: list[BookingWindow] = []
+    reach = _reach(new)
     for w in kept:
-        if any(overlaps(w, n) for n in new):
+        if _meets(reach.get(w.slot), w):
             (evicted if may_evict(w) else conflicts).append(w)
-    for i, a in enumerate(new):
-        for b in new[i + 1 :]:
-            if overlaps(a, b):
-                raise ValueError(f"windows of {a.task_id} and {b.task_id} overlap on slot {a.slot}")
     if conflicts:
         return AddResult(False, book, conflicts=conflicts, expired=expired)
     gone = {(w.pipeline_id, w.task_id) for w in evicted}
@@ -120,6 +119,48 @@ def add(
     return AddResult(
         True, DeviceBookings(device=book.device, windows=windows), evicted=evicted, expired=expired
     )
+
+
+#: Per slot, the starts of a booking's windows in order, and for each the furthest any of them
+#: up to it reaches (its `end - EPS`).
+Reach = tuple[list[float], list[float]]
+
+
+def _reach(new: Sequence[BookingWindow]) -> dict[int, Reach]:
+    """`new` per slot, in order of start, refusing two of them that overlap: sorted once, so
+    that a booking of thousands of windows (a pipeline of the most tasks a spec holds, on a
+    device or two) costs a sort and a look-up per window booked there, not a look at every
+    pair (3 million per key for 5,000 tasks on two devices: ~1.3 s, the event loop held)."""
+    by_slot: dict[int, list[BookingWindow]] = {}
+    for n in new:
+        by_slot.setdefault(n.slot, []).append(n)
+    out: dict[int, Reach] = {}
+    for slot, ws in by_slot.items():
+        ws.sort(key=lambda n: n.start)
+        starts = [n.start for n in ws]
+        reach: list[float] = []
+        far, farthest = -math.inf, ws[0]  # (its end - EPS): how far the ones before reach
+        for b in ws:
+            # the first window to overlap an earlier one overlaps the farthest-reaching of
+            # them (any other it overlaps would overlap that one too, and be found first)
+            if far > b.start and farthest.start < b.end - EPS:
+                raise ValueError(
+                    f"windows of {farthest.task_id} and {b.task_id} overlap on slot {slot}"
+                )
+            if b.end - EPS > far:
+                far, farthest = b.end - EPS, b
+            reach.append(far)
+        out[slot] = (starts, reach)
+    return out
+
+
+def _meets(reach: Reach | None, w: BookingWindow) -> bool:
+    """Whether `w` overlaps one of a slot's new windows (`overlaps` one of them)."""
+    if reach is None:
+        return False
+    starts, far = reach
+    k = bisect_left(starts, w.end - EPS)  # those starting before w ends
+    return k > 0 and far[k - 1] > w.start
 
 
 #: One release: (pipeline, now, task_ids or None, exact (task, start, end) or None): the
