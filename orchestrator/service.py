@@ -662,8 +662,9 @@ class Orchestrator:
                 return
             assert self.nc is not None
             try:
+                batch = OfferBatch(offers=mine, sent_at=self.wall())
                 rep = await self.ask_agent(
-                    subjects.offers, agent_id, OfferBatch(offers=mine, sent_at=self.wall()), OfferBatchReply,
+                    subjects.offers, agent_id, batch, OfferBatchReply,
                     timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
                 )  # fmt: skip
                 replies: list[OfferReply] = rep.replies
