@@ -1,9 +1,11 @@
 """Booking stress: many small pipelines through several orchestrator replicas, then an audit
-of every revision ever written to the reservation bucket.
+of every revision ever written to the reservation bucket, and of every task run's dataflow.
 
     python -m benchmarks.booking_stress [--orchestrators 2] [--agents 50]
-        [--submissions 10000] [--concurrency 64] [--seed 1] [--priorities same|mixed]
-        [--task-ms 1,5] [--kill-after S] [--cancel-every N]
+        [--agent-processes 1] [--submissions 10000] [--concurrency 64] [--seed 1]
+        [--priorities same|mixed] [--task-ms 1,5] [--kill-after S] [--cancel-every N]
+        [--restart-agents-after S] [--restart-server-after S [--server-down S]]
+        [--stop-agents-after S [--stop-for S]]
 
 1. An embedded nats-server. Before anything books, the KV bucket MARS_BOOKINGS (history 8) is
    created here, with a JetStream *mirror* of its backing stream `KV_MARS_BOOKINGS` that has no
@@ -11,7 +13,10 @@ of every revision ever written to the reservation bucket.
    keeps only the last 8 per key). A sentinel write proves the mirror is live before the
    orchestrators start.
 2. `--orchestrators` `mars orchestrator` processes (one API queue group) and one
-   `mars sim agents` process with `--agents` agents whose devices are emulated.
+   `mars sim agents` process with `--agents` agents whose devices are emulated, or
+   `--agent-processes N` of them sharing the agents, each with its own id prefix (`bsK-`),
+   sites and state directory (their sites declare no link to each other's: WAN by default,
+   so a plan keeps a pipeline within one process when it can).
 3. `--submissions` random small pipelines (1-4 synthetic sleep tasks of 1-5 ms, or of
    `--task-ms`, random DAG shapes, seeded) through the API, at most `--concurrency` in
    flight (a slot is held from submit until the pipeline is terminal); the queue group
@@ -28,9 +33,15 @@ of every revision ever written to the reservation bucket.
    that got no answer again under the same id, as a client of a dead replica does (never
    placed twice; a pipeline the dead replica claimed but never recorded is given up by its
    adopter and placed anew). Every pipeline must still end. `--restart-agents-after S` and
-   `--restart-server-after S` restart the fleet or the broker instead; the three may be
-   given together, and each happens at its own time (one the load outlasts is reported as
-   never having happened).
+   `--restart-server-after S` restart the fleet (every agents' process) or the broker
+   instead. `--stop-agents-after S` SIGSTOPs one agents' process (`sim-agents-0`, with
+   `--agent-processes` 2 or more) for `--stop-for` seconds (3): its agents fall silent with
+   their connections open, are declared dead after 1.5 s, and their work is placed again
+   while they still hold it; then they carry on with runs superseded meanwhile (tasks of
+   `--task-ms 20,120` are caught mid-run). Keep its share of the fleet at most 30% (4
+   processes: 26% of 50), or the partition rule holds the recovery until they return. The
+   four may be given together, and each happens at its own time (one the load outlasts is
+   reported as never having happened).
    `--cancel-every N` cancels every Nth pipeline as soon as its submit is answered, through
    the API's queue group (so often through a replica that does not hold it): each must end
    as its cancel was answered (cancelled, or succeeded had it ended first), never refused.
@@ -46,6 +57,25 @@ of every revision ever written to the reservation bucket.
    Any violation, or any revision the mirror missed, makes the exit status 1; so does an
    eviction notice, in a pipeline's placement log, naming a window its owner had made firm
    (a started task's) before it.
+6. With the server still up, every task event is read from the MARS_EVENTS stream (each
+   event id once: an end sent again is stored again) and every committed result from
+   MARS_RESULTS, and each pipeline is judged (`judge_pipeline`). Per (task, token) a run ends
+   (succeeded or failed) at most once; a run end of a task with deps names its input tokens.
+   In a succeeded pipeline each committed consumer run (the event its result was committed
+   from) must have run, for each dep P, on a run of P that succeeded and is not older than
+   P's committed run (older: superseded by a re-placement; newer: P re-run because its
+   output was lost, the first commit standing), and must not have started before that run
+   could have ended: the consumer's start is its events' stream time less the run time
+   they give, the producer run's earliest end its run time after the later of its
+   booking's write (its token is that revision, whose time the mirror keeps) and the
+   earliest ends of the runs it took its inputs from. Stream times lag the agents' moments
+   by each event's wait in the agent's outbox, so a consumer dated before its producer's
+   *end event* (by more than 20 ms) is only counted, with one such pipeline shown. A task
+   that succeeded under two tokens is counted, and is a violation when nothing justifies a
+   second run (no failure injected, `--priorities same`). Any violation, a result changed
+   after its commit, an event the stream's limits dropped, or an undecodable one makes the
+   exit status 1, and the first offending pipelines are printed with their events and the
+   revisions of their results. A run that fails keeps its processes' logs, and says where.
 """
 
 from __future__ import annotations
@@ -59,11 +89,20 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -79,6 +118,7 @@ from nats.js.errors import NoKeysError
 from benchmarks.common import pct, progress, table
 from orchestrator import eventloop
 from orchestrator.client import Client
+from orchestrator.health import DEFAULT_FLOOD_FRACTION
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.procs import spawn, stop_all, terminate_as_interrupt
 from orchestrator.reservations.book import double_booked
@@ -86,11 +126,18 @@ from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET
 from orchestrator.service import LEASE_S
 from schemas import subjects
-from schemas.api import TERMINAL_STATES, StatusReply, SubmitReply, TaskStatus
+from schemas.api import (
+    TASK_ENDED_STATES,
+    TERMINAL_STATES,
+    StatusReply,
+    SubmitReply,
+    TaskStatus,
+)
 from schemas.bookings import DeviceBookings
 from schemas.codec import DecodeError, RemoteError, decode, encode
-from schemas.events import PipelineEvent
+from schemas.events import PipelineEvent, TaskEvent
 from schemas.pipeline import PipelineSpec
+from schemas.recovery import ClusterEvent, TaskResult, TaskResults
 from sim.fleet import synthetic_pipeline
 
 BOOKINGS_HISTORY = 8
@@ -105,9 +152,9 @@ TERMINAL_TIMEOUT_S = 120.0
 #: its reply before it is sent again, how often, and the pause before asking again about an id
 #: a replica is placing.
 KILL_SUBMIT_TIMEOUT_S = 5.0
-#: The failures `--restart-server-after`, `--kill-after` and `--restart-agents-after` inject;
-#: given together, each happens at its own time.
-FAULT_SERVER, FAULT_KILL, FAULT_AGENTS = "server", "kill", "agents"
+#: The failures `--restart-server-after`, `--kill-after`, `--restart-agents-after` and
+#: `--stop-agents-after` inject; given together, each happens at its own time.
+FAULT_SERVER, FAULT_KILL, FAULT_AGENTS, FAULT_STOP = "server", "kill", "agents", "stop"
 MAX_RESUBMITS = 40
 RESUBMIT_PAUSE_S = 0.5
 #: With a failure injected, a pipeline whose end was not heard is asked after this long, and
@@ -140,6 +187,8 @@ class Services:
         self._args: dict[str, tuple[list[str], dict[str, str] | None]] = {}
         #: CPU seconds of a child's earlier lives (`restart`), added to its count.
         self.cpu_before: dict[str, float] = {}
+        #: Children stopped by `pause` and not resumed yet (resumed before they are stopped).
+        self.paused: set[str] = set()
 
     def watch(self, name: str, pid: int) -> None:
         """Count `pid`'s CPU time too (the nats-server, the benchmark itself)."""
@@ -159,6 +208,7 @@ class Services:
         used = self.cpu_seconds().get(name, 0.0)  # its life so far, counted on
         self.procs[i].kill()
         self.procs[i].wait()
+        self.paused.discard(name)
         self.cpu_before[name] = used
         args, env = self._args[name]
         fh = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 (closed in stop())
@@ -169,6 +219,19 @@ class Services:
         """SIGKILL a child (a replica that dies without a word); `check` expects it gone."""
         self.procs[self.names.index(name)].kill()
         self.killed.add(name)
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP a child (a host frozen: a VM paused, a long GC, a swap storm): its TCP
+        connections stay open and it says nothing until `resume`."""
+        self.procs[self.names.index(name)].send_signal(signal.SIGSTOP)
+        self.paused.add(name)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a child `pause` stopped: it carries on where it was, unaware of the gap."""
+        proc = self.procs[self.names.index(name)]
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+        self.paused.discard(name)
 
     def check(self) -> None:
         """Raise if a child has exited (they run until we stop them), unless it was killed."""
@@ -196,6 +259,8 @@ class Services:
             return ""
 
     def stop(self) -> None:
+        for name in list(self.paused):  # a stopped process would not hear SIGTERM
+            self.resume(name)
         stop_all(self.procs)
         for fh in self._logs:
             fh.close()
@@ -405,6 +470,8 @@ class LoadResult:
     faults: dict[str, float] = field(default_factory=dict)
     #: With a failure injected: statuses that settled only when asked after the load.
     settled_late: int = 0
+    #: What was submitted (the dataflow audit judges each pipeline by its spec's deps).
+    specs: list[tuple[str, PipelineSpec]] = field(default_factory=list)
 
 
 async def run_load(
@@ -590,6 +657,9 @@ class Audit:
     revision_mismatches: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     undecodable: list[str] = field(default_factory=list)
+    #: When each revision was written (server time): a booking's revision is its fencing
+    #: token, and no run under a token starts before its booking was written.
+    written: dict[int, float] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
@@ -627,6 +697,7 @@ async def audit_mirror(url: str) -> Audit:
                 if before is not None and rev <= before:
                     out.violations.append(f"{key}: revision {rev} after {before}")
                 last_rev[key] = rev
+                out.written[rev] = md.timestamp.timestamp()
                 op = (msg.headers or {}).get("KV-Operation")
                 if op in ("DEL", "PURGE"):
                     out.markers += 1
@@ -658,6 +729,566 @@ async def audit_mirror(url: str) -> Audit:
     finally:
         await nc.drain()
     out.wall_s = time.perf_counter() - t0
+    return out
+
+
+# -- the dataflow audit -------------------------------------------------------------------------
+#: A consumer may be dated this much before its producer run's end and still count as after
+#: it: times are the server's (its wall clock), run times the agents' (a monotonic clock,
+#: read just before the output is handed on), so the two are a few ms apart at most.
+EARLY_SLACK_S = 0.020
+#: The ends of a task's run: one per (task, token). `cancelled` is none: an agent asked about
+#: a job it does not hold answers with a `cancelled` event, and a withdrawn job never ran.
+RUN_ENDS = frozenset({"succeeded", "failed"})
+#: The dataflow audit's kinds of violation (each must be 0): `Verdict` field, report row.
+FLOW_KINDS = (
+    ("superseded", "consumers that ran on a superseded producer run"),
+    ("early", "consumers started before their producer's committed run could have ended"),
+    ("twice", "task runs that ended more than once under one token"),
+    ("untokened", "run end events of consumers without input tokens"),
+    ("incomplete", "committed results missing, or their event not in MARS_EVENTS"),
+    ("rewritten", "committed results changed after their commit"),
+)
+#: Consumers dated before their producer run's end by the events' stream times alone: each
+#: time is the agent's moment plus the event's wait in the agent's outbox, which the
+#: producer's end event may spend while a consumer on the same agent already runs (tens of
+#: ms on a busy fleet process; seconds for an agent stopped or cut off just after a run).
+#: Counted and shown, not a violation.
+DATED_EARLY = "dated_early"
+#: Tasks that succeeded under more than one token: a violation only when nothing justifies
+#: a second run (no failure injected, no evictions).
+RERUNS = "reruns"
+#: Offending pipelines printed with their events, per kind (of those dated early: one).
+SHOWN = 3
+#: Reading a stream: how long to wait for one more message before deciding none is left.
+READ_IDLE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A task event as MARS_EVENTS stored it: its stream sequence, and its timestamp there
+    (the server's clock: one clock for every event)."""
+
+    seq: int
+    ts: float
+    ev: TaskEvent
+
+
+@dataclass
+class Verdict:
+    """One pipeline's dataflow judged: what each kind found, a line each."""
+
+    #: Distinct task runs that ended ((task, token) with a succeeded or failed event).
+    runs: int = 0
+    #: Inputs of committed consumer runs judged (one per dep).
+    inputs: int = 0
+    #: The smallest gap between a consumer's start and its producer run's end, both dated
+    #: by stream times (s; negative: dated before, see DATED_EARLY).
+    closest_s: float = math.inf
+    #: The smallest gap between a consumer's start (by stream times) and the earliest its
+    #: producer run could have ended (s): how close the judged runs came to a violation.
+    margin_s: float = math.inf
+    #: Consumers more than the slack early when dated by end events alone (the start as the
+    #: end event's time less the run time; no `started` event consulted).
+    early_by_ends: int = 0
+    #: Runs with a `started` and an end event: how far apart the two date its start (ms;
+    #: the difference of the two events' publish lags).
+    lag_spread_ms: list[float] = field(default_factory=list)
+    #: Judged runs whose token is no booking revision the audit mirror holds.
+    unbooked: int = 0
+    #: Runs that succeeded under a token older than their task's committed run (superseded:
+    #: the run a fault left behind, ended after it was placed again), and consumer runs
+    #: (task, token) that ended (cancelled too) on an input from such a run (none may be
+    #: committed): how often the failure injected made what the audit looks for.
+    superseded_runs: int = 0
+    fed_superseded: int = 0
+    superseded: list[str] = field(default_factory=list)
+    early: list[str] = field(default_factory=list)
+    twice: list[str] = field(default_factory=list)
+    untokened: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    dated_early: list[str] = field(default_factory=list)
+    reruns: list[str] = field(default_factory=list)
+
+
+def first_copies(stored: Sequence[Stored]) -> tuple[list[Stored], int]:
+    """Each event once (its first stored copy), in stream order, and how many copies were
+    skipped: an agent asked about an ended job sends its end event again under the same id,
+    which the stream stores again once its duplicate window has passed."""
+    seen: set[str] = set()
+    out: list[Stored] = []
+    for s in sorted(stored, key=lambda s: s.seq):
+        if s.ev.event_id not in seen:
+            seen.add(s.ev.event_id)
+            out.append(s)
+    return out, len(stored) - len(out)
+
+
+def committed_results(
+    values: Iterable[TaskResults],
+) -> tuple[dict[str, dict[str, TaskResult]], dict[str, list[str]]]:
+    """From every revision of MARS_RESULTS in stream order: per pipeline, each task's
+    committed result (as first written), and per pipeline the results a later revision
+    changed (none may: each is added once and never changed)."""
+    first: dict[str, dict[str, TaskResult]] = {}
+    changed: dict[str, list[str]] = {}
+    for value in values:
+        mine = first.setdefault(value.pipeline_id, {})
+        for r in value.results:
+            was = mine.setdefault(r.task_id, r)
+            if was != r:
+                changed.setdefault(value.pipeline_id, []).append(
+                    f"{r.task_id}: committed under token {was.token} (event {was.event_id}), "
+                    f"later under {r.token} (event {r.event_id})"
+                )
+    return first, changed
+
+
+def run_span(end: Stored, began: float | None) -> tuple[float, float]:
+    """When a run started and ended by stream times, from its end event and (for a run long
+    enough to report its start) its `started` event's time less the run time it gave
+    (`began`). Each stream time is the agent's moment plus the event's publish lag, so each
+    is an upper bound: the earlier of the two events' is kept (the less lagged)."""
+    ran = end.ev.duration_s or 0.0
+    start, stop = end.ts - ran, end.ts
+    if began is not None:
+        start, stop = min(start, began), min(stop, began + ran)
+    return start, stop
+
+
+def judge_pipeline(
+    deps: Mapping[str, Sequence[str]],
+    events: Iterable[Stored],
+    committed: Mapping[str, TaskResult] | None,
+    booked: Mapping[int, float] | None = None,
+    slack_s: float = EARLY_SLACK_S,
+) -> Verdict:
+    """Judge a pipeline's task events (each once, in stream order) against its committed
+    results (None: the pipeline did not succeed; only its runs are judged), `booked` giving
+    when each booking revision (a fencing token) was written.
+
+    Every run ends once per token, and a consumer's end says which producer run each input
+    came from. A succeeded pipeline's committed consumer run must have run on, for each dep
+    P, a run of P that succeeded and is not older than P's committed run (older: superseded
+    by a re-placement; newer: a re-run of an output that was lost, which is the same
+    output), and must not have started before that run could have ended. The consumer's
+    start is dated by stream times (`run_span`: an upper bound); the producer run's
+    earliest end is its run time after the later of its booking's write (its token) and
+    the earliest ends of the runs it took its own inputs from: nothing in that bound lags,
+    so a start before it is a violation, never publish lag. Dated against the producer's
+    own events instead (`run_span`), a start before its end is only counted (DATED_EARLY)."""
+    v = Verdict()
+    booked = booked or {}
+    by_id: dict[str, Stored] = {}
+    ends: dict[tuple[str, int], list[Stored]] = {}
+    succeeded: dict[str, dict[int, Stored]] = {}  # task -> token -> its first success
+    began: dict[tuple[str, int], float] = {}  # (task, token) -> its start, by `started`
+    for s in events:
+        ev = s.ev
+        by_id.setdefault(ev.event_id, s)
+        if ev.state == "started":
+            at = s.ts - (ev.duration_s or 0.0)
+            began[ev.task_id, ev.token] = min(at, began.get((ev.task_id, ev.token), at))
+        if ev.state not in RUN_ENDS:
+            continue
+        ends.setdefault((ev.task_id, ev.token), []).append(s)
+        if ev.state == "succeeded":
+            succeeded.setdefault(ev.task_id, {}).setdefault(ev.token, s)
+        if deps.get(ev.task_id) and ev.input_tokens is None:
+            v.untokened.append(
+                f"{ev.task_id} {ev.state} under token {ev.token} on {ev.agent_id} "
+                f"(event {ev.event_id}) says no input tokens"
+            )
+    v.runs = len(ends)
+    for (task, token), got in sorted(ends.items()):
+        if (task, token) in began:
+            first = got[0]
+            at = first.ts - (first.ev.duration_s or 0.0)
+            v.lag_spread_ms.append((at - began[task, token]) * 1e3)
+        if len(got) > 1:
+            each = ", ".join(f"{s.ev.state} (event {s.ev.event_id}, {s.ev.agent_id})" for s in got)
+            v.twice.append(f"{task} ended {len(got)} times under token {token}: {each}")
+    for task, runs in sorted(succeeded.items()):
+        if len(runs) > 1:
+            v.reruns.append(f"{task} succeeded under tokens {', '.join(map(str, sorted(runs)))}")
+    if committed is None:
+        return v
+    earliest: dict[tuple[str, int], float] = {}
+
+    def earliest_end(task: str, token: int) -> float:
+        """The earliest moment the run of `task` under `token` could have ended (-inf: no
+        bound known)."""
+        key = (task, token)
+        if key not in earliest:
+            earliest[key] = -math.inf  # while it is worked out (a DAG has no cycle anyway)
+            run = succeeded.get(task, {}).get(token)
+            if run is None:
+                return -math.inf
+            start = booked.get(token, -math.inf)
+            if booked and token not in booked:
+                v.unbooked += 1
+            for d, t in sorted((run.ev.input_tokens or {}).items()):
+                start = max(start, earliest_end(d, t))
+            earliest[key] = start + (run.ev.duration_s or 0.0)
+        return earliest[key]
+
+    for task in deps:
+        if task not in committed:
+            v.incomplete.append(f"{task}: no committed result")
+    for task, runs in succeeded.items():
+        mark = committed.get(task)
+        v.superseded_runs += sum(1 for t in runs if mark is not None and t < mark.token)
+    fed = {
+        (s.ev.task_id, s.ev.token)
+        for s in by_id.values()
+        if s.ev.state in TASK_ENDED_STATES
+        for d, t in (s.ev.input_tokens or {}).items()
+        if d in committed and t < committed[d].token
+    }
+    v.fed_superseded = len(fed)
+    for task, needs in deps.items():
+        r = committed.get(task)
+        if not needs or r is None:
+            continue
+        mine = by_id.get(r.event_id)
+        if mine is None or mine.ev.state != "succeeded" or mine.ev.token != r.token:
+            v.incomplete.append(
+                f"{task}: committed under token {r.token} from event {r.event_id}, "
+                "which MARS_EVENTS does not hold as its success"
+            )
+            continue
+        used_tokens = mine.ev.input_tokens
+        if used_tokens is None:
+            continue  # counted as untokened
+        start, _ = run_span(mine, began.get((task, r.token)))
+        for p in needs:
+            v.inputs += 1
+            theirs = committed.get(p)
+            used = used_tokens.get(p)
+            run = None if used is None else succeeded.get(p, {}).get(used)
+            if theirs is None:
+                continue  # counted as incomplete
+            if used is None or run is None or used < theirs.token:
+                why = (
+                    "names no run of it" if used is None
+                    else f"under token {used}, which never succeeded" if run is None
+                    else f"under token {used}, older than its committed run's {theirs.token}"
+                )  # fmt: skip
+                v.superseded.append(f"{task} (token {r.token}) ran on {p} {why}")
+            if used is None or run is None:
+                continue
+            could = earliest_end(p, used)
+            v.margin_s = min(v.margin_s, start - could)
+            if start < could - slack_s:
+                v.early.append(
+                    f"{task} (token {r.token}) started {(could - start) * 1e3:.1f} ms before "
+                    f"{p}'s run under token {used} could have ended (booked, its inputs' "
+                    "earliest ends, its run time)"
+                )
+            _, ended = run_span(run, began.get((p, used)))
+            gap = start - ended
+            v.closest_s = min(v.closest_s, gap)
+            if gap < -slack_s:
+                v.dated_early.append(
+                    f"{task} (token {r.token}) dated {-gap * 1e3:.1f} ms before {p}'s run "
+                    f"under token {used} ended (stream times, its end event seq {run.seq})"
+                )
+            if mine.ts - (mine.ev.duration_s or 0.0) - run.ts < -slack_s:
+                v.early_by_ends += 1
+    return v
+
+
+@dataclass
+class Dataflow:
+    """The dataflow audit of every pipeline: what was read, and each kind's offences as
+    (pipeline, line)."""
+
+    events: int = 0
+    copies: int = 0
+    undecodable: int = 0
+    results: int = 0
+    #: MARS_EVENTS as the audit found it, and what its limits had dropped by then.
+    stream_messages: int = 0
+    stream_bytes: int = 0
+    stream_max_bytes: int = 0
+    stream_max_age_s: float = 0.0
+    dropped: int = 0
+    pipelines: int = 0
+    judged: int = 0
+    runs: int = 0
+    inputs: int = 0
+    early_by_ends: int = 0
+    unbooked: int = 0
+    superseded_runs: int = 0
+    fed_superseded: int = 0
+    closest_s: float = math.inf
+    margin_s: float = math.inf
+    lag_spread_ms: list[float] = field(default_factory=list)
+    #: Whether a task that succeeded under two tokens is a violation (nothing justifies it).
+    strict_reruns: bool = False
+    found: dict[str, list[tuple[str, str]]] = field(
+        default_factory=lambda: {k: [] for k in (*(k for k, _ in FLOW_KINDS), DATED_EARLY, RERUNS)}
+    )
+    events_of: dict[str, list[Stored]] = field(default_factory=dict)
+    committed_of: dict[str, dict[str, TaskResult]] = field(default_factory=dict)
+    #: Per pipeline, every revision of its results chunks: (sequence, time, key, tasks).
+    revisions_of: dict[str, list[tuple[int, float, str, list[str]]]] = field(default_factory=dict)
+    #: What the replicas concluded about agents meanwhile (`cluster_summary`).
+    cluster: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def add(self, pid: str, v: Verdict, judged: bool) -> None:
+        self.pipelines += 1
+        self.judged += judged
+        self.runs += v.runs
+        self.inputs += v.inputs
+        self.early_by_ends += v.early_by_ends
+        self.unbooked += v.unbooked
+        self.superseded_runs += v.superseded_runs
+        self.fed_superseded += v.fed_superseded
+        self.closest_s = min(self.closest_s, v.closest_s)
+        self.margin_s = min(self.margin_s, v.margin_s)
+        self.lag_spread_ms += v.lag_spread_ms
+        for kind in self.found:
+            if kind != "rewritten":  # found across pipelines, from the results' revisions
+                self.found[kind] += [(pid, line) for line in getattr(v, kind)]
+
+    def violations(self) -> int:
+        kinds = [k for k, _ in FLOW_KINDS] + ([RERUNS] if self.strict_reruns else [])
+        return sum(len(self.found[k]) for k in kinds)
+
+    def complete(self) -> bool:
+        return not self.dropped and not self.undecodable
+
+
+def cluster_summary(events: Iterable[ClusterEvent]) -> dict[str, int]:
+    """Per kind of cluster event, the distinct agents it named (`agent_*`: each replica
+    judges every agent, and says so) or how often it came (`partition_*`): whether an
+    injected failure killed agents in the replicas' eyes, or was taken for a partition and
+    its recovery held."""
+    agents: dict[str, set[str]] = {}
+    times: Counter[str] = Counter()
+    for ev in events:
+        times[ev.kind] += 1
+        agents.setdefault(ev.kind, set()).update(ev.agents)
+    return {k: n if k.startswith("partition") else len(agents[k]) for k, n in times.items()}
+
+
+async def read_stream(js: Any, stream: str, subject: str) -> AsyncIterator[Msg]:
+    """Every message of `stream` on `subject`, in order, through an ordered consumer; done
+    at the one that says none is pending after it, at once when its consumer holds none (or
+    after READ_IDLE_S of silence)."""
+    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True)
+    try:
+        with contextlib.suppress(Exception):  # not known: the silence decides
+            info = await sub.consumer_info()
+            if info.num_pending + info.delivered.consumer_seq == 0:
+                return  # no message matches
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=READ_IDLE_S)
+            except (TimeoutError, nats.errors.TimeoutError):
+                return
+            yield msg
+            if msg.metadata.num_pending == 0:
+                return
+    finally:
+        await sub.unsubscribe()
+
+
+async def audit_dataflow(
+    url: str,
+    specs: Sequence[tuple[str, PipelineSpec]],
+    outs: Sequence[Outcome],
+    booked: Mapping[int, float],
+    strict: bool,
+) -> Dataflow:
+    """Read every task event from MARS_EVENTS and every committed result from MARS_RESULTS
+    (the services stopped, the server still up), and judge each pipeline (`judge_pipeline`,
+    `booked`: when each booking revision was written, from the audit mirror); `strict`: a
+    task run under two tokens is a violation (nothing justified a second run)."""
+    t0 = time.perf_counter()
+    out = Dataflow(strict_reruns=strict)
+    stored: dict[str, list[Stored]] = {}
+    values: list[TaskResults] = []
+    nc = await nats.connect(url, name="mars-bench-dataflow")
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(subjects.EVENTS_STREAM)
+        st = info.state
+        out.stream_messages, out.stream_bytes = st.messages, st.bytes
+        out.stream_max_bytes = info.config.max_bytes or -1
+        out.stream_max_age_s = float(info.config.max_age or 0)
+        # limits drop the oldest first: the stream starts after them (interior deletes: none
+        # but those the limits make)
+        out.dropped = max(0, st.first_seq - 1) + (st.num_deleted or 0)
+        async for msg in read_stream(js, subjects.EVENTS_STREAM, subjects.ALL_TASK_EVENTS):
+            try:
+                ev = decode(msg.data, TaskEvent)
+            except DecodeError:
+                out.undecodable += 1
+                continue
+            md = msg.metadata
+            stored.setdefault(ev.pipeline_id, []).append(
+                Stored(md.sequence.stream, md.timestamp.timestamp(), ev)
+            )
+            out.events += 1
+        said: list[ClusterEvent] = []
+        async for msg in read_stream(js, subjects.EVENTS_STREAM, subjects.CLUSTER_EVENTS):
+            with contextlib.suppress(DecodeError):
+                said.append(decode(msg.data, ClusterEvent))
+        out.cluster = cluster_summary(said)
+        bucket = subjects.RESULTS_BUCKET
+        async for msg in read_stream(js, f"KV_{bucket}", f"$KV.{bucket}.>"):
+            if not msg.data:  # a delete or purge marker
+                continue
+            try:
+                value = decode(msg.data, TaskResults)
+            except DecodeError:
+                out.undecodable += 1
+                continue
+            values.append(value)
+            md = msg.metadata
+            key = msg.subject.removeprefix(f"$KV.{bucket}.")
+            out.revisions_of.setdefault(value.pipeline_id, []).append(
+                (
+                    md.sequence.stream,
+                    md.timestamp.timestamp(),
+                    key,
+                    [r.task_id for r in value.results],
+                )
+            )
+    finally:
+        await nc.drain()
+    out.results = len(values)
+    committed, changed = committed_results(values)
+    out.found["rewritten"] = [(pid, line) for pid, lines in changed.items() for line in lines]
+    state = {o.pipeline_id: o.state for o in outs}
+    for pid, spec in specs:
+        events, copies = first_copies(stored.get(pid, []))
+        out.copies += copies
+        ok = state.get(pid) == "succeeded"
+        deps = {t.id: tuple(t.deps) for t in spec.tasks}
+        v = judge_pipeline(deps, events, committed.get(pid, {}) if ok else None, booked)
+        out.add(pid, v, ok)
+        out.events_of[pid] = events
+        out.committed_of[pid] = committed.get(pid, {})
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def flow_rows(flow: Dataflow) -> list[list[object]]:
+    """The dataflow audit's figures for the report table."""
+    limit = "no limit" if flow.stream_max_bytes < 0 else f"{flow.stream_max_bytes / 2**20:.0f}"
+    closest = "none judged" if flow.closest_s == math.inf else f"{flow.closest_s * 1e3:.1f}"
+    bound = "none judged" if flow.margin_s == math.inf else f"{flow.margin_s * 1e3:.1f}"
+    spread = [abs(x) for x in flow.lag_spread_ms]
+    slack = f"{EARLY_SLACK_S * 1e3:.0f} ms"
+    rerun_note = (
+        "must be 0: no failure injected, no eviction"
+        if flow.strict_reruns
+        else "re-placed by the injected failures or evictions"
+    )
+    kinds = ("agent_suspect", "agent_dead", "agent_alive", "partition_suspected")
+    return [
+        [
+            "cluster events: agents suspect / dead / alive again, partitions suspected",
+            " / ".join(str(flow.cluster.get(k, 0)) for k in kinds),
+        ],
+        [
+            "MARS_EVENTS: messages / MiB (limit MiB, max age h)",
+            f"{flow.stream_messages} / {flow.stream_bytes / 2**20:.1f} "
+            f"({limit}, {flow.stream_max_age_s / 3600:.0f})",
+        ],
+        ["  events its limits dropped before the audit read them (must be 0)", flow.dropped],
+        [
+            "task events read / copies of an event id skipped / undecodable (must be 0)",
+            f"{flow.events} / {flow.copies} / {flow.undecodable}",
+        ],
+        ["committed results revisions read (MARS_RESULTS)", flow.results],
+        [
+            "pipelines audited / succeeded ones whose committed runs were judged",
+            f"{flow.pipelines} / {flow.judged}",
+        ],
+        ["task runs ended (distinct task, token)", flow.runs],
+        ["consumer inputs judged (deps of committed consumer runs)", flow.inputs],
+        [
+            "runs superseded by a re-placement that succeeded / consumer runs fed by one",
+            f"{flow.superseded_runs} / {flow.fed_superseded}",
+        ],
+        *[[f"{label} (must be 0)", len(flow.found[k])] for k, label in FLOW_KINDS],
+        [
+            f"tasks that succeeded under more than one token ({rerun_note})",
+            len(flow.found[RERUNS]),
+        ],
+        ["DATAFLOW VIOLATIONS", flow.violations()],
+        ["  closest consumer start after its producer run could have ended (ms)", bound],
+        [
+            f"  consumers > {slack} before their producer run's end, by end events' times",
+            flow.early_by_ends,
+        ],
+        [
+            "    by the earlier of started and end events (publish lag; not violations)",
+            len(flow.found[DATED_EARLY]),
+        ],
+        ["    closest consumer start after its producer run's end by those (ms)", closest],
+        [
+            "    a run's start by its started vs end event, |diff| P50 / P99 / max (ms)",
+            f"{pct(spread, 50):.1f} / {pct(spread, 99):.1f} / {max(spread, default=math.nan):.1f}"
+            f" ({len(spread)} runs)",
+        ],
+        ["  judged runs whose token is no booking revision in the mirror", flow.unbooked],
+        ["dataflow audit wall time (s)", flow.wall_s],
+    ]
+
+
+def print_flow(flow: Dataflow) -> None:
+    """The first offending pipelines of each kind, with what they did wrong, their committed
+    results, every revision of their results written, and every task event of theirs; one
+    of those only dated early, for the publish lag it shows."""
+    kinds = [
+        *((k, label, SHOWN) for k, label in FLOW_KINDS),
+        (RERUNS, "tasks that succeeded under more than one token", SHOWN),
+        (DATED_EARLY, "consumers dated early by stream times (publish lag, not a violation)", 1),
+    ]
+    for kind, label, shown in kinds:
+        found = flow.found[kind]
+        if not found:
+            continue
+        pids = list(dict.fromkeys(pid for pid, _ in found))
+        print(f"\n{label}: {len(found)} in {len(pids)} pipelines; the first {shown}:")
+        for pid in pids[:shown]:
+            print(f"  {pid}:")
+            for p, line in found:
+                if p == pid:
+                    print(f"    {line}")
+            for task, r in sorted(flow.committed_of.get(pid, {}).items()):
+                by = f"(event {r.event_id}) by {r.committed_by}"
+                print(f"    committed: {task} token {r.token} {by}")
+            for seq, ts, key, tasks in flow.revisions_of.get(pid, []):
+                print(f"    results revision seq {seq} {clock(ts)} ({key}): {', '.join(tasks)}")
+            for line in event_lines(flow.events_of.get(pid, [])):
+                print(f"    {line}")
+
+
+def clock(ts: float) -> str:
+    """A wall-clock time of this host to the ms (the server's stream times are on it too)."""
+    return time.strftime("%H:%M:%S", time.localtime(ts)) + f".{int(ts * 1e3) % 1000:03d}"
+
+
+def event_lines(events: Sequence[Stored]) -> list[str]:
+    """A pipeline's task events, one line each: stream sequence and time, what and where."""
+    if not events:
+        return ["(no task events in MARS_EVENTS)"]
+    out = []
+    for s in events:
+        ev = s.ev
+        dur = "" if ev.duration_s is None else f" ran {ev.duration_s * 1e3:.1f} ms"
+        inputs = "" if ev.input_tokens is None else f" inputs {ev.input_tokens}"
+        out.append(
+            f"seq {s.seq} {clock(s.ts)}: {ev.task_id} {ev.state} token {ev.token} on "
+            f"{ev.agent_id} ({ev.incarnation}){dur}{inputs} event {ev.event_id}"
+        )
     return out
 
 
@@ -762,11 +1393,9 @@ async def drive(
 ) -> LoadResult:
     for i in range(args.orchestrators):
         services.spawn(f"orchestrator-{i}", ["orchestrator", "--nats", url])
-    # journals and outputs beside the logs: a restarted fleet replays what it journaled, and
-    # a killed one leaves nothing behind in /tmp
-    state = str(services.logdir / "agent-state")
-    fleet = ["sim", "agents", "--nats", url, "--count", str(args.agents), "--prefix", "bs"]
-    services.spawn("sim-agents", [*fleet, "--state-dir", state])
+    fleet = fleet_processes(args.agents, args.agent_processes, url, services.logdir)
+    for name, cmd in fleet:
+        services.spawn(name, cmd)
     kill = args.kill_after > 0
     injected = injects_failure(args)
     # a request lost to the failure (its replica dead, the server restarting) is sent again
@@ -793,12 +1422,18 @@ async def drive(
         if kill:
             faults[FAULT_KILL] = asyncio.create_task(kill_later(services, args.kill_after))
         if args.restart_agents_after > 0:
+            names = [name for name, _ in fleet]
             faults[FAULT_AGENTS] = asyncio.create_task(
-                kill_later(services, args.restart_agents_after, restart="sim-agents")
+                kill_later(services, args.restart_agents_after, restart=names)
+            )
+        if args.stop_agents_after > 0:
+            faults[FAULT_STOP] = asyncio.create_task(
+                stop_later(services, args.stop_agents_after, args.stop_for, fleet[0][0])
             )
         every = args.cancel_every
         cancel = {pid for i, (pid, _) in enumerate(specs) if every and i % every == every - 1}
         result = await run_load(client, specs, args.concurrency, resubmit=injected, cancel=cancel)
+        result.specs = specs
         cpu1 = services.cpu_seconds()
         result.cpu_s = {k: cpu1[k] - cpu0[k] for k in cpu1 if k in cpu0}
         result.faults = await faults_done(faults)
@@ -833,18 +1468,66 @@ async def status_later(client: Client, pid: str) -> tuple[str, StatusReply | Non
     return f"status asked after the load: {st.state}, owner {st.owner}; last: {last}", st
 
 
-async def kill_later(services: Services, after_s: float, restart: str | None = None) -> float:
-    """SIGKILL orchestrator-0 `after_s` into the load (`restart`: that child instead, started
-    again at once); returns when it did."""
+async def kill_later(
+    services: Services, after_s: float, restart: Sequence[str] | None = None
+) -> float:
+    """SIGKILL orchestrator-0 `after_s` into the load (`restart`: those children instead, each
+    started again at once: the whole fleet); returns when it did."""
     t0 = time.perf_counter()
     await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
+    at = clock(time.time())
     if restart is None:
         services.kill("orchestrator-0")
-        progress(f"killed orchestrator-0 {time.perf_counter() - t0:.1f} s into the load")
+        progress(f"killed orchestrator-0 {time.perf_counter() - t0:.1f} s into the load ({at})")
     else:
-        services.restart(restart)
-        progress(f"killed and restarted {restart} {time.perf_counter() - t0:.1f} s into the load")
+        for name in restart:
+            services.restart(name)
+        names = ", ".join(restart)
+        took = time.perf_counter() - t0
+        progress(f"killed and restarted {names} {took:.1f} s into the load ({at})")
     return time.perf_counter() - t0
+
+
+async def stop_later(services: Services, after_s: float, for_s: float, name: str) -> float:
+    """SIGSTOP the agents' process `name` `after_s` into the load and SIGCONT it `for_s`
+    later (its agents fall silent, are declared dead and their work placed again; then they
+    carry on with the runs they had, superseded meanwhile). Once stopped it is continued even
+    if this is cancelled meanwhile. Returns when it was stopped."""
+    t0 = time.perf_counter()
+    await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
+    services.pause(name)
+    at = time.perf_counter() - t0
+    progress(f"SIGSTOPped {name} {at:.1f} s into the load ({clock(time.time())}), for {for_s:g} s")
+    try:
+        await asyncio.sleep(for_s)  # the freeze's length, chosen by the operator
+    finally:
+        services.resume(name)
+        took = time.perf_counter() - t0
+        progress(f"SIGCONTed {name} {took:.1f} s into the load ({clock(time.time())})")
+    return at
+
+
+def fleet_processes(
+    agents: int, processes: int, url: str, logdir: Path
+) -> list[tuple[str, list[str]]]:
+    """The `mars sim agents` processes the fleet is split over, as (name, arguments): one
+    (`sim-agents`, agent ids `bs-NNNN`) or `processes`, each with its own prefix (`bsK-NNNN`,
+    sites `bsK-site-N`) and its own state directory, so one can be stopped alone. Journals and
+    outputs go beside the logs: a restarted fleet replays what it journaled, and a killed one
+    leaves nothing behind in /tmp."""
+    if processes == 1:
+        named = [("sim-agents", "bs", agents, "agent-state")]
+    else:
+        named = [
+            (f"sim-agents-{k}", f"bs{k}", agents // processes + (k < agents % processes),
+             f"agent-state-{k}")
+            for k in range(processes)
+        ]  # fmt: skip
+    fleet = ["sim", "agents", "--nats", url]
+    return [
+        (name, [*fleet, "--count", str(n), "--prefix", prefix, "--state-dir", str(logdir / state)])
+        for name, prefix, n, state in named
+    ]
 
 
 async def restart_server_later(srv: EmbeddedNats, after_s: float, down_s: float = 0.0) -> float:
@@ -853,6 +1536,7 @@ async def restart_server_later(srv: EmbeddedNats, after_s: float, down_s: float 
     on disk). Once stopped it is started again even if this is cancelled meanwhile."""
     t0 = time.perf_counter()
     await asyncio.sleep(after_s)  # the moment of the failure, chosen by the operator
+    stopped = clock(time.time())
     stopping = asyncio.create_task(asyncio.to_thread(srv.stop))
     try:
         await asyncio.shield(stopping)
@@ -861,7 +1545,10 @@ async def restart_server_later(srv: EmbeddedNats, after_s: float, down_s: float 
         await stopping  # a stop begun has ended before the start
         (Path(srv.store_dir) / "nats-server.log").unlink(missing_ok=True)  # "ready" is read there
         await asyncio.to_thread(srv.start)
-    progress(f"restarted the nats-server {time.perf_counter() - t0:.1f} s into the load")
+    progress(
+        f"restarted the nats-server {time.perf_counter() - t0:.1f} s into the load (stopped "
+        f"at {stopped}, up again at {clock(time.time())})"
+    )
     return time.perf_counter() - t0
 
 
@@ -904,7 +1591,10 @@ def cpu_rows(load: LoadResult) -> list[list[object]]:
 
 def injects_failure(args: argparse.Namespace) -> bool:
     return bool(
-        args.kill_after > 0 or args.restart_agents_after > 0 or args.restart_server_after > 0
+        args.kill_after > 0
+        or args.restart_agents_after > 0
+        or args.restart_server_after > 0
+        or args.stop_agents_after > 0
     )
 
 
@@ -932,11 +1622,25 @@ def kill_rows(
 def restart_rows(
     args: argparse.Namespace, load: LoadResult, statuses: list[StatusReply]
 ) -> list[list[object]]:
-    """With `--restart-agents-after`: when the fleet went, and what recovery noted."""
-    if args.restart_agents_after <= 0:
+    """With `--restart-agents-after` or `--stop-agents-after`: when the fleet (or one of its
+    processes) went, and what recovery noted."""
+    if args.restart_agents_after <= 0 and args.stop_agents_after <= 0:
         return []
+    rows: list[list[object]] = []
+    if args.restart_agents_after > 0:
+        rows.append(
+            when_row("agents' processes SIGKILLed and restarted", load.faults.get(FAULT_AGENTS))
+        )
+    if args.stop_agents_after > 0:
+        share = stopped_share(args.agents, args.agent_processes)
+        rows.append(
+            when_row(
+                f"sim-agents-0 ({share:.0%} of the agents) SIGSTOPped for {args.stop_for:g} s",
+                load.faults.get(FAULT_STOP),
+            )
+        )
     return [
-        when_row("agents' process SIGKILLed and restarted", load.faults.get(FAULT_AGENTS)),
+        *rows,
         ["pipelines told of a suspected partition", logged(statuses, lambda x: "partition" in x)],
         [
             "recovery re-placements (log lines)",
@@ -944,6 +1648,12 @@ def restart_rows(
         ],
         ["recoveries that could not place at once", logged(statuses, lambda x: "cannot re" in x)],
     ]
+
+
+def stopped_share(agents: int, processes: int) -> float:
+    """The share of the fleet `--stop-agents-after` stops: sim-agents-0's agents (the
+    largest share, `fleet_processes` giving the first processes one more)."""
+    return (agents // processes + (agents % processes > 0)) / agents
 
 
 def server_rows(args: argparse.Namespace, load: LoadResult) -> list[list[object]]:
@@ -1004,7 +1714,9 @@ def priority_rows(args: argparse.Namespace, outs: list[Outcome]) -> list[list[ob
     return rows
 
 
-def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: float) -> int:
+def report(
+    args: argparse.Namespace, load: LoadResult, audit: Audit, flow: Dataflow, total_s: float
+) -> int:
     outs = load.outcomes
     states = Counter(o.state for o in outs)
     ok = states.get("succeeded", 0)
@@ -1117,6 +1829,7 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
         ["mirror vs bucket revision mismatches", len(audit.revision_mismatches)],
         ["VIOLATIONS", len(audit.violations)],
         ["audit wall time (s)", audit.wall_s],
+        *flow_rows(flow),
         ["total wall time (s)", total_s],
     ]
     print(table(rows, ["", "value"]))
@@ -1176,7 +1889,10 @@ def report(args: argparse.Namespace, load: LoadResult, audit: Audit, total_s: fl
             print(f"  {line}")
     if failed:
         print(f"\n{len(failed)} pipelines did not succeed (every one must)")
-    bad = bad or bool(firm_lost) or bool(load.left_live) or bool(failed)
+    print_flow(flow)
+    flow_bad = flow.violations() > 0 or not flow.complete()
+    print("dataflow: " + ("VIOLATED or incomplete audit" if flow_bad else "hold on every run"))
+    bad = bad or bool(firm_lost) or bool(load.left_live) or bool(failed) or flow_bad
     return 1 if bad else 0
 
 
@@ -1238,6 +1954,34 @@ def main(argv: list[str] | None = None) -> int:
         "at once (every agent back under a new incarnation; 0: never)",
     )
     ap.add_argument(
+        "--agent-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split --agents over N `mars sim agents` processes, each with its own id prefix, "
+        "sites and state directory (default 1); processes' sites have no declared link to "
+        "each other (WAN by default), so plans keep a pipeline within one when they can",
+    )
+    ap.add_argument(
+        "--stop-agents-after",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="SIGSTOP one agents' process (sim-agents-0; needs --agent-processes 2 or more) S "
+        "seconds into the load and SIGCONT it --stop-for seconds later: its agents are "
+        "declared dead, their work placed again, and they carry on with superseded runs "
+        "(0: never). Keep its share of the fleet under the partition rule's 30%%, or "
+        "recovery is held (4 processes: one is 25%%)",
+    )
+    ap.add_argument(
+        "--stop-for",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="with --stop-agents-after: how long the process stays stopped (default 3 s, "
+        "longer than the 1.5 s heartbeat-based detection)",
+    )
+    ap.add_argument(
         "--kill-after",
         type=float,
         default=0.0,
@@ -1260,6 +2004,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--kill-after needs --orchestrators 2 or more (one must survive)")
     if args.cancel_every < 0:
         ap.error("--cancel-every must be >= 0")
+    if not 1 <= args.agent_processes <= max(1, args.agents):
+        ap.error("--agent-processes must be between 1 and --agents")
+    if args.stop_agents_after > 0 and (args.agent_processes < 2 or args.stop_for <= 0):
+        ap.error("--stop-agents-after needs --agent-processes 2 or more and --stop-for > 0")
+    if args.stop_agents_after > 0 and (
+        stopped_share(args.agents, args.agent_processes) > DEFAULT_FLOOD_FRACTION
+    ):
+        progress(
+            f"note: sim-agents-0 holds more than {DEFAULT_FLOOD_FRACTION:.0%} of the agents: "
+            "stopped, they look like a partition, and recovery is held until they return"
+        )
     if args.orchestrators < 1 or args.agents < 1 or args.submissions < 1 or args.concurrency < 1:
         ap.error("counts must be >= 1")
     t0 = time.perf_counter()
@@ -1277,7 +2032,15 @@ def main(argv: list[str] | None = None) -> int:
             load = eventloop.run(drive(srv.url, args, services, srv))
         progress("services stopped; auditing every mirrored revision")
         audit = eventloop.run(audit_mirror(srv.url))
-    return report(args, load, audit, time.perf_counter() - t0)
+        progress("auditing every task event in MARS_EVENTS against MARS_RESULTS")
+        strict = not injects_failure(args) and args.priorities == "same"
+        flow = eventloop.run(
+            audit_dataflow(srv.url, load.specs, load.outcomes, audit.written, strict)
+        )
+        failed = report(args, load, audit, flow, time.perf_counter() - t0)
+        if failed:  # the replicas' and agents' own account of what the report found
+            keep_logs(logs, "the run failed its checks")
+    return failed
 
 
 if __name__ == "__main__":
