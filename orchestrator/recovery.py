@@ -36,7 +36,7 @@ from orchestrator.health import (
 )
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key_of
-from orchestrator.results import Outcome, ResultLedger
+from orchestrator.results import RETRY_FOR_S, Outcome, ResultLedger
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
@@ -243,7 +243,13 @@ class Recovery:
     def _committed(self, run: PipelineRun, ev: TaskEvent, outcome: Outcome) -> None:
         if outcome == "committed":
             run.results_committed += 1
-        elif outcome != "error":
+        elif outcome == "error":  # tried again for results.RETRY_FOR_S first
+            self.stats["results_error"] += 1
+            log.error(
+                "result of %s/%s not committed: its writes kept failing for %.0f s",
+                ev.pipeline_id, ev.task_id, RETRY_FOR_S,
+            )  # fmt: skip
+        else:
             run.results_dropped += 1
             self.stats[f"results_{outcome}"] += 1
             log.info("result of %s/%s not committed: %s", ev.pipeline_id, ev.task_id, outcome)

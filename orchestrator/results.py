@@ -50,6 +50,13 @@ HISTORY = 64
 #: at once).
 BATCH_S = 0.25
 CAS_TRIES = 8
+#: A write that failed (the server away, a reconnect under way, the CAS race lost every try)
+#: is tried again, with doubling waits from RETRY_FIRST_S up to RETRY_MAX_S, for this long
+#: before its commits are given up as `error`: a batch due while the server restarted was
+#: lost, and its pipeline ended succeeded with no result committed for those tasks.
+RETRY_FOR_S = 15.0
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
 #: Chunks whose last written value is kept, to write the next without reading it first.
 KNOWN_KEPT = 4096
 
@@ -93,6 +100,8 @@ class ResultLedger:
         #: here, so a batch due and the pipeline's end do not race each other by CAS
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.writes = 0
+        #: Writes tried again after one failed.
+        self.retries = 0
 
     async def start(self) -> None:
         # a bucket made by a version that kept every chunk for ever gets the max age
@@ -195,10 +204,30 @@ class ResultLedger:
                 del self._locks[key]
 
     async def _write(self, key: str, batch: list[_Ask]) -> None:
-        async with self._key_lock(key):
-            await self._write_now(key, batch)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RETRY_FOR_S
+        wait = RETRY_FIRST_S
+        outcome: dict[int, Outcome] | None = None
+        try:
+            async with self._key_lock(key):
+                while True:
+                    outcome = await self._write_now(key, batch, again=outcome is not None)
+                    if len(outcome) == len(batch) or loop.time() + wait > give_up:
+                        break
+                    self.retries += 1
+                    await asyncio.sleep(wait)  # a backoff: the server may be coming back
+                    wait = min(2 * wait, RETRY_MAX_S)
+        finally:  # (cancelled, the replica stopping: said `error`, never left unanswered)
+            for i, a in enumerate(batch):
+                if not a.done.done():
+                    a.done.set_result((outcome or {}).get(i, "error"))
 
-    async def _write_now(self, key: str, batch: list[_Ask]) -> None:
+    async def _write_now(
+        self, key: str, batch: list[_Ask], *, again: bool = False
+    ) -> dict[int, Outcome]:
+        """One write of a batch (CAS_TRIES at most); each ask's outcome, none where it
+        failed. `again`: a write of this batch was tried before, and may have been stored
+        though its answer never came: a result there from the very same event is its own."""
         outcome: dict[int, Outcome] = {}
         try:
             for attempt in range(CAS_TRIES):
@@ -220,7 +249,8 @@ class ResultLedger:
                         added.append(have[a.ev.task_id])
                         outcome[i] = "committed"
                     elif there.token == a.ev.token:
-                        outcome[i] = "duplicate"
+                        mine = again and there.event_id == a.ev.event_id
+                        outcome[i] = "committed" if mine else "duplicate"
                     else:
                         outcome[i] = "stale" if there.token > a.ev.token else "rerun"
                 if not added:
@@ -244,11 +274,9 @@ class ResultLedger:
                 log.warning("results %s: still losing the CAS race after %d tries", key, CAS_TRIES)
                 outcome.clear()
         except Exception as exc:
-            log.warning("committing results to %s failed: %s", key, exc)
+            log.warning("committing results to %s failed (tried again): %s", key, exc)
             outcome.clear()
-        for i, a in enumerate(batch):
-            if not a.done.done():
-                a.done.set_result(outcome.get(i, "error"))
+        return outcome
 
     def _remember(self, key: str, revision: int, value: TaskResults) -> None:
         self._known[key] = (revision, value)

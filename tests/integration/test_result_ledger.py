@@ -5,11 +5,13 @@ result ever had in the bucket (the exactly-once audit)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import nats
 import pytest
 from nats.aio.msg import Msg
 
+from orchestrator.natsserver import EmbeddedNats
 from orchestrator.results import CHUNK, ResultLedger, result_key, revisions
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
@@ -161,5 +163,40 @@ async def test_two_batches_of_one_key_are_written_in_turn_not_raced(nats_url: st
         assert reads == []
         got = await revisions(nc.jetstream(), "p8")
         assert sorted(got) == ["a", "b"]
+    finally:
+        await nc.close()
+
+
+async def test_a_commit_due_while_the_server_is_away_is_written_once_it_is_back(
+    nats_server: EmbeddedNats,
+) -> None:
+    """A batch falls due while the server restarts: its write fails (here: times out), and is
+    tried again until the server is back, not given up (its pipeline ended succeeded with the
+    result never committed)."""
+    nc = await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    try:
+        ledger = ResultLedger(nc.jetstream(timeout=0.5), "orch-1")
+        await ledger.start()
+        failed = asyncio.Event()
+        write_now = ledger._write_now
+
+        async def noted(key: str, batch: list[Any], **kw: Any) -> dict[int, Any]:
+            out = await write_now(key, batch, **kw)
+            if len(out) < len(batch):
+                failed.set()
+            return out
+
+        ledger._write_now = noted  # type: ignore[method-assign]
+        await asyncio.to_thread(nats_server.stop)
+        asked = ledger.ask(succeeded("a", 3, "e1"), 0)
+        writing = asyncio.create_task(ledger.flush("p1"))
+        await asyncio.wait_for(failed.wait(), 10.0)  # tried while the server is away
+        assert not asked.done()
+        await asyncio.to_thread(nats_server.start)
+        assert await asyncio.wait_for(asked, 15.0) == "committed"
+        await writing
+        assert ledger.retries >= 1
+        got = await revisions(nc.jetstream(), "p1")
+        assert {t: [r.token for r in rs] for t, rs in got.items()} == {"a": [3]}
     finally:
         await nc.close()
