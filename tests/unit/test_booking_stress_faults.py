@@ -24,8 +24,9 @@ from benchmarks.booking_stress import (
 
 def args(kill: float, agents: float, server: float) -> argparse.Namespace:
     return argparse.Namespace(
-        kill_after=kill, restart_agents_after=agents, restart_server_after=server
-    )
+        kill_after=kill, restart_agents_after=agents, restart_server_after=server,
+        stop_agents_after=0.0, stop_for=0.0, agent_processes=1, agents=50,
+    )  # fmt: skip
 
 
 def test_each_failure_is_reported_at_its_own_time() -> None:
@@ -39,7 +40,7 @@ def test_each_failure_is_reported_at_its_own_time() -> None:
     assert when == {
         "orchestrator-0 SIGKILLed at (s into the load)": "6.0",
         # asked for, but the load ended first
-        "agents' process SIGKILLed and restarted at (s into the load)": (
+        "agents' processes SIGKILLed and restarted at (s into the load)": (
             "never (the load ended first)"
         ),
         "nats-server restarted at (s into the load)": "21.5",
