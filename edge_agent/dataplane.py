@@ -432,7 +432,10 @@ class DataPlane:
             # be retained where it ran)
             token = next((i.token for i in job.offer.inputs if i.task_id == producer), 0)
             req = FetchRequest(
-                pipeline_id=pid, producer=producer, consumer=consumer, agent_id=self.agent_id,
+                pipeline_id=pid,
+                producer=producer,
+                consumer=consumer,
+                agent_id=self.agent_id,
                 token=token or None,
             )
             try:

@@ -135,8 +135,13 @@ async def test_an_agent_that_says_it_ran_a_task_not_ended_here_has_the_events_re
         return 1
 
     o.failover.replay = replay  # type: ignore[method-assign,assignment]
-    spawned: list[asyncio.Task[None]] = []
-    o._spawn = lambda coro: spawned.append(asyncio.ensure_future(coro))  # type: ignore[assignment,func-returns-value,method-assign]
+    spawned: list[asyncio.Task[Any]] = []
+
+    def spawn(coro: Any) -> asyncio.Task[Any]:
+        spawned.append(asyncio.ensure_future(coro))
+        return spawned[-1]
+
+    o._spawn = spawn  # type: ignore[method-assign]
     nc = Recorder(answer="ended")
     o.nc = nc  # type: ignore[assignment]
     o.watchdog.asking = 1
