@@ -655,32 +655,36 @@ class Orchestrator:
             per_agent.setdefault(x.agent_id, []).append(i)
         out: list[OfferReply | None] = [None] * len(offers)
 
-        async def one_batch(agent_id: str, idx: list[int]) -> None:
-            mine = [offers[i] for i in idx]
-            if len(mine) == 1:
-                out[idx[0]] = await self.offer(mine[0])
-                return
-            assert self.nc is not None
-            try:
-                batch = OfferBatch(offers=mine, sent_at=self.wall())
-                rep = await self.ask_agent(
-                    subjects.offers, agent_id, batch, OfferBatchReply,
-                    timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
-                )  # fmt: skip
-                replies: list[OfferReply] = rep.replies
-            except nats.errors.MaxPayloadError:  # larger than the server takes: in halves
-                half = len(idx) // 2
-                await one_batch(agent_id, idx[:half])
-                await one_batch(agent_id, idx[half:])
-                return
-            except nats.errors.NoRespondersError:
-                replies = list(await asyncio.gather(*(self.offer(x) for x in mine)))
-            except (TimeoutError, RemoteError) as exc:
-                why = f"no answer to offers: {type(exc).__name__} {exc}"[:2048]
-                replies = [_unanswered(x, why) for x in mine]
-            got = {r.task_id: r for r in replies}
-            for i, x in zip(idx, mine, strict=True):
-                out[i] = got.get(x.task.id) or _unanswered(x, "no reply for this offer")
+        async def one_batch(agent_id: str, first: list[int]) -> None:
+            # a batch larger than the server takes goes in halves, in turn (a loop: a closure
+            # calling itself is a reference cycle, left to the collector with all it holds)
+            todo = [first]
+            while todo:
+                idx = todo.pop(0)
+                mine = [offers[i] for i in idx]
+                if len(mine) == 1:
+                    out[idx[0]] = await self.offer(mine[0])
+                    continue
+                assert self.nc is not None
+                try:
+                    batch = OfferBatch(offers=mine, sent_at=self.wall())
+                    rep = await self.ask_agent(
+                        subjects.offers, agent_id, batch, OfferBatchReply,
+                        timeout=OFFER_TIMEOUT_S, encoding=AGENT_ENCODING,
+                    )  # fmt: skip
+                    replies: list[OfferReply] = rep.replies
+                except nats.errors.MaxPayloadError:  # larger than the server takes: in halves
+                    half = len(idx) // 2
+                    todo[:0] = [idx[:half], idx[half:]]
+                    continue
+                except nats.errors.NoRespondersError:
+                    replies = list(await asyncio.gather(*(self.offer(x) for x in mine)))
+                except (TimeoutError, RemoteError) as exc:
+                    why = f"no answer to offers: {type(exc).__name__} {exc}"[:2048]
+                    replies = [_unanswered(x, why) for x in mine]
+                got = {r.task_id: r for r in replies}
+                for i, x in zip(idx, mine, strict=True):
+                    out[i] = got.get(x.task.id) or _unanswered(x, "no reply for this offer")
 
         async def one_agent(agent_id: str, idx: list[int]) -> None:
             # more offers than one batch holds go in several, one after another: the agent
