@@ -51,3 +51,19 @@ def pause(seconds: float = 0.1) -> str:
     seconds = min(max(0.0, float(seconds)), MAX_PAUSE_S)
     time.sleep(seconds)
     return f"paused {seconds:g} s"
+
+
+def scale(x: np.ndarray, by: float = 1.0) -> np.ndarray:
+    """`x / by` as float32: a tensor from upstream made ready for a model."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a tensor (an .npy value), not {type(x).__name__}")
+    if by == 0:
+        raise ValueError("by must not be 0")
+    return (x / by).astype(np.float32)
+
+
+def image_batch(n: int = 4, side: int = 32, seed: int = 0) -> np.ndarray:
+    """`n` seeded random RGB images, uint8 [n, 3, side, side]: a source of tensors."""
+    if not 1 <= n <= 4096 or not 1 <= side <= MAX_SIDE:
+        raise ValueError(f"n must be in [1, 4096] and side in [1, {MAX_SIDE}]")
+    return np.random.default_rng(seed).integers(0, 256, size=(n, 3, side, side), dtype=np.uint8)

@@ -1,8 +1,11 @@
 """The `exec` executor: an allowlisted argv, no shell, bounded in time and output.
 
-The process gets its own session (so the whole group can be killed), an environment with
-PATH only (no inherited secrets), stdin from /dev/null, and a fresh working directory that is
-removed afterwards. Timeout, an oversized stdout and cancellation all kill the process group.
+The process gets its own session (so the whole group can be killed), a declared environment
+(PATH, HOME and TMPDIR in its working directory, a C.UTF-8 locale, and its inputs' and output
+directory's paths: no inherited secrets), stdin from /dev/null, and a fresh working directory
+that is removed afterwards, with its inputs as files in `in/` and `out/` for what it writes.
+The allowlist judges the argv as the task wrote it, templates and all; the paths go in after.
+Timeout, an output over the limit and cancellation all kill the process group.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import signal
 import tempfile
+from collections.abc import Mapping
+from pathlib import Path
 
 from edge_agent.allowlist import ExecRule, match_exec
 from edge_agent.executors import ExecutionError, Output
@@ -24,6 +30,8 @@ STDERR_TAIL = 2048
 CHUNK = 1 << 16
 #: Longest the runner waits for a killed process's pipes and exit status.
 REAP_S = 5.0
+#: `{in:NAME}` and `{out}` in an argument.
+TEMPLATE = re.compile(r"\{in:([A-Za-z0-9_.-]+)\}|\{out\}")
 
 log = logging.getLogger("mars.agent.exec")
 
@@ -65,12 +73,55 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
+def _lay_out(cwd: str, inputs: Mapping[str, bytes]) -> tuple[dict[str, str], Path]:
+    """`in/` with each input as a file, and an empty `out/`: the inputs' paths, and out's."""
+    in_dir, out_dir = Path(cwd, "in"), Path(cwd, "out")
+    in_dir.mkdir()
+    out_dir.mkdir()
+    paths: dict[str, str] = {}
+    for name, data in inputs.items():
+        path = in_dir / name
+        path.write_bytes(data)
+        paths[name] = str(path)
+    return paths, out_dir
+
+
+def _output_file(path: Path, limit: int) -> bytes:
+    """The output file the command was to write: missing, or over the limit, is an error."""
+    if not path.is_file():
+        made = ", ".join(sorted(p.name for p in path.parent.iterdir())) or "nothing"
+        raise ExecutionError(f"wrote no output file {path.name} (its output dir holds {made})")
+    size = path.stat().st_size
+    if size > limit:
+        raise ExecutionError(f"output file {path.name} of {size} bytes exceeds {limit} bytes")
+    return path.read_bytes()
+
+
 async def _tail(stream: asyncio.StreamReader, keep: int) -> bytes:
     """Drain stderr so the child never blocks on it, keeping only its last `keep` bytes."""
     tail = b""
     while chunk := await stream.read(CHUNK):
         tail = (tail + chunk)[-keep:]
     return tail
+
+
+def env_name(name: str) -> str:
+    """`MARS_IN_` + the input's name in upper case, anything but letters and digits `_`."""
+    return "MARS_IN_" + re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def fill(argv: list[str], paths: Mapping[str, str], out_dir: str) -> list[str]:
+    """The argv with `{in:NAME}` and `{out}` replaced by paths; an unknown input is an error."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return out_dir
+        if m.group(1) not in paths:
+            have = ", ".join(sorted(paths)) or "none"
+            raise ExecutionError(f"argument names input {m.group(1)!r}; its inputs: {have}")
+        return paths[m.group(1)]
+
+    return [TEMPLATE.sub(sub, a) for a in argv]
 
 
 async def run_exec(
@@ -80,23 +131,31 @@ async def run_exec(
     timeout_s: float,
     max_output_bytes: int,
     work_dir: str | None = None,
+    inputs: Mapping[str, bytes] | None = None,
 ) -> Output:
-    """Run `run.argv` if the allowlist passes it (checked here again, whatever admission said)."""
+    """Run `run.argv` if the allowlist passes it (checked here again, whatever admission said),
+    its inputs as files."""
     argv, why = match_exec(run.argv, rules)
     if argv is None:
         raise ExecutionError(f"not allowlisted: {why}")
     timeout = min(run.timeout_s, timeout_s)
     cwd = tempfile.mkdtemp(prefix="mars-exec-", dir=work_dir)
+    paths, out_dir = await asyncio.to_thread(_lay_out, cwd, inputs or {})
+    env = {
+        "PATH": SAFE_PATH, "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8",
+        "MARS_OUT": str(out_dir), **{env_name(n): p for n, p in paths.items()},
+    }  # fmt: skip
     proc: asyncio.subprocess.Process | None = None
     err_task: asyncio.Task[bytes] | None = None
     try:
+        argv = fill(argv, paths, str(out_dir))
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=cwd,
-            env={"PATH": SAFE_PATH},
+            env=env,
             start_new_session=True,
             close_fds=True,
         )
@@ -112,6 +171,8 @@ async def run_exec(
             _kill_group(proc)
             err = (await err_task).decode("utf-8", "replace").strip()
             raise ExecutionError(f"exit code {code}: {err[-500:]}" if err else f"exit code {code}")
+        if run.output != "stdout":
+            out = await asyncio.to_thread(_output_file, out_dir / run.output, max_output_bytes)
         return Output(out, f"exit 0, {len(out)} B")
     finally:
         if proc is not None:

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent import values
 from schemas.agent import DeviceSpec
-from schemas.pipeline import OnnxRun, SyntheticRun
+from schemas.pipeline import MediaType, OnnxRun, SyntheticRun
 
 BUILTIN_MODELS = Path(__file__).resolve().parent / "models"
 
@@ -28,6 +29,40 @@ class ExecutionError(Exception):
 class Output:
     data: bytes
     result: str
+    media_type: MediaType = values.BYTES
+
+
+#: ONNX Runtime's element types, as numpy dtypes (the ones a value on the wire may carry).
+ORT_DTYPES = {
+    "tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+}  # fmt: skip
+
+
+def feed(name: str, ort_type: str, shape: list[Any], value: Any) -> np.ndarray:
+    """An upstream value as the model input `name` takes it; a mismatch of type or shape is a
+    task error naming both."""
+    if not isinstance(value, np.ndarray):
+        raise ExecutionError(
+            f"model input {name} takes a tensor {ort_type} {shape}; it was given a "
+            f"{type(value).__name__} (bind an .npy value or an .npz member to it)"
+        )
+    want = ORT_DTYPES.get(ort_type)
+    if want is None or value.dtype != np.dtype(want):
+        raise ExecutionError(
+            f"model input {name} takes {ort_type} {shape}; the value bound to it is "
+            f"{value.dtype} {list(value.shape)}"
+        )
+    fixed = [d if isinstance(d, int) and d > 0 else None for d in shape]
+    if len(fixed) != value.ndim or any(
+        d is not None and d != got for d, got in zip(fixed, value.shape, strict=True)
+    ):
+        raise ExecutionError(
+            f"model input {name} takes shape {shape}; the value bound to it is "
+            f"{value.dtype} {list(value.shape)}"
+        )
+    return value
 
 
 def synthetic_seconds(run: SyntheticRun, device: DeviceSpec) -> float:
@@ -116,44 +151,92 @@ class OnnxExecutor:
                 self._sessions[key] = sess
             return sess
 
-    def _run_sync(self, run: OnnxRun, device: DeviceSpec, stop: Any = None) -> Output:
+    def _run_sync(
+        self,
+        run: OnnxRun,
+        device: DeviceSpec,
+        stop: Any = None,
+        given: dict[str, Any] | None = None,
+    ) -> Output:
         with self._lock:
             self.in_flight += 1
         try:
-            return self._compute(run, device, stop)
+            return self._compute(run, device, stop, given or {})
         finally:
             with self._lock:
                 self.in_flight -= 1
 
-    def _compute(self, run: OnnxRun, device: DeviceSpec, stop: Any) -> Output:
+    def _feeds(self, run: OnnxRun, sess: Any, given: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Each model input from the value bound to its name (or the one value given to a
+        one-input model), else, where the task asks for it, a seeded random tensor."""
+        inputs = sess.get_inputs()
+        rng = np.random.default_rng(run.seed)
+        out: dict[str, np.ndarray] = {}
+        for inp in inputs:
+            if inp.name in given:
+                value = given[inp.name]
+            elif (
+                len(inputs) == 1
+                and len(given) == 1
+                and (
+                    isinstance(only := next(iter(given.values())), np.ndarray)
+                    or not run.random_inputs
+                )
+            ):
+                value = only  # one value for a one-input model: bound whatever its name
+            elif run.random_inputs:
+                shape = [run.batch if not isinstance(d, int) or d <= 0 else d for d in inp.shape]
+                shape[0] = run.batch
+                value = rng.standard_normal(shape).astype(ORT_DTYPES.get(inp.type, np.float32))
+            else:
+                have = ", ".join(sorted(given)) or "none"
+                raise ExecutionError(
+                    f"model input {inp.name} ({inp.type} {list(inp.shape)}) has no value bound "
+                    f"to it (inputs given: {have}; `random_inputs: true` feeds random ones)"
+                )
+            out[inp.name] = feed(inp.name, inp.type, list(inp.shape), value)
+        return out
+
+    def _compute(
+        self, run: OnnxRun, device: DeviceSpec, stop: Any, given: dict[str, Any]
+    ) -> Output:
         path = resolve_model(run.model, self.models_dir)
         if path is None:
             raise ExecutionError(f"model {run.model!r} not found")
-        sess = self._session(path, device.provider)
-        inp = sess.get_inputs()[0]  # type: ignore[attr-defined]
-        shape = [run.batch if not isinstance(d, int) or d <= 0 else d for d in inp.shape]
-        shape[0] = run.batch
-        rng = np.random.default_rng(run.seed)
-        x = rng.standard_normal(shape, dtype=np.float32)
-        out: np.ndarray = np.empty(0, dtype=np.float32)
+        sess: Any = self._session(path, device.provider)
+        feeds = self._feeds(run, sess, given)
+        names = [o.name for o in sess.get_outputs()]
+        outs: list[np.ndarray] = []
         for i in range(run.iterations):
             if stop is not None and stop.terminate:  # between runs; ORT stops inside one
                 raise self._terminated(i, run)
             try:
-                out = sess.run(None, {inp.name: x}, stop)[0]  # type: ignore[attr-defined]
+                outs = sess.run(None, feeds, stop)
             except Exception as exc:
                 if stop is not None and stop.terminate:
                     raise self._terminated(i, run) from exc
                 raise
-        top = int(np.argmax(out[0])) if out.ndim >= 2 else int(np.argmax(out))
-        return Output(out.astype(np.float32).tobytes(), f"top1=class{top} shape={list(out.shape)}")
+        first = np.asarray(outs[0])
+        said = f"{names[0]} {first.dtype} {list(first.shape)}"
+        if first.ndim >= 2 and first.shape[0] and np.issubdtype(first.dtype, np.floating):
+            said = f"top1=class{int(np.argmax(first[0]))} {said}"  # a classifier's, for people
+        if len(outs) == 1:
+            return Output(values.npy(first), said, values.NPY)
+        arrays = {n: np.asarray(o) for n, o in zip(names, outs, strict=True)}
+        return Output(values.npz(arrays), f"{len(outs)} outputs: {said}, ...", values.NPZ)
 
     def _terminated(self, done: int, run: OnnxRun) -> ExecutionError:
         with self._lock:
             self.terminated += 1
         return ExecutionError(f"terminated after {done} of {run.iterations} iterations")
 
-    async def run(self, run: OnnxRun, device: DeviceSpec, timeout_s: float = math.inf) -> Output:
+    async def run(
+        self,
+        run: OnnxRun,
+        device: DeviceSpec,
+        timeout_s: float = math.inf,
+        inputs: dict[str, Any] | None = None,
+    ) -> Output:
         """The run in a worker thread, terminated (ONNX Runtime's `RunOptions.terminate`)
         past `min(run.timeout_s, timeout_s)` or when the task is cancelled: a thread cannot
         be killed, and one left running held the device's compute after its slot was freed."""
@@ -161,7 +244,9 @@ class OnnxExecutor:
 
         stop = ort.RunOptions()
         limit = min(run.timeout_s, timeout_s)
-        work = asyncio.ensure_future(asyncio.to_thread(self._run_sync, run, device, stop))
+        work = asyncio.ensure_future(
+            asyncio.to_thread(self._run_sync, run, device, stop, inputs or {})
+        )
         try:
             return await asyncio.wait_for(asyncio.shield(work), limit)
         except TimeoutError:

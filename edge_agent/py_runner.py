@@ -14,9 +14,10 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from edge_agent import values
 from edge_agent.allowlist import python_problem
 from edge_agent.executors import ExecutionError, Output
-from schemas.pipeline import PythonRun
+from schemas.pipeline import MediaType, PythonRun
 
 
 def to_bytes(value: object) -> bytes:
@@ -47,16 +48,25 @@ def load_entry(entry: str, modules: Sequence[str]) -> Callable[..., Any]:
     return fn
 
 
-def _call(entry: str, modules: Sequence[str], kwargs: dict[str, Any], limit: int) -> bytes:
+def _call(
+    entry: str,
+    modules: Sequence[str],
+    kwargs: dict[str, Any],
+    limit: int,
+    declared: MediaType | None = None,
+) -> tuple[bytes, MediaType]:
     fn = load_entry(entry, modules)
     try:
         value = fn(**kwargs)
     except TypeError as exc:
         raise ExecutionError(f"{entry}: {exc}") from exc
-    data = to_bytes(value)
+    try:
+        data, kind = values.encode(value, declared)
+    except values.BadValue as exc:
+        raise ExecutionError(f"{entry} returned what cannot be its output: {exc}") from exc
     if len(data) > limit:
         raise ExecutionError(f"output of {len(data)} bytes exceeds the limit of {limit}")
-    return data
+    return data, kind
 
 
 async def run_python(
@@ -65,11 +75,19 @@ async def run_python(
     *,
     timeout_s: float,
     max_output_bytes: int,
+    inputs: dict[str, Any] | None = None,
+    declared: MediaType | None = None,
 ) -> Output:
+    """The call, with its kwargs and its inputs (decoded) as keywords."""
     timeout = min(run.timeout_s, timeout_s)
-    call = asyncio.to_thread(_call, run.entry, tuple(modules), dict(run.kwargs), max_output_bytes)
+    kwargs: dict[str, Any] = dict(run.kwargs)
+    clash = sorted(set(kwargs) & set(inputs or {}))
+    if clash:
+        raise ExecutionError(f"{', '.join(clash)}: both a kwarg and an input")
+    kwargs.update(inputs or {})
+    call = asyncio.to_thread(_call, run.entry, tuple(modules), kwargs, max_output_bytes, declared)
     try:
-        data = await asyncio.wait_for(call, timeout)
+        data, kind = await asyncio.wait_for(call, timeout)
     except TimeoutError:
         raise ExecutionError(f"timed out after {timeout:g} s") from None
-    return Output(data, f"{run.entry.partition(':')[2]} -> {len(data)} B")
+    return Output(data, f"{run.entry.partition(':')[2]} -> {len(data)} B {kind}", kind)

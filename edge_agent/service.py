@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from edge_agent import values
 from edge_agent.allowlist import Allowlist
 from edge_agent.calibrate import Recalibrator
 from edge_agent.config import AgentConfig
@@ -628,13 +629,20 @@ class Agent:
             start.cancel()  # not sent by now: the end event says it all
 
     async def _run(self, job: Job) -> Output:
-        run = job.offer.task.run
+        """Run the job's task on its inputs: decoded and bound by name for onnx and python
+        tasks, as files for exec ones (`edge_agent.values`)."""
+        task = job.offer.task
+        run = task.run
         device = self._device(job)
         if isinstance(run, SyntheticRun):
             return await run_synthetic(run, device)
-        if isinstance(run, OnnxRun):
-            return await self.onnx.run(run, device, timeout_s=self.config.onnx_timeout_s)
+        types = {i.task_id: i.media_type for i in job.offer.inputs}
         cfg = self.config
+        if isinstance(run, OnnxRun):
+            given = values.bind(task, job.inputs, types)
+            return await self.onnx.run(
+                run, device, timeout_s=cfg.onnx_timeout_s, inputs=given
+            )  # fmt: skip
         if isinstance(run, ExecRun):
             return await run_exec(
                 run,
@@ -642,6 +650,7 @@ class Agent:
                 timeout_s=cfg.exec_timeout_s,
                 max_output_bytes=cfg.exec_max_output_bytes,
                 work_dir=cfg.exec_work_dir,
+                inputs=values.raw(task, job.inputs, types),
             )
         if isinstance(run, PythonRun):
             return await run_python(
@@ -649,6 +658,8 @@ class Agent:
                 cfg.python_allow,
                 timeout_s=cfg.python_timeout_s,
                 max_output_bytes=cfg.python_max_output_bytes,
+                inputs=values.bind(task, job.inputs, types),
+                declared=task.output_type,
             )
         raise ExecutionError(f"no executor for kind {run.kind} in this agent")
 

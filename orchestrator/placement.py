@@ -587,6 +587,7 @@ class Placer:
             replaces=prev[1] if (prev := st.prior.get(tid)) and prev[2] == agent_id else 0,
             inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
                              ready=run.tasks[d].state == "succeeded" or d in st.ended,
+                             media_type=spec_by_id[d].output_type,
                              token=0 if provisional else st.tokens.get(d, 0))
                     for d in task.deps],
             consumers=consumers,

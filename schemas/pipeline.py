@@ -7,6 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from schemas.agent import DeviceKind, Tier
+from schemas.artifacts import ArtifactRefText, parse_ref
 from schemas.base import WireModel
 from schemas.limits import (
     MAX_DEPS,
@@ -22,6 +23,12 @@ from schemas.limits import (
 )
 
 Arg = Annotated[str, StringConstraints(max_length=4096)]
+#: What the bytes of a value on the wire are: raw bytes, an `.npy` tensor, an `.npz` named set
+#: of tensors, JSON, or UTF-8 text.
+MediaType = Literal[
+    "application/octet-stream", "application/x-npy", "application/x-npz", "application/json",
+    "text/plain",
+]
 ScalarArg = Annotated[str, StringConstraints(max_length=4096)] | int | float | bool
 
 
@@ -36,7 +43,8 @@ class SyntheticRun(WireModel):
 
 
 class OnnxRun(WireModel):
-    """Run an ONNX model; `model` is a built-in model name or a file path on the agent."""
+    """Run an ONNX model; `model` is a built-in model name, a file in the agent's models
+    directory, or an artifact `name@sha256` (fetched and verified by the agent)."""
 
     kind: Literal["onnx"] = "onnx"
     model: Path
@@ -46,18 +54,38 @@ class OnnxRun(WireModel):
     seed: Annotated[int, Field(ge=0, le=2**31)] = 0
     #: Capped by the agent's `onnx_timeout_s`; past it the run is terminated and the task fails.
     timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
+    #: Feed model inputs no upstream value is bound to with seeded random tensors of `batch`
+    #: rows (benchmarks, sim); otherwise such an input is a task error.
+    random_inputs: bool = False
+
+    @model_validator(mode="after")
+    def _one_digest(self) -> Self:
+        ref = parse_ref(self.model)
+        if ref is not None and self.sha256 is not None and self.sha256 != ref.sha256:
+            raise ValueError(f"sha256 {self.sha256} is not the digest model {self.model} names")
+        return self
 
 
 class ExecRun(WireModel):
-    """Run an allowlisted executable with these arguments (no shell); output is its stdout."""
+    """Run an allowlisted executable with these arguments (no shell), in a fresh working
+    directory. Each input is a file there: `{in:NAME}` in an argument is its path, as is the
+    environment variable `MARS_IN_NAME` (upper case, other characters `_`); `{out}` and
+    `MARS_OUT` are the directory for output files. The output is stdout, or the file
+    `output` the command wrote there."""
 
     kind: Literal["exec"] = "exec"
     argv: Annotated[list[Arg], Field(min_length=1, max_length=64)]
     timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
+    output: Annotated[
+        str, StringConstraints(pattern=r"^(stdout|[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})$")
+    ] = "stdout"
 
 
 class PythonRun(WireModel):
-    """Call `module:function(**kwargs)` from an allowlisted module; output is its return value."""
+    """Call `module:function(**kwargs, **inputs)` from an allowlisted module: each input by
+    its name, decoded (an `.npy` tensor as an array, an `.npz` set as a dict of arrays, JSON
+    as data, anything else as bytes). Its return value is the output: bytes as they are, an
+    array as `.npy`, a dict of arrays as `.npz`, str as text, anything else as JSON."""
 
     kind: Literal["python"] = "python"
     entry: Annotated[
@@ -66,6 +94,9 @@ class PythonRun(WireModel):
     kwargs: Annotated[dict[Ident, ScalarArg], Field(max_length=64)] = Field(default_factory=dict)
     #: Capped by the agent's `python_timeout_s`.
     timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 60.0
+    #: Code shipped with the task: an artifact `name@sha256` (a zip or wheel) holding the
+    #: module `entry` names, run only where the agent's owner allows shipped code.
+    bundle: ArtifactRefText | None = None
 
 
 RunSpec = Annotated[SyntheticRun | OnnxRun | ExecRun | PythonRun, Field(discriminator="kind")]
@@ -89,9 +120,26 @@ class Profile(WireModel):
     est_seconds: Seconds | None = None
 
 
+class InputBinding(WireModel):
+    """One input of a task: the output of `source` (one of its deps), or one `member` of it
+    (a tensor of an `.npz` set, a key of a JSON object), under `name`: the ONNX model input,
+    the exec file and variable, or the python keyword it is given as."""
+
+    name: Ident
+    source: Ident
+    member: Ident | None = None
+
+
 class TaskSpec(WireModel):
     id: Ident
     run: RunSpec
+    #: Its inputs by name; empty: each dep's output under the dep's id.
+    inputs: Annotated[list[InputBinding], Field(max_length=MAX_DEPS)] = Field(
+        default_factory=list
+    )
+    #: What its output is (consumers decode it so); None: by its bytes (`.npy`/`.npz` are
+    #: recognised, anything else is bytes).
+    output_type: MediaType | None = None
     requires: Requirements = Field(default_factory=Requirements)
     profile: Profile = Field(default_factory=Profile)
     #: Declared size of this task's output, sent to each consumer.
@@ -122,6 +170,14 @@ class PipelineSpec(WireModel):
         for t in self.tasks:
             if len(set(t.deps)) != len(t.deps):
                 raise ValueError(f"task {t.id} lists a dependency twice")
+            names = [b.name for b in t.inputs]
+            if len(set(names)) != len(names):
+                raise ValueError(f"task {t.id} names an input twice")
+            for b in t.inputs:
+                if b.source not in t.deps:
+                    raise ValueError(
+                        f"input {b.name} of task {t.id} comes from {b.source}, not one of its deps"
+                    )
             for d in t.deps:
                 if d not in known:
                     raise ValueError(f"task {t.id} depends on unknown task {d}")

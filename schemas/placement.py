@@ -17,7 +17,7 @@ from schemas.limits import (
     Ident,
     Text,
 )
-from schemas.pipeline import TaskSpec
+from schemas.pipeline import MediaType, TaskSpec
 
 #: A time on the booking clock (Unix seconds, as orchestrators write bookings).
 BookingTime = Annotated[float, Field(ge=0.0, le=1e11, allow_inf_nan=False)]
@@ -55,6 +55,8 @@ class InputRef(WireModel):
     #: token is refused; a producer placed again has its staying consumers offered again,
     #: naming its new run, before that run is committed.
     token: Count = 0
+    #: What the producer's output is (its spec's `output_type`; None: known by its bytes).
+    media_type: MediaType | None = None
 
 
 class ConsumerRef(WireModel):

@@ -20,7 +20,7 @@ from typing import Any
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary
 from schemas.base import WireModel
 from schemas.events import TaskEvent
-from schemas.pipeline import OnnxRun
+from schemas.pipeline import ExecRun, OnnxRun, TaskSpec
 from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
 
 WIRE_HEADER = "Mars-Wire"
@@ -32,8 +32,8 @@ WIRE_LEVEL = 3
 ADDED: dict[type[WireModel], dict[str, int]] = {
     # level 2 (2026-12-02): output fencing, ONNX time limits, `list` over every replica,
     # each agent's level in `mars agents`
-    InputRef: {"token": 2},
-    OnnxRun: {"timeout_s": 2},
+    InputRef: {"token": 2, "media_type": 3},
+    OnnxRun: {"timeout_s": 2, "random_inputs": 3},
     PipelineSummary: {"submitted": 2, "owner": 2},
     ListReply: {"unanswered": 2, "total": 3},
     ListRequest: {"offset": 3},
@@ -41,6 +41,8 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
     # booked windows on offers, and the booking clock on offers and commits
     TaskEvent: {"input_tokens": 3},
+    ExecRun: {"output": 3},
+    TaskSpec: {"inputs": 3, "output_type": 3},
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},

@@ -33,6 +33,8 @@ class RecordingAgent(Agent):
     def __init__(self, *a: Any, **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.log = []
+        #: What each task made here: (pipeline, task) -> output bytes.
+        self.outputs: dict[tuple[str, str], bytes] = {}
 
     def forget_first_commit(self) -> list[list[str]]:
         """The first commit this agent is sent is lost on its way: taken, never acted on.
@@ -52,6 +54,7 @@ class RecordingAgent(Agent):
     async def _run(self, job: Job) -> Output:
         t0 = time.monotonic()
         out = await super()._run(job)
+        self.outputs[(job.offer.pipeline_id, job.offer.task.id)] = out.data
         self.log.append(
             (job.offer.pipeline_id, job.offer.task.id, job.offer.device_id, t0, time.monotonic())
         )

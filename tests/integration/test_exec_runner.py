@@ -7,11 +7,13 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from edge_agent import values
 from edge_agent.allowlist import ExecRule
 from edge_agent.exec_runner import run_exec
 from edge_agent.executors import ExecutionError
@@ -76,10 +78,15 @@ async def test_environment_is_minimal_and_cwd_is_a_fresh_removed_dir(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MARS_SECRET_TOKEN", "hunter2")
-    env = (await run(["env"])).decode()
-    assert env.strip().splitlines() == ["PATH=/usr/local/bin:/usr/bin:/bin"]
+    env = dict(line.split("=", 1) for line in (await run(["env"])).decode().splitlines())
     cwd = Path((await run(["pwd"])).decode().strip())
     assert cwd.name.startswith("mars-exec-") and not cwd.exists()
+    home = env.pop("HOME")  # declared, nothing inherited
+    assert home.startswith(str(cwd.parent)) and Path(home).name.startswith("mars-exec-")
+    assert env == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "TMPDIR": home, "LANG": "C.UTF-8",
+        "MARS_OUT": f"{home}/out",
+    }  # fmt: skip
 
 
 async def test_oversized_output_kills_the_process() -> None:
@@ -135,7 +142,7 @@ async def test_python_runner_calls_allowed_entries_only() -> None:
         timeout_s=5.0,
         max_output_bytes=1000,
     )
-    assert len(out.data) == 8 and out.result == "resize -> 8 B"
+    assert len(out.data) == 8 and out.result == "resize -> 8 B application/octet-stream"
     with pytest.raises(ExecutionError, match="not allowlisted"):
         await run_python(PythonRun(entry="os:getcwd"), mods, timeout_s=5.0, max_output_bytes=1000)
     with pytest.raises(ExecutionError, match="exceeds the limit of 10"):
@@ -155,3 +162,37 @@ async def test_python_runner_calls_allowed_entries_only() -> None:
             timeout_s=0.2, max_output_bytes=1000,
         )  # fmt: skip
     assert time.monotonic() - t0 < 0.5
+
+
+async def test_inputs_are_files_named_in_argv_and_env_and_the_output_a_file_written() -> None:
+    """`{in:NAME}` and `MARS_IN_NAME` are an input's path, `{out}` and `MARS_OUT` the output
+    directory; the output is the named file the command wrote there."""
+    spec = ExecRun(
+        argv=["sh", "-c", 'tr a-z A-Z < {in:words} > "$MARS_OUT/up.txt"; cat "$MARS_IN_WORDS"'],
+        output="up.txt",
+    )
+    out = await run_exec(
+        spec, RULES, timeout_s=5.0, max_output_bytes=1 << 20, inputs={"words": b"edge to cloud"}
+    )
+    assert out.data == b"EDGE TO CLOUD"
+    missing = ExecRun(argv=["sh", "-c", "echo to stdout only"], output="result.bin")
+    with pytest.raises(ExecutionError, match=r"wrote no output file result\.bin"):
+        await run_exec(missing, RULES, timeout_s=5.0, max_output_bytes=1 << 20)
+    big = ExecRun(argv=["sh", "-c", "head -c 5000 /dev/zero > {out}/o"], output="o")
+    with pytest.raises(ExecutionError, match="output file o of 5000 bytes exceeds 1000 bytes"):
+        await run_exec(big, RULES, timeout_s=5.0, max_output_bytes=1000)
+    unknown = ExecRun(argv=["sh", "-c", "cat {in:nope}"])
+    with pytest.raises(ExecutionError, match="argument names input 'nope'; its inputs: words"):
+        await run_exec(unknown, RULES, timeout_s=5.0, max_output_bytes=100, inputs={"words": b""})
+
+
+async def test_a_python_task_gets_its_inputs_decoded_and_its_array_is_its_output() -> None:
+    mods = ["edge_agent.builtin_tasks"]
+    spec = PythonRun(entry="edge_agent.builtin_tasks:scale", kwargs={"by": 4})
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    out = await run_python(spec, mods, timeout_s=5.0, max_output_bytes=1 << 20, inputs={"x": a})
+    assert out.media_type == values.NPY
+    got = values.decode(out.data)
+    assert got.dtype == np.float32 and np.array_equal(got, a / 4)
+    with pytest.raises(ExecutionError, match="by: both a kwarg and an input"):
+        await run_python(spec, mods, timeout_s=5.0, max_output_bytes=100, inputs={"x": a, "by": 2})

@@ -1,0 +1,72 @@
+"""Real work through a pipeline, over a real nats-server and real agents on two tiers: a
+python task makes a batch of images, another scales it, an onnx task runs a model on the
+result, and exec turns the model's output into a file; every step consumes what the one
+before it produced, checked against the same computation done here."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edge_agent import builtin_tasks, values
+from edge_agent.config import AgentConfig
+from edge_agent.executors import BUILTIN_MODELS
+from schemas import PipelineSpec
+from tests.harness import agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+MODS = ["edge_agent.builtin_tasks"]
+SH = [{"path": "sh", "prefix": ["-c"], "args": [".*"]}]
+
+
+def _configs() -> dict[str, AgentConfig]:
+    def dev(kind: str) -> list[dict[str, object]]:
+        return [{"device_id": f"{kind}0", "kind": kind, "gflops": 100.0, "emulated": True}]
+
+    kinds = ["synthetic", "onnx", "exec", "python"]
+    return {
+        "edge": agent_config("s1", "edge", probe_cpu=False, devices=dev("cpu"),
+                             allowed_kinds=kinds, python_allow=MODS, exec_allow=SH),
+        "cloud": agent_config("s2", "cloud", probe_cpu=False, devices=dev("cpu"),
+                              allowed_kinds=kinds, python_allow=MODS, exec_allow=SH),
+    }  # fmt: skip
+
+
+def _pipeline() -> PipelineSpec:
+    py = {"kind": "python"}
+    return PipelineSpec.model_validate({"name": "io", "tasks": [
+        {"id": "images", "run": {**py, "entry": "edge_agent.builtin_tasks:image_batch",
+                                 "kwargs": {"n": 3, "seed": 7}},
+         "requires": {"tiers": ["edge"]}},
+        {"id": "scaled", "run": {**py, "entry": "edge_agent.builtin_tasks:scale",
+                                 "kwargs": {"by": 255.0}}, "deps": ["images"],
+         "inputs": [{"name": "x", "source": "images"}], "requires": {"tiers": ["edge"]}},
+        {"id": "infer", "run": {"kind": "onnx", "model": "tiny_cnn"}, "deps": ["scaled"],
+         "inputs": [{"name": "x", "source": "scaled"}], "requires": {"tiers": ["cloud"]}},
+        {"id": "report", "run": {"kind": "exec", "argv": [
+            "sh", "-c", "cp {in:probs} {out}/probs.npy && wc -c < {in:probs}"],
+            "output": "probs.npy"}, "deps": ["infer"],
+         "inputs": [{"name": "probs", "source": "infer"}], "requires": {"tiers": ["edge"]}},
+    ]})  # fmt: skip
+
+
+async def test_each_task_computes_on_what_the_one_before_it_made(nats_url: str) -> None:
+    orch, agents = await start_cluster(nats_url, _configs())
+    try:
+        await orch.submit_spec(_pipeline(), "io")
+        run = await orch.wait_terminal("io", 30.0)
+        assert run.state == "succeeded", (run.reason, run.placement_log)
+        assert {run.tasks[t].agent_id for t in ("images", "scaled", "report")} == {"edge"}
+        assert run.tasks["infer"].agent_id == "cloud"  # the tensor crossed between tiers
+        made = {k[1]: v for a in agents for k, v in a.outputs.items() if k[0] == "io"}
+        # the same computation, here
+        x = builtin_tasks.scale(builtin_tasks.image_batch(n=3, seed=7), by=255.0)
+        assert np.array_equal(values.decode(made["scaled"]), x)
+        sess = ort.InferenceSession(str(BUILTIN_MODELS / "tiny_cnn.onnx"))
+        (probs,) = sess.run(None, {"x": x})
+        assert np.allclose(values.decode(made["infer"]), probs, atol=1e-6)
+        assert made["report"] == made["infer"]  # the file exec wrote is its output
+    finally:
+        await stop_cluster(orch, agents)
