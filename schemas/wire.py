@@ -20,7 +20,7 @@ from typing import Any
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary
 from schemas.base import WireModel
 from schemas.events import TaskEvent
-from schemas.pipeline import ExecRun, OnnxRun, TaskSpec
+from schemas.pipeline import ExecRun, OnnxRun, PythonRun, TaskSpec
 from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
 
 WIRE_HEADER = "Mars-Wire"
@@ -42,6 +42,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # booked windows on offers, and the booking clock on offers and commits
     TaskEvent: {"input_tokens": 3},
     ExecRun: {"output": 3},
+    PythonRun: {"bundle": 3},
     TaskSpec: {"inputs": 3, "output_type": 3},
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3},
     OfferBatch: {"sent_at": 3},
