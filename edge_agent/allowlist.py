@@ -7,7 +7,9 @@ Then `prefix` fixed arguments must follow verbatim, and every further argument m
 match one of the rule's `args` regexes (none allowed when `args` is empty), at most `max_args`.
 
 Python: `module:function` where the module equals an allowlisted name or lies under it
-(`pkg` allows `pkg.sub`), and the function is public.
+(`pkg` allows `pkg.sub`), and the function is public. A task whose code is shipped with it
+(`PythonRun.bundle`) needs no module allowlisted, but the agent's owner must allow shipped
+code at all (`allow_shipped_code`); its function must be public too.
 """
 
 from __future__ import annotations
@@ -118,12 +120,31 @@ def python_problem(entry: str, modules: Sequence[str]) -> str | None:
     return None
 
 
+SHIPPED_CODE_OFF = (
+    "shipped code is not allowed by this agent's owner (allow_shipped_code is off in its config)"
+)
+
+
+def bundle_problem(entry: str, allowed: bool) -> str | None:
+    """None when shipped code may run `entry` here, else why not."""
+    if not allowed:
+        return SHIPPED_CODE_OFF
+    _, sep, fn = entry.partition(":")
+    if not sep or not fn:
+        return f"entry {entry[:128]!r} is not module:function"
+    if fn.startswith("_"):
+        return f"entry {entry[:128]!r}: private functions are never callable"
+    return None
+
+
 @dataclass(frozen=True)
 class Allowlist:
     """Everything beyond synthetic/onnx that this agent's operator allowed."""
 
     exec_rules: tuple[ExecRule, ...] = ()
     python_modules: tuple[str, ...] = field(default=())
+    #: `python` tasks whose code is shipped with them may run (`allow_shipped_code`).
+    shipped_code: bool = False
 
     def problem(self, run: RunSpec) -> str | None:
         """None when `run` passes the allowlist (kinds without one always pass)."""
@@ -131,5 +152,7 @@ class Allowlist:
             argv, why = match_exec(run.argv, self.exec_rules)
             return None if argv is not None else why
         if isinstance(run, PythonRun):
+            if run.bundle is not None:
+                return bundle_problem(run.entry, self.shipped_code)
             return python_problem(run.entry, self.python_modules)
         return None

@@ -66,6 +66,9 @@ class AgentConfig(BaseModel):
     object_chunk_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = 128 << 10
     #: Limits of the data bucket when this agent creates it.
     object_ttl_s: Annotated[float, Field(gt=0.0, le=30 * 86_400.0)] = 3600.0
+    #: How long the outputs of tasks run here stay fetchable (`mars get`): the age limit of
+    #: the outputs bucket when this agent makes it (as the pipelines' default retention).
+    output_keep_s: Annotated[float, Field(gt=0.0, le=30 * 86_400.0)] = 86_400.0
     object_max_bytes: Annotated[int, Field(ge=1 << 20, le=1 << 50)] = 1 << 30
     #: Outputs kept until every consumer acknowledged: memory first, then spilled to disk.
     retain_memory_bytes: Annotated[int, Field(ge=0, le=1 << 40)] = 32 << 20
@@ -90,6 +93,18 @@ class AgentConfig(BaseModel):
     python_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
     #: Largest output a python task may return.
     python_max_output_bytes: Annotated[int, Field(ge=0, le=1 << 30)] = 1 << 20
+    #: Where artifacts tasks name (`name@sha256`) are kept once fetched (default: `artifacts`
+    #: in the agent's state directory, `buffer_dir`/<id>, else a temp dir removed on stop).
+    artifact_cache_dir: str | None = None
+    #: Bound on what that directory keeps: past it the least recently used go (never one a
+    #: running task holds); an artifact larger than this is refused.
+    artifact_cache_max_bytes: Annotated[int, Field(ge=0, le=1 << 50)] = 2 << 30
+    #: Longest one artifact's fetch may take.
+    artifact_fetch_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
+    #: Run `python` tasks whose code is shipped with them (`bundle: name@sha256`), in a
+    #: process of their own with this agent's rights. Off: such a task is refused
+    #: (`not_allowlisted`, saying why).
+    allow_shipped_code: bool = False
     #: On SIGTERM: how long running work may finish before it is cancelled.
     shutdown_grace_s: Annotated[float, Field(ge=0.0, le=3600.0)] = 20.0
 

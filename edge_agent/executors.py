@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from edge_agent import values
+from edge_agent.artifacts import ArtifactCache
 from schemas.agent import DeviceSpec
+from schemas.artifacts import parse_ref
 from schemas.pipeline import MediaType, OnnxRun, SyntheticRun
 
 BUILTIN_MODELS = Path(__file__).resolve().parent / "models"
@@ -114,8 +116,13 @@ def sha256_file(path: Path) -> str:
 class OnnxExecutor:
     """ONNX Runtime sessions, cached per (model file, provider)."""
 
-    def __init__(self, models_dir: str | None = None) -> None:
+    def __init__(
+        self, models_dir: str | None = None, artifacts: ArtifactCache | None = None
+    ) -> None:
         self.models_dir = models_dir
+        #: Where models named `name@sha256` are, once fetched (the agent fetches them before
+        #: each run: `ArtifactCache.holding`).
+        self.artifacts = artifacts
         self._sessions: dict[tuple[str, str], object] = {}
         self._lock = threading.Lock()
         #: Runs computing in worker threads now (a terminated one stops being counted when
@@ -124,8 +131,25 @@ class OnnxExecutor:
         #: Runs terminated before their last iteration (past their limit, or cancelled).
         self.terminated = 0
 
+    def model_path(self, model: str) -> Path | None:
+        """The file of a model: an artifact's from the cache (None until fetched), else
+        `resolve_model`'s."""
+        ref = parse_ref(model)
+        if ref is not None:
+            return self.artifacts.cached(ref.sha256) if self.artifacts is not None else None
+        return resolve_model(model, self.models_dir)
+
+    def forget(self, path: Path) -> None:
+        """Drop the sessions of a model file that is gone (an artifact evicted)."""
+        with self._lock:
+            for key in [k for k in self._sessions if k[0] == str(path)]:
+                del self._sessions[key]
+
     def has_model(self, run: OnnxRun) -> str | None:
-        """None if runnable, else why not."""
+        """None if runnable, else why not. An artifact is fetched (and verified) before its
+        run, not here: admission never waits on the network."""
+        if parse_ref(run.model) is not None:
+            return None if self.artifacts is not None else "this agent keeps no artifacts"
         path = resolve_model(run.model, self.models_dir)
         if path is None:
             return f"model {run.model!r} not found"
@@ -200,7 +224,7 @@ class OnnxExecutor:
     def _compute(
         self, run: OnnxRun, device: DeviceSpec, stop: Any, given: dict[str, Any]
     ) -> Output:
-        path = resolve_model(run.model, self.models_dir)
+        path = self.model_path(run.model)
         if path is None:
             raise ExecutionError(f"model {run.model!r} not found")
         sess: Any = self._session(path, device.provider)

@@ -81,6 +81,9 @@ def fetch(agent_id: str) -> str:
 
 #: JetStream object store bucket for outputs above the inline threshold.
 DATA_BUCKET = "MARS_DATA"
+#: JetStream object store bucket where each task's output is kept for its pipeline's retention
+#: (`mars get`), under `<pipeline>/<task>/<token>`.
+OUTPUTS_BUCKET = "MARS_OUTPUTS"
 
 
 def probe(agent_id: str) -> str:
@@ -154,3 +157,15 @@ def replica_status(owner: str) -> str:
     """A `StatusRequest` passed on to the replica holding a pipeline that has no record yet
     (just placed, or waiting for an agent), by a replica that cannot answer from the record."""
     return f"{REPLICAS}.{owner}.status"
+
+
+#: JetStream object store of artifacts (ONNX models, Python bundles), one object per content,
+#: named by its sha256 (schemas/artifacts.py).
+ARTIFACTS_BUCKET = "MARS_ARTIFACTS"
+#: KV bucket of the names given to artifacts: key `artifact_key(name, sha256)` -> `ArtifactInfo`.
+ARTIFACT_NAMES_BUCKET = "MARS_ARTIFACT_NAMES"
+
+
+def artifact_key(name: str, sha256: str) -> str:
+    """The names bucket's key of one name given to one artifact's bytes."""
+    return f"{name}.{sha256}"
