@@ -30,6 +30,7 @@ from schemas.api import (
     TaskState,
     TaskStatus,
 )
+from schemas.artifacts import ArtifactInfo
 from schemas.base import WireModel
 from schemas.codec import DecodeError, RemoteError, decode, decode_reply, encode, error_reply
 from schemas.errors import ErrorCode, ErrorEnvelope
@@ -108,6 +109,7 @@ PUBLIC_MODELS: tuple[type[WireModel], ...] = (
     PipelineRecord,
     ReplicaHello,
     CorrectionRecord,
+    ArtifactInfo,
 )
 
 __all__ = [
@@ -117,6 +119,7 @@ __all__ = [
     "AgentSummary",
     "AgentsReply",
     "AgentsRequest",
+    "ArtifactInfo",
     "CalibrationDrift",
     "CancelCommand",
     "CancelReply",
