@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import shutil
 import socket
@@ -32,6 +33,7 @@ from edge_agent.executors import ExecutionError, OnnxExecutor, Output, run_synth
 from edge_agent.journal import Journal
 from edge_agent.linkprobe import LinkProber, answer_probe
 from edge_agent.outbox import Outbox, connect_agent
+from edge_agent.outputs import OutputStore, output_key
 from edge_agent.py_runner import run_python
 from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
@@ -39,7 +41,7 @@ from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
 from schemas.api import TASK_ENDED_STATES, TERMINAL_STATES, StatusReply, StatusRequest
 from schemas.codec import encode, headers_for
 from schemas.events import TaskEvent, TaskEventState
-from schemas.pipeline import ExecRun, OnnxRun, PythonRun, SyntheticRun
+from schemas.pipeline import ExecRun, MediaType, OnnxRun, PythonRun, SyntheticRun
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
@@ -86,6 +88,7 @@ class Agent:
         self.incarnation = uuid.uuid4().hex[:16]
         self.devices = build_devices(config, calibrate=calibrate)
         self.onnx = OnnxExecutor(config.models_dir)
+        self.output_store = OutputStore(config.output_keep_s)
         self.recal = Recalibrator(
             self.agent_id, self.incarnation, config.recalibrate_every_s, config.drift_threshold
         )
@@ -594,7 +597,8 @@ class Agent:
             # routing update may have come while it ran)
             self._spawn(self.data.send_kept(self.data.keep(job.offer, out.data)))
             ok = True
-            self._emit(job, "succeeded", duration=duration, output=out)
+            kept = await self._keep_output(job, out)
+            self._emit(job, "succeeded", duration=duration, output=out, kept=kept)
         except asyncio.CancelledError:
             self._emit(job, "cancelled", duration=time.perf_counter() - t0)
         except Exception as exc:
@@ -609,6 +613,15 @@ class Agent:
             self._running.pop(job.key, None)
             self.core.finish(job.key, ok)
             self._start_ready()
+
+    async def _keep_output(self, job: Job, out: Output) -> str | None:
+        """Keep a task's output for fetching (`edge_agent.outputs`) before its end is said:
+        its key, or None (a synthetic task's placeholder, or not written: offline, slow)."""
+        o = job.offer
+        if isinstance(o.task.run, SyntheticRun) or self.data.js is None or not self.data.online:
+            return None
+        key = output_key(o.pipeline_id, o.task.id, o.token)
+        return key if await self.output_store.put(self.data.js, key, out.data) else None
 
     async def _run_reported(self, job: Job, t0: float) -> Output:
         """Run the job; its `started` event goes out once it has run `started_event_after_s`
@@ -671,6 +684,7 @@ class Agent:
         duration: float | None = None,
         output: Output | None = None,
         error: str = "",
+        kept: str | None = None,
     ) -> None:
         offer = job.offer
         ended = state in TASK_ENDED_STATES
@@ -678,6 +692,7 @@ class Agent:
             offer.pipeline_id, offer.task.id, offer.device_id, offer.token, state,
             duration=duration, output=output, error=error,
             input_tokens=dict(job.input_tokens) if ended else None,
+            output_key=kept, output_type=offer.task.output_type,
         )  # fmt: skip
         if state == "started":
             job.start_reported = True
@@ -696,6 +711,8 @@ class Agent:
         output: Output | None = None,
         error: str = "",
         input_tokens: dict[str, int] | None = None,
+        output_key: str | None = None,
+        output_type: MediaType | None = None,
     ) -> tuple[str, str, bytes]:
         """Send a task event (subject, event id and data returned)."""
         self._event_seq += 1
@@ -713,6 +730,9 @@ class Agent:
             result=output.result[:256] if output else "",
             error=error[:2048],
             input_tokens=input_tokens,
+            output_sha256=hashlib.sha256(output.data).hexdigest() if output else None,
+            output_type=(output_type or output.media_type) if output else None,
+            output_key=output_key,
         )
         sent = (subjects.task_event(pipeline_id, task_id), ev.event_id, encode(ev))
         # journaled first: sent now if connected, replayed in order after a reconnect or restart

@@ -347,6 +347,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         return _fail(exc, _api_silent(args.nats))
 
 
+def cmd_get(args: argparse.Namespace) -> int:
+    """A task's output into a file (`-o -`: stdout), from the outputs bucket."""
+    from orchestrator.fetch import FetchError, fetch, find
+
+    task, _, member = args.task.partition(":")
+
+    async def go(client: Any) -> int:
+        ts = find(await client.status(args.pipeline_id), task)
+        n = await fetch(client.nc.jetstream(), ts, args.output, member or None)
+        if args.output != "-":
+            print(
+                f"{args.output}: {n} B of {args.pipeline_id}/{args.task} "
+                f"({ts.output_type or 'bytes'}, sha256 {ts.output_sha256})",
+                file=sys.stderr,
+            )
+        return 0
+
+    try:
+        return eventloop.run(_with_client(args.nats, go))
+    except FetchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        return _fail(exc, _api_silent(args.nats))
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
         reply = await client.list(state=args.state, limit=args.limit, offset=args.offset)
@@ -641,6 +667,12 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("pipeline_id")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
+
+    g = with_nats(sub.add_parser("get", help="write a task's output to a file"))
+    g.add_argument("pipeline_id")
+    g.add_argument("task", help="TASK, or TASK:MEMBER for one tensor of an .npz output")
+    g.add_argument("-o", "--output", required=True, help="file to write (- for stdout)")
+    g.set_defaults(fn=cmd_get)
 
     ls = with_nats(
         sub.add_parser("list", help="list pipelines, newest first (every replica's, kept ones)")

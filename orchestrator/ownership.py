@@ -415,6 +415,8 @@ def _status_fields(tr: TaskRun) -> dict[str, Any]:
         "device_id": tr.device_id, "started_s": tr.started_s, "finished_s": tr.finished_s,
         "duration_s": tr.duration_s, "predicted_s": tr.predicted_s,
         "output_bytes": tr.output_bytes, "result": tr.result, "error": tr.error,
+        "output_sha256": tr.output_sha256, "output_type": tr.output_type,
+        "output_key": tr.output_key,
     }  # fmt: skip
 
 
@@ -442,6 +444,9 @@ def from_record(
             output_bytes=s.output_bytes,
             result=s.result,
             error=s.error,
+            output_sha256=s.output_sha256,
+            output_type=s.output_type,
+            output_key=s.output_key,
         )
     for t in spec.tasks:
         tasks.setdefault(t.id, TaskRun(t.id))

@@ -21,7 +21,7 @@ from schemas.api import (
     TaskStatus,
 )
 from schemas.events import TaskEvent
-from schemas.pipeline import PipelineSpec
+from schemas.pipeline import MediaType, PipelineSpec
 
 MAX_SEEN_EVENTS = 100_000
 #: Events of detached placements kept per pipeline (`PipelineRun.parked`).
@@ -45,6 +45,10 @@ class TaskRun:
     output_bytes: int = 0
     result: str = ""
     error: str = ""
+    #: Its output (a success's): digest, media type, key in the outputs bucket.
+    output_sha256: str | None = None
+    output_type: MediaType | None = None
+    output_key: str | None = None
 
     def status(self) -> TaskStatus:
         return TaskStatus(
@@ -59,6 +63,9 @@ class TaskRun:
             output_bytes=self.output_bytes,
             result=self.result,
             error=self.error,
+            output_sha256=self.output_sha256,
+            output_type=self.output_type,
+            output_key=self.output_key,
         )
 
 
@@ -180,6 +187,8 @@ class PipelineRun:
             task.output_bytes = ev.output_bytes
             task.result = ev.result
             task.error = ev.error
+            task.output_sha256, task.output_type = ev.output_sha256, ev.output_type
+            task.output_key = ev.output_key
             self._causal(ev.task_id)
         before = self.state
         if ev.state == "failed":

@@ -37,6 +37,14 @@ def timeline_table(st: StatusReply) -> str:
         )
     if st.prediction_error_pct is not None:
         rows.append(f"predicted vs ran: mean error {st.prediction_error_pct:.1f}%")
+    kept = [t for t in st.tasks if t.output_key is not None]
+    if kept:
+        rows.append(f"outputs (mars get {st.pipeline_id} TASK -o FILE):")
+        for t in kept:
+            kind = t.output_type or "application/octet-stream"
+            rows.append(
+                f"  {t.task_id:<16} {t.output_bytes:>10} B  {kind:<26} sha256 {t.output_sha256}"
+            )
     return "\n".join(rows)
 
 

@@ -8,8 +8,10 @@ from pydantic import Field
 
 from schemas.base import WireModel
 from schemas.bookings import Instant
+from schemas.events import OutputKey
 from schemas.limits import MAX_TASKS, Bytes, Ident, NonNegFloat, ShortText, Text
-from schemas.pipeline import PipelineSpec
+from schemas.pipeline import MediaType, PipelineSpec
+from schemas.placement import Sha256
 
 PipelineState = Literal[
     "pending", "placing", "running", "succeeded", "failed", "cancelled", "unschedulable"
@@ -66,6 +68,11 @@ class TaskStatus(WireModel):
     output_bytes: Bytes = 0
     result: ShortText = ""
     error: Text = ""
+    #: Its output (a success's): digest, media type, and key in the outputs bucket
+    #: (`mars get PIPELINE TASK` reads it from there; None: not kept, e.g. synthetic).
+    output_sha256: Sha256 | None = None
+    output_type: MediaType | None = None
+    output_key: OutputKey | None = None
 
 
 class StatusReply(WireModel):

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from schemas.base import WireModel
 from schemas.limits import MAX_DEPS, Bytes, Count, Ident, NonNegFloat, ShortText, Text
+from schemas.pipeline import MediaType
+from schemas.placement import Sha256
+
+#: A task output's key in the outputs bucket: `<pipeline>/<task>/<token>`.
+OutputKey = Annotated[
+    str, StringConstraints(max_length=400, pattern=r"^[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/[0-9]+$")
+]
 
 TaskEventState = Literal["accepted", "started", "succeeded", "failed", "cancelled"]
 
@@ -28,6 +35,11 @@ class TaskOutcome(WireModel):
     duration_s: NonNegFloat | None = None
     output_bytes: Bytes = 0
     result: ShortText = ""
+    #: On a success: the output's digest and media type, and its key in the outputs bucket
+    #: (`subjects.OUTPUTS_BUCKET`) when its agent kept it there (not for synthetic tasks).
+    output_sha256: Sha256 | None = None
+    output_type: MediaType | None = None
+    output_key: OutputKey | None = None
 
 
 class TaskEvent(TaskOutcome):

@@ -17,11 +17,12 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary
+from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
 from schemas.base import WireModel
-from schemas.events import TaskEvent
+from schemas.events import TaskEvent, TaskOutcome
 from schemas.pipeline import ExecRun, OnnxRun, PythonRun, TaskSpec
 from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
+from schemas.recovery import TaskResult
 
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
@@ -40,7 +41,10 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     AgentSummary: {"wire": 2, "draining": 3},
     # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
     # booked windows on offers, and the booking clock on offers and commits
-    TaskEvent: {"input_tokens": 3},
+    TaskEvent: {"input_tokens": 3, "output_sha256": 3, "output_type": 3, "output_key": 3},
+    TaskOutcome: {"output_sha256": 3, "output_type": 3, "output_key": 3},
+    TaskResult: {"output_sha256": 3, "output_type": 3, "output_key": 3},
+    TaskStatus: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     ExecRun: {"output": 3},
     PythonRun: {"bundle": 3},
     TaskSpec: {"inputs": 3, "output_type": 3},

@@ -34,7 +34,7 @@ class RecordingAgent(Agent):
         super().__init__(*a, **kw)
         self.log = []
         #: What each task made here: (pipeline, task) -> output bytes.
-        self.outputs: dict[tuple[str, str], bytes] = {}
+        self.made: dict[tuple[str, str], bytes] = {}
 
     def forget_first_commit(self) -> list[list[str]]:
         """The first commit this agent is sent is lost on its way: taken, never acted on.
@@ -54,7 +54,7 @@ class RecordingAgent(Agent):
     async def _run(self, job: Job) -> Output:
         t0 = time.monotonic()
         out = await super()._run(job)
-        self.outputs[(job.offer.pipeline_id, job.offer.task.id)] = out.data
+        self.made[(job.offer.pipeline_id, job.offer.task.id)] = out.data
         self.log.append(
             (job.offer.pipeline_id, job.offer.task.id, job.offer.device_id, t0, time.monotonic())
         )

@@ -5,6 +5,10 @@ before it produced, checked against the same computation done here."""
 
 from __future__ import annotations
 
+import hashlib
+import re
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -13,7 +17,7 @@ from edge_agent import builtin_tasks, values
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
 from schemas import PipelineSpec
-from tests.harness import agent_config, start_cluster, stop_cluster
+from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +56,9 @@ def _pipeline() -> PipelineSpec:
     ]})  # fmt: skip
 
 
-async def test_each_task_computes_on_what_the_one_before_it_made(nats_url: str) -> None:
+async def test_each_task_computes_on_what_the_one_before_it_made(
+    nats_url: str, tmp_path: Path
+) -> None:
     orch, agents = await start_cluster(nats_url, _configs())
     try:
         await orch.submit_spec(_pipeline(), "io")
@@ -60,7 +66,7 @@ async def test_each_task_computes_on_what_the_one_before_it_made(nats_url: str) 
         assert run.state == "succeeded", (run.reason, run.placement_log)
         assert {run.tasks[t].agent_id for t in ("images", "scaled", "report")} == {"edge"}
         assert run.tasks["infer"].agent_id == "cloud"  # the tensor crossed between tiers
-        made = {k[1]: v for a in agents for k, v in a.outputs.items() if k[0] == "io"}
+        made = {k[1]: v for a in agents for k, v in a.made.items() if k[0] == "io"}
         # the same computation, here
         x = builtin_tasks.scale(builtin_tasks.image_batch(n=3, seed=7), by=255.0)
         assert np.array_equal(values.decode(made["scaled"]), x)
@@ -68,5 +74,23 @@ async def test_each_task_computes_on_what_the_one_before_it_made(nats_url: str) 
         (probs,) = sess.run(None, {"x": x})
         assert np.allclose(values.decode(made["infer"]), probs, atol=1e-6)
         assert made["report"] == made["infer"]  # the file exec wrote is its output
+        # and a user gets any task's output back, exactly, with `mars get`
+        st = await orch.status_of("io")
+        infer = next(t for t in st.tasks if t.task_id == "infer")
+        assert (
+            infer.output_type == values.NPY
+            and infer.output_key == f"io/infer/{run.tasks['infer'].token}"
+        )
+        assert infer.output_sha256 == hashlib.sha256(made["infer"]).hexdigest()
+        code, shown, _ = await mars_cli("status", "io", "--nats", nats_url)
+        line = rf"infer\s+{len(made['infer'])} B\s+application/x-npy\s+sha256 {infer.output_sha256}"
+        assert code == 0 and re.search(line, shown), shown
+        out = tmp_path / "probs.npy"
+        code, _, err = await mars_cli("get", "io", "infer", "-o", str(out), "--nats", nats_url)
+        assert code == 0, err
+        assert out.read_bytes() == made["infer"]
+        assert np.allclose(np.load(out), probs, atol=1e-6)
+        code, _, err = await mars_cli("get", "io", "nope", "-o", str(out), "--nats", nats_url)
+        assert code == 1 and "has no task nope" in err
     finally:
         await stop_cluster(orch, agents)
