@@ -34,6 +34,7 @@ from edge_agent.journal import Journal
 from edge_agent.linkprobe import LinkProber, answer_probe
 from edge_agent.outbox import Outbox, connect_agent
 from edge_agent.outputs import OutputStore, output_key
+from edge_agent.pipeline_inputs import fetch as fetch_input
 from edge_agent.py_runner import run_python
 from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
@@ -649,10 +650,16 @@ class Agent:
         device = self._device(job)
         if isinstance(run, SyntheticRun):
             return await run_synthetic(run, device)
-        types = {i.task_id: i.media_type for i in job.offer.inputs}
+        types: dict[str, MediaType | None] = {i.task_id: i.media_type for i in job.offer.inputs}
+        got = dict(job.inputs)
+        for pi in job.offer.pipeline_inputs:  # the pipeline's own, from the inputs bucket
+            if self.data.js is None:
+                raise ExecutionError(f"pipeline input {pi.name}: no connection to fetch it")
+            got[f"@{pi.name}"] = await fetch_input(self.data.js, pi)
+            types[f"@{pi.name}"] = pi.media_type
         cfg = self.config
         if isinstance(run, OnnxRun):
-            given = values.bind(task, job.inputs, types)
+            given = values.bind(task, got, types)
             return await self.onnx.run(
                 run, device, timeout_s=cfg.onnx_timeout_s, inputs=given
             )  # fmt: skip
@@ -663,7 +670,7 @@ class Agent:
                 timeout_s=cfg.exec_timeout_s,
                 max_output_bytes=cfg.exec_max_output_bytes,
                 work_dir=cfg.exec_work_dir,
-                inputs=values.raw(task, job.inputs, types),
+                inputs=values.raw(task, got, types),
             )
         if isinstance(run, PythonRun):
             return await run_python(
@@ -671,7 +678,7 @@ class Agent:
                 cfg.python_allow,
                 timeout_s=cfg.python_timeout_s,
                 max_output_bytes=cfg.python_max_output_bytes,
-                inputs=values.bind(task, job.inputs, types),
+                inputs=values.bind(task, got, types),
                 declared=task.output_type,
             )
         raise ExecutionError(f"no executor for kind {run.kind} in this agent")

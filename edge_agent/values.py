@@ -105,6 +105,12 @@ def bindings(task: TaskSpec) -> Sequence[InputBinding]:
     return task.inputs or [InputBinding(name=d, source=d) for d in task.deps]
 
 
+def origin(b: InputBinding) -> str:
+    """Where a binding's value is found among a job's values: its producer's id, or `@NAME`
+    for the pipeline input NAME."""
+    return b.source if b.source is not None else f"@{b.pipeline_input}"
+
+
 def member(value: Any, name: str, source: str) -> Any:
     if not isinstance(value, dict) or name not in value:
         have = sorted(value) if isinstance(value, dict) else type(value).__name__
@@ -119,10 +125,11 @@ def bind(
     `types`: producer -> its declared media type)."""
     out: dict[str, Any] = {}
     for b in bindings(task):
-        if b.source not in got:
-            raise BadValue(f"input {b.name}: no value from {b.source}")
-        value = decode(got[b.source], types.get(b.source))
-        out[b.name] = member(value, b.member, b.source) if b.member else value
+        src = origin(b)
+        if src not in got:
+            raise BadValue(f"input {b.name}: no value from {src}")
+        value = decode(got[src], types.get(src))
+        out[b.name] = member(value, b.member, src) if b.member else value
     return out
 
 
@@ -133,11 +140,12 @@ def raw(
     JSON object as JSON), under its name: what an `exec` task gets as files."""
     out: dict[str, bytes] = {}
     for b in bindings(task):
-        if b.source not in got:
-            raise BadValue(f"input {b.name}: no value from {b.source}")
-        data = got[b.source]
+        src = origin(b)
+        if src not in got:
+            raise BadValue(f"input {b.name}: no value from {src}")
+        data = got[src]
         if b.member:
-            part = member(decode(data, types.get(b.source)), b.member, b.source)
+            part = member(decode(data, types.get(src)), b.member, src)
             data = npy(part) if isinstance(part, np.ndarray) else json.dumps(part).encode()
         out[b.name] = data
     return out

@@ -277,7 +277,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrator.report import plan_table, timeline_table
 
     async def go(client: Any) -> int:
-        spec = load_pipeline(args.file)
+        given = await _store_inputs(client, args.input) if args.input else []
+        spec = load_pipeline(args.file, given)
         reply = await client.submit(spec, pipeline_id=args.id)
         if args.json and not args.wait:
             print(reply.model_dump_json(indent=2))
@@ -304,6 +305,28 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return eventloop.run(_with_client(args.nats, go))
     except Exception as exc:
         return _fail(exc, _api_silent(args.nats))
+
+
+async def _store_inputs(client: Any, given: list[str]) -> list[Any]:
+    """`--input NAME=PATH`: each file stored once in the inputs bucket, under its digest;
+    returns how the spec is to name them."""
+    from orchestrator import inputs
+
+    described = []
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"error: --input takes NAME=PATH, not {item!r}")
+        p = Path(path)
+        try:
+            d = await asyncio.to_thread(inputs.describe, name, p)
+        except OSError as exc:
+            raise SystemExit(f"error: --input {name}: {exc}") from None
+        sent = await inputs.put(client.nc.jetstream(), d, p)
+        how = "stored" if sent else "stored before"
+        print(f"input {name}: {d.size} B sha256 {d.sha256} ({how})", file=sys.stderr)
+        described.append(d)
+    return described
 
 
 #: `mars submit --wait`: the pipeline had not ended when `--timeout` passed.
@@ -661,6 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="wait for the outcome; exit 0 on success")
     s.add_argument("--timeout", type=float, default=300.0)
     s.add_argument("--json", action="store_true")
+    s.add_argument(
+        "--input", action="append", default=[], metavar="NAME=PATH",
+        help="a pipeline input (tasks take it as `pipeline_input: NAME`); stored once, by digest",
+    )  # fmt: skip
     s.set_defaults(fn=cmd_submit)
 
     st = with_nats(sub.add_parser("status", help="show a pipeline"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +12,24 @@ from pydantic import ValidationError
 
 from schemas.codec import DecodeError, decode
 from schemas.limits import MAX_PAYLOAD_BYTES
-from schemas.pipeline import PipelineSpec
+from schemas.pipeline import PipelineInput, PipelineSpec
 
 
-def load_pipeline(path: str | Path) -> PipelineSpec:
-    """Read a pipeline file; raises DecodeError (with a code) on anything wrong."""
+def load_pipeline(path: str | Path, inputs: Sequence[PipelineInput] = ()) -> PipelineSpec:
+    """Read a pipeline file, given `inputs` too (they replace any it names alike); raises
+    DecodeError (with a code) on anything wrong."""
     p = Path(path)
     raw = p.read_bytes()
     if len(raw) > MAX_PAYLOAD_BYTES:
         raise DecodeError("payload_too_large", f"{p}: file exceeds {MAX_PAYLOAD_BYTES} bytes")
     if p.suffix.lower() not in (".yaml", ".yml"):
-        return decode(raw, PipelineSpec, "json")
+        if not inputs:
+            return decode(raw, PipelineSpec, "json")
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise DecodeError("bad_request", f"{p}: not valid JSON: {exc}") from exc
+        return decode(_json(_given(doc, inputs)), PipelineSpec, "json")
     loader = yaml.SafeLoader(raw)
     try:
         node = loader.get_single_node()
@@ -30,6 +38,7 @@ def load_pipeline(path: str | Path) -> PipelineSpec:
         raise DecodeError("bad_request", f"{p}: not valid YAML: {exc}") from exc
     finally:
         loader.dispose()
+    obj = _given(obj, inputs)
     try:
         return decode(_json(obj), PipelineSpec, "json")
     except DecodeError as exc:
@@ -38,6 +47,17 @@ def load_pipeline(path: str | Path) -> PipelineSpec:
         if node is None or not _as_written(obj, node, exc.__cause__):
             raise
     return decode(_json(obj), PipelineSpec, "json")
+
+
+def _given(doc: Any, inputs: Sequence[PipelineInput]) -> Any:
+    """The document with these inputs among its `inputs` (replacing any of the same name)."""
+    if not inputs or not isinstance(doc, dict):
+        return doc
+    names = {i.name for i in inputs}
+    kept = [
+        i for i in doc.get("inputs") or [] if not (isinstance(i, dict) and i.get("name") in names)
+    ]
+    return {**doc, "inputs": [*kept, *(i.model_dump() for i in inputs)]}
 
 
 def _json(obj: Any) -> bytes:

@@ -591,6 +591,10 @@ class Placer:
                              token=0 if provisional else st.tokens.get(d, 0))
                     for d in task.deps],
             consumers=consumers,
+            pipeline_inputs=[
+                i for i in run.spec.inputs
+                if any(b.pipeline_input == i.name for b in task.inputs)
+            ],
         )  # fmt: skip
 
     async def _withdraw(self, run: PipelineRun, asked: Asked) -> None:

@@ -121,13 +121,31 @@ class Profile(WireModel):
 
 
 class InputBinding(WireModel):
-    """One input of a task: the output of `source` (one of its deps), or one `member` of it
-    (a tensor of an `.npz` set, a key of a JSON object), under `name`: the ONNX model input,
-    the exec file and variable, or the python keyword it is given as."""
+    """One input of a task: the output of `source` (one of its deps) or the pipeline's input
+    `pipeline_input` (exactly one of them), or one `member` of it (a tensor of an `.npz` set, a
+    key of a JSON object), under `name`: the ONNX model input, the exec file and variable, or
+    the python keyword it is given as."""
 
     name: Ident
-    source: Ident
+    source: Ident | None = None
+    pipeline_input: Ident | None = None
     member: Ident | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.source is None) == (self.pipeline_input is None):
+            raise ValueError(f"input {self.name}: name exactly one of source and pipeline_input")
+        return self
+
+
+class PipelineInput(WireModel):
+    """A value the pipeline is given: stored once, before it is placed, in the object store
+    bucket `MARS_INPUTS` under its sha256 (`mars submit --input NAME=PATH` does both)."""
+
+    name: Ident
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size: Bytes
+    media_type: MediaType | None = None
 
 
 class TaskSpec(WireModel):
@@ -153,6 +171,8 @@ class TaskSpec(WireModel):
 class PipelineSpec(WireModel):
     name: Ident
     tasks: Annotated[list[TaskSpec], Field(min_length=1, max_length=MAX_TASKS)]
+    #: Its inputs, by name; tasks take them through `InputBinding.pipeline_input`.
+    inputs: Annotated[list[PipelineInput], Field(max_length=64)] = Field(default_factory=list)
     priority: Annotated[int, Field(ge=0, le=1000)] = 100
     preemptible: bool = False
     deadline_s: Seconds | None = None
@@ -173,7 +193,15 @@ class PipelineSpec(WireModel):
             names = [b.name for b in t.inputs]
             if len(set(names)) != len(names):
                 raise ValueError(f"task {t.id} names an input twice")
+            given = {i.name for i in self.inputs}
             for b in t.inputs:
+                if b.pipeline_input is not None:
+                    if b.pipeline_input not in given:
+                        raise ValueError(
+                            f"input {b.name} of task {t.id} is the pipeline input "
+                            f"{b.pipeline_input}, which the pipeline is not given"
+                        )
+                    continue
                 if b.source not in t.deps:
                     raise ValueError(
                         f"input {b.name} of task {t.id} comes from {b.source}, not one of its deps"

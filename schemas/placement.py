@@ -17,7 +17,7 @@ from schemas.limits import (
     Ident,
     Text,
 )
-from schemas.pipeline import MediaType, TaskSpec
+from schemas.pipeline import MediaType, PipelineInput, TaskSpec
 
 #: A time on the booking clock (Unix seconds, as orchestrators write bookings).
 BookingTime = Annotated[float, Field(ge=0.0, le=1e11, allow_inf_nan=False)]
@@ -100,6 +100,11 @@ class TaskOffer(WireModel):
     #: Every task that takes this one's output: as many as a pipeline has other tasks (a
     #: task names at most MAX_DEPS inputs, but any number of tasks may name the same one).
     consumers: Annotated[list[ConsumerRef], Field(max_length=MAX_TASKS)] = Field(
+        default_factory=list
+    )
+    #: The pipeline inputs the task takes (`InputBinding.pipeline_input`): fetched by the agent
+    #: from the inputs bucket, by digest, when the task starts.
+    pipeline_inputs: Annotated[list[PipelineInput], Field(max_length=64)] = Field(
         default_factory=list
     )
 

@@ -84,6 +84,8 @@ DATA_BUCKET = "MARS_DATA"
 #: JetStream object store bucket where each task's output is kept for its pipeline's retention
 #: (`mars get`), under `<pipeline>/<task>/<token>`.
 OUTPUTS_BUCKET = "MARS_OUTPUTS"
+#: JetStream object store bucket of pipelines' inputs, each under its sha256.
+INPUTS_BUCKET = "MARS_INPUTS"
 
 
 def probe(agent_id: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
 from schemas.base import WireModel
 from schemas.events import TaskEvent, TaskOutcome
-from schemas.pipeline import ExecRun, OnnxRun, PythonRun, TaskSpec
+from schemas.pipeline import ExecRun, OnnxRun, PipelineSpec, PythonRun, TaskSpec
 from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
 from schemas.recovery import TaskResult
 
@@ -48,7 +48,8 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     ExecRun: {"output": 3},
     PythonRun: {"bundle": 3},
     TaskSpec: {"inputs": 3, "output_type": 3},
-    TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3},
+    PipelineSpec: {"inputs": 3},
+    TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3, "pipeline_inputs": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;

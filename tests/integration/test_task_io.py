@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+import yaml
 
 from edge_agent import builtin_tasks, values
 from edge_agent.config import AgentConfig
@@ -92,5 +93,50 @@ async def test_each_task_computes_on_what_the_one_before_it_made(
         assert np.allclose(np.load(out), probs, atol=1e-6)
         code, _, err = await mars_cli("get", "io", "nope", "-o", str(out), "--nats", nats_url)
         assert code == 1 and "has no task nope" in err
+    finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_a_pipeline_input_given_at_submit_is_what_its_task_reads(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """`mars submit --input NAME=PATH` stores the file by its digest; an exec task takes it as
+    a file, and `mars get` returns exactly what it made of it. An input the store does not
+    hold fails its task, saying so."""
+    orch, agents = await start_cluster(nats_url, _configs())
+    try:
+        words = tmp_path / "words.txt"
+        words.write_bytes(b"edge to cloud, real data\n")
+        spec = tmp_path / "upper.yaml"
+        spec.write_text(yaml.safe_dump({"name": "upper", "tasks": [
+            {"id": "up", "run": {"kind": "exec", "argv": ["sh", "-c", "tr a-z A-Z < {in:text}"]},
+             "inputs": [{"name": "text", "pipeline_input": "words"}]},
+        ]}))  # fmt: skip
+        code, _, err = await mars_cli(
+            "submit", str(spec), "--id", "up1", "--input", f"words={words}", "--wait",
+            "--nats", nats_url,
+        )  # fmt: skip
+        assert code == 0, err
+        assert f"input words: {words.stat().st_size} B sha256" in err
+        got = tmp_path / "up.out"
+        code, _, err = await mars_cli("get", "up1", "up", "-o", str(got), "--nats", nats_url)
+        assert code == 0, err
+        assert got.read_bytes() == b"EDGE TO CLOUD, REAL DATA\n"
+        # the same file again: stored before, not sent twice
+        code, _, err = await mars_cli(
+            "submit", str(spec), "--id", "up2", "--input", f"words={words}", "--nats", nats_url
+        )
+        assert code == 0 and "(stored before)" in err, err
+        # an input named by a digest nobody stored
+        absent = PipelineSpec.model_validate({
+            "name": "absent",
+            "inputs": [{"name": "words", "sha256": "0" * 64, "size": 3}],
+            "tasks": [{"id": "up", "run": {"kind": "exec", "argv": ["sh", "-c", "cat {in:t}"]},
+                       "inputs": [{"name": "t", "pipeline_input": "words"}]}],
+        })  # fmt: skip
+        await orch.submit_spec(absent, "absent")
+        run = await orch.wait_terminal("absent", 15.0)
+        assert run.state == "failed"
+        assert "pipeline input words (000000000000...) is not in MARS_INPUTS" in run.reason
     finally:
         await stop_cluster(orch, agents)
