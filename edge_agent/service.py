@@ -22,7 +22,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from edge_agent import values
-from edge_agent.allowlist import Allowlist
+from edge_agent.allowlist import Allowlist, bundle_problem
+from edge_agent.artifacts import ArtifactCache, artifact_of
+from edge_agent.bundle_runner import run_bundle
 from edge_agent.calibrate import Recalibrator
 from edge_agent.config import AgentConfig
 from edge_agent.core import AgentCore, Job
@@ -100,7 +102,9 @@ class Agent:
             self.devices,
             list(config.allowed_kinds),
             self.onnx.has_model,
-            allowlist=Allowlist(tuple(config.exec_allow), tuple(config.python_allow)),
+            allowlist=Allowlist(
+                tuple(config.exec_allow), tuple(config.python_allow), config.allow_shipped_code
+            ),
         )
         self.nc: NATS | None = None
         #: This agent's subscriptions: on a shared connection, stopping ends only these.
@@ -124,6 +128,16 @@ class Agent:
             if config.buffer_dir
             else Path(tempfile.mkdtemp(prefix=f"mars-agent-{self.agent_id}-"))
         )
+        #: Models and bundles tasks name `name@sha256`, fetched on first use.
+        self.artifacts = ArtifactCache(
+            Path(config.artifact_cache_dir) / self.agent_id
+            if config.artifact_cache_dir
+            else self.state_dir / "artifacts",
+            config.artifact_cache_max_bytes,
+            fetch_timeout_s=config.artifact_fetch_timeout_s,
+            on_evict=self.onnx.forget,
+        )
+        self.onnx.artifacts = self.artifacts
         journal = Journal(
             self.state_dir / "events.journal", config.buffer_max_bytes, fsync=config.buffer_fsync
         )
@@ -173,6 +187,7 @@ class Agent:
             )
         nc = self.nc
         self.data.attach(nc)
+        self.artifacts.attach(nc.jetstream())
         aid = self.agent_id
         for subject, cb in (
             (subjects.offer(aid), self._on_offer),
@@ -228,6 +243,7 @@ class Agent:
             for t in left:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
+        await self.artifacts.close()  # fetches under way end (their part files deleted)
         if self.shared is not None:
             self.shared.leave(self.agent_id)
             for sub in self._subs:  # the connection is the fleet's: only ours end
@@ -421,6 +437,8 @@ class Agent:
             job = self.core.jobs.get((offer.pipeline_id, offer.task.id))
             if job is not None and job.committed:  # re-offered with new routing
                 self.data.fetch_missing([job], force=True)
+            if (artifact := artifact_of(offer.task.run)) is not None:
+                self._spawn(self.artifacts.prefetch(*artifact))  # the run waits for it
         return reply
 
     async def _on_offer(self, msg: Msg) -> None:
@@ -660,9 +678,10 @@ class Agent:
         cfg = self.config
         if isinstance(run, OnnxRun):
             given = values.bind(task, got, types)
-            return await self.onnx.run(
-                run, device, timeout_s=cfg.onnx_timeout_s, inputs=given
-            )  # fmt: skip
+            async with self.artifacts.holding(run.model, "onnx"):  # an artifact: fetched first
+                return await self.onnx.run(
+                    run, device, timeout_s=cfg.onnx_timeout_s, inputs=given
+                )  # fmt: skip
         if isinstance(run, ExecRun):
             return await run_exec(
                 run,
@@ -672,6 +691,16 @@ class Agent:
                 work_dir=cfg.exec_work_dir,
                 inputs=values.raw(task, got, types),
             )
+        if isinstance(run, PythonRun) and run.bundle is not None:
+            if (refused := bundle_problem(run.entry, cfg.allow_shipped_code)) is not None:
+                raise ExecutionError(f"not allowed: {refused}")  # and nothing fetched
+            async with self.artifacts.holding(run.bundle, "python-bundle") as bundle:
+                assert bundle is not None
+                return await run_bundle(
+                    run, bundle, allowed=cfg.allow_shipped_code,
+                    timeout_s=cfg.python_timeout_s, max_output_bytes=cfg.python_max_output_bytes,
+                    inputs=values.bind(task, got, types), declared=task.output_type,
+                )  # fmt: skip
         if isinstance(run, PythonRun):
             return await run_python(
                 run,

@@ -475,6 +475,59 @@ def cmd_bookings(args: argparse.Namespace) -> int:
         ))  # fmt: skip
 
 
+def cmd_artifact(args: argparse.Namespace) -> int:
+    """`mars artifact put|ls|rm`: straight to the artifact buckets (orchestrator/artifacts.py)."""
+    import nats
+
+    from orchestrator import artifacts
+    from schemas.rpc import nats_error_logger
+
+    async def go() -> int:
+        nc = await nats.connect(
+            args.nats, name="mars-cli", connect_timeout=5, allow_reconnect=False,
+            error_cb=nats_error_logger(logging.getLogger("mars.cli")),
+        )  # fmt: skip
+        try:
+            js = nc.jetstream()
+            if args.artifact_cmd == "put":
+                info, sent = await artifacts.put(
+                    js, Path(args.file), name=args.name, kind=args.kind
+                )  # fmt: skip
+                if args.json:
+                    print(info.model_dump_json(indent=2))
+                else:
+                    print(info.ref)
+                    if not sent:
+                        print("(the store held these bytes already)", file=sys.stderr)
+            elif args.artifact_cmd == "ls":
+                listed = await artifacts.listing(js)
+                if args.json:
+                    rows = [{**x.info.model_dump(mode="json"), "stored": x.stored} for x in listed]
+                    print(json.dumps(rows, indent=2))
+                else:
+                    print(artifacts.table(listed))
+            else:
+                for info in await artifacts.remove(js, args.target):
+                    print(f"removed {info.ref}")
+        finally:
+            await nc.close()
+        return 0
+
+    try:
+        return eventloop.run(go())
+    except artifacts.ArtifactsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        return _fail(exc, (
+            f"JetStream did not answer at {args.nats}: is it enabled on that server?",
+            f"JetStream did not answer in time at {args.nats}",
+        ))  # fmt: skip
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     async def go(client: Any) -> int:
         rep = await client.cancel(args.pipeline_id, args.reason)
@@ -720,6 +773,24 @@ def build_parser() -> argparse.ArgumentParser:
     bk.add_argument("--pipeline", help="only this pipeline's windows")
     bk.add_argument("--json", action="store_true")
     bk.set_defaults(fn=cmd_bookings)
+
+    ar = sub.add_parser("artifact", help="models and Python bundles shipped to agents")
+    ar_sub = ar.add_subparsers(dest="artifact_cmd", required=True)
+    ap = with_nats(
+        ar_sub.add_parser("put", help="store a file (.onnx, .zip, .whl); prints NAME@SHA256")
+    )
+    ap.add_argument("file")
+    ap.add_argument("--name", help="its name (default: the file's, without the suffix)")
+    ap.add_argument("--kind", choices=["onnx", "python-bundle"], help="default: by the suffix")
+    ap.add_argument("--json", action="store_true")
+    al = with_nats(ar_sub.add_parser("ls", help="list stored artifacts"))
+    al.add_argument("--json", action="store_true")
+    arm = with_nats(
+        ar_sub.add_parser("rm", help="remove NAME@SHA256, or every artifact named NAME")
+    )
+    arm.add_argument("target", metavar="NAME|NAME@SHA256")
+    for sp in (ap, al, arm):
+        sp.set_defaults(fn=cmd_artifact)
 
     c = with_nats(sub.add_parser("cancel", help="cancel a pipeline"))
     c.add_argument("pipeline_id")
