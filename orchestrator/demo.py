@@ -1,28 +1,38 @@
 """`mars demo`: a whole MARS installation on one machine, one pipeline through it.
 
 Starts an embedded nats-server, an orchestrator and three agents as separate processes (an edge
-CPU, an edge accelerator that is *emulated* — declared, not measured — and a cloud CPU), submits
-the video-analytics example (with a real ONNX Runtime inference step) and prints the plan and the
-actual timeline. Everything it started is stopped on exit and on Ctrl-C.
+CPU, an edge accelerator that is *emulated* — declared, not measured — and a cloud CPU), and
+runs the digits example on real data: the UCI handwritten digits the package carries go in as
+the pipeline's input, the edge decodes and scales them, the accelerator runs the project's own
+ONNX classifier, the cloud scores it; no step sleeps. It prints the plan, the actual timeline,
+each output, and the score read back from the cloud step's output. Everything it started is
+stopped on exit and on Ctrl-C.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from orchestrator import eventloop
+from edge_agent.digits import DATA_FILE, confusion_table
+from orchestrator import eventloop, inputs
 from orchestrator.client import Client
+from orchestrator.fetch import fetch, find
 from orchestrator.natsserver import EmbeddedNats
 from orchestrator.pipeline_files import load_pipeline
 from orchestrator.procs import spawn, stop_all, terminate_as_interrupt
 from orchestrator.report import plan_table, timeline_table
+from schemas.api import StatusReply
+from schemas.pipeline import PipelineInput
 
 # Declared link costs between the demo's sites (EdgeCloudSim-style defaults: WAN 100 ms,
 # 25 Mbps; these are configuration, not measurements).
@@ -65,6 +75,8 @@ AGENTS: dict[str, dict[str, object]] = {
 # All three agents share this host: its GPUs must not be advertised three times, and the
 # declared WAN links above must not be replaced by loopback measurements.
 DEMO_AGENT_DEFAULTS: dict[str, object] = {
+    "allowed_kinds": ["synthetic", "onnx", "python"],
+    "python_allow": ["edge_agent.digits"],
     "probe_gpus": False,
     "probe_accelerators": False,
     "link_probe_every_s": 0,
@@ -75,12 +87,33 @@ DEMO_AGENT_DEFAULTS: dict[str, object] = {
 }
 
 
-def example_path(name: str = "video-analytics.yaml") -> Path:
+def example_path(name: str = "digits.yaml") -> Path:
     return Path(__file__).resolve().parent / "examples" / name
 
 
+async def _inputs(client: Client) -> list[PipelineInput]:
+    """The digits data set the package carries, stored as the pipeline input `digits`."""
+    given = await asyncio.to_thread(inputs.describe, "digits", DATA_FILE)
+    await inputs.put(client.nc.jetstream(), given, DATA_FILE)
+    print(f"input digits: {DATA_FILE.name}, {given.size} B, sha256 {given.sha256[:16]}...")
+    return [given]
+
+
+async def _score(client: Client, st: StatusReply) -> None:
+    """The cloud step's output, read back as a user would (`mars get`), for a person."""
+    score = next((t for t in st.tasks if t.task_id == "score"), None)
+    if score is None or score.output_key is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "score.json"
+        await fetch(client.nc.jetstream(), find(st, "score"), str(out))
+        result = json.loads(await asyncio.to_thread(out.read_text))
+    print(f"\nscore, read back from the cloud step's output: {result['summary']}")
+    print(confusion_table(np.array(result["confusion"], dtype=np.int64)))
+    print(f"(on your own cluster: mars get {st.pipeline_id} score -o score.json)")
+
+
 async def _drive(url: str, pipeline: Path, timeout: float) -> int:
-    spec = load_pipeline(pipeline)
     client = await Client.connect(url)
     try:
         n = await client.wait_for_agents(len(AGENTS), timeout=20.0)
@@ -90,6 +123,7 @@ async def _drive(url: str, pipeline: Path, timeout: float) -> int:
         print(f"cluster: {n} agents")
         for a in (await client.agents()).agents:
             print(f"  {a.agent_id:<11} site={a.site:<7} tier={a.tier:<6} devices={a.devices}")
+        spec = load_pipeline(pipeline, await _inputs(client) if pipeline == example_path() else ())
         t0 = time.monotonic()
         reply = await client.submit(spec)
         print(f"\nplan ({reply.algorithm}, predicted makespan {reply.makespan_s:.3f} s):")
@@ -102,7 +136,10 @@ async def _drive(url: str, pipeline: Path, timeout: float) -> int:
             f"\npipeline {st.pipeline_id} {st.state} in {st.elapsed_s:.3f} s "
             f"(submit to done {wall:.3f} s){': ' + st.reason if st.reason else ''}"
         )
-        return 0 if st.state == "succeeded" else 1
+        if st.state != "succeeded":
+            return 1
+        await _score(client, st)
+        return 0
     finally:
         await client.close()
 
