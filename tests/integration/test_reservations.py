@@ -59,7 +59,11 @@ def hold_end(orch: Orchestrator, pipeline_id: str, task_id: str) -> tuple[Event,
 
 #: A task only the slow agent can run: the fast one, which the plan prefers, lacks its model
 #: and rejects it (`missing_model`; plans cannot know which models an agent holds).
-ONLY_ON_SLOW = {"id": "m", "run": {"kind": "onnx", "model": "only_here"}, "profile": {"flops": 1e9}}
+ONLY_ON_SLOW = {
+    "id": "m",
+    "run": {"kind": "onnx", "model": "only_here", "random_inputs": True},
+    "profile": {"flops": 1e9},
+}
 
 
 def fast_rejects(tmp_path: Path, slow: dict[str, Any] | None = None) -> dict[str, AgentConfig]:
