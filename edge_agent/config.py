@@ -63,7 +63,9 @@ class AgentConfig(BaseModel):
     buffer_fsync: bool = False
     #: Outputs above this go through the JetStream object store instead of inline.
     object_threshold_bytes: Annotated[int, Field(ge=0, le=1 << 20)] = 512 << 10
-    object_chunk_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = 128 << 10
+    #: Chunks of such an output in the object store (a message each; at most the 1 MiB
+    #: a default nats-server takes): bigger chunks cost the sender and receiver less.
+    object_chunk_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = 1 << 20
     #: Limits of the data bucket when this agent creates it.
     object_ttl_s: Annotated[float, Field(gt=0.0, le=30 * 86_400.0)] = 3600.0
     #: How long the outputs of tasks run here stay fetchable (`mars get`): the age limit of

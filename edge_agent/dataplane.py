@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import time
@@ -21,11 +22,10 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
-from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
-from nats.js.errors import BucketNotFoundError
 
 from edge_agent.config import AgentConfig
 from edge_agent.core import AgentCore, Job
+from edge_agent.objectstore import Objects
 from edge_agent.retention import OutputStore, Retained
 from schemas import subjects
 from schemas.codec import encode
@@ -45,11 +45,14 @@ def object_key(pipeline_id: str, producer: str, token: int) -> str:
     return f"{pipeline_id}/{producer}/{token}"
 
 
-def check_payload(data: bytes, sha256: str, size: int | None = None) -> str | None:
-    """Why `data` is not the payload the producer announced, or None when it is."""
+def check_payload(
+    data: bytes, sha256: str, size: int | None = None, digest: str | None = None
+) -> str | None:
+    """Why `data` is not the payload the producer announced, or None when it is (`digest`:
+    the sha256 of `data`, when it was computed as it arrived)."""
     if size is not None and len(data) != size:
         return f"size mismatch: got {len(data)} B, announced {size} B"
-    got = hashlib.sha256(data).hexdigest()
+    got = digest or hashlib.sha256(data).hexdigest()
     if got != sha256:
         return f"sha256 mismatch: got {got[:16]}..., announced {sha256[:16]}..."
     return None
@@ -66,46 +69,6 @@ def _backoff(
 
 def transfer_timeout(nbytes: int) -> float:
     return 2.0 + nbytes / MIN_BYTES_PER_S
-
-
-class Objects:
-    """The `MARS_DATA` object store bucket, created (bounded by TTL and bytes) if missing."""
-
-    def __init__(self, config: AgentConfig) -> None:
-        self.config = config
-        self._bucket: Any = None
-        self._js: Any = None
-
-    async def bucket(self, js: Any) -> Any:
-        if self._bucket is None or self._js is not js:
-            try:
-                self._bucket = await js.object_store(subjects.DATA_BUCKET)
-            except BucketNotFoundError:
-                cfg = ObjectStoreConfig(
-                    description="MARS task outputs above the inline threshold",
-                    ttl=self.config.object_ttl_s,
-                    max_bytes=self.config.object_max_bytes,
-                )
-                try:
-                    self._bucket = await js.create_object_store(subjects.DATA_BUCKET, config=cfg)
-                except Exception:  # another agent created it first, maybe with other limits
-                    self._bucket = await js.object_store(subjects.DATA_BUCKET)
-            self._js = js
-        return self._bucket
-
-    async def put(self, js: Any, key: str, data: bytes) -> None:
-        bucket = await self.bucket(js)
-        opts = ObjectMetaOptions(max_chunk_size=self.config.object_chunk_bytes)
-        await bucket.put(key, data, meta=ObjectMeta(name=key, options=opts))
-
-    async def get(self, js: Any, key: str) -> bytes:
-        bucket = await self.bucket(js)
-        result = await bucket.get(key)
-        return bytes(result.data)
-
-    async def delete(self, js: Any, key: str) -> None:
-        bucket = await self.bucket(js)
-        await bucket.delete(key)
 
 
 class DataPlane:
@@ -142,6 +105,10 @@ class DataPlane:
         self._refused: set[tuple[str, str, str]] = set()
         self._pushing: set[tuple[str, str, str]] = set()
         self._fetching: set[tuple[str, str, str]] = set()
+        # inputs whose object is being read (`accept`): not asked for again meanwhile
+        self._receiving: set[tuple[str, str, str]] = set()
+        # object key -> the put of that object under way
+        self._puts: dict[str, asyncio.Task[None]] = {}
         # retry backoff per (pipeline, producer, consumer): (next attempt, interval)
         self._next_fetch: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._next_push: dict[tuple[str, str, str], tuple[float, float]] = {}
@@ -172,15 +139,24 @@ class DataPlane:
             data,
             consumers,
             spill=not self.online,
+            # sent from these bytes: a large output goes to disk once its sending ended
+            # (`send_kept`), not before (the put read it back from there)
+            hold=self.online,
         )
         self._forget(dropped)
         return entry
 
     async def send_kept(self, entry: Retained | None) -> None:
         """Send a kept output (`keep`) to each consumer."""
-        if entry is not None:
-            await self.push_all(entry)
+        try:
+            if entry is not None:
+                await self.push_all(entry)
+        finally:
+            self.store.fit_memory()
         await self._notify()
+
+    def _key(self, entry: Retained) -> str:
+        return object_key(entry.pipeline_id, entry.producer, entry.token)
 
     async def push_all(self, entry: Retained) -> None:
         todo = [
@@ -253,11 +229,24 @@ class DataPlane:
                 sha256=entry.sha256,
             )
         if entry.object_key is None:
-            key = object_key(entry.pipeline_id, entry.producer, entry.token)
-            await self.objects.put(self.js, key, self.store.read(entry))
-            self.store.set_object(entry, key)
-            self.stats["objects_put"] += 1
+            # once, however many consumers are sent it at the same time
+            key = self._key(entry)
+            put = self._puts.get(key)
+            if put is None:
+                put = self._puts[key] = self.spawn(self._put(entry, key))
+                put.add_done_callback(functools.partial(self._put_done, key))
+            await asyncio.shield(put)  # one sender stopped does not stop it for the others
         return self._reference(entry, consumer)
+
+    def _put_done(self, key: str, put: asyncio.Task[None]) -> None:
+        self._puts.pop(key, None)
+        if not put.cancelled():
+            put.exception()  # seen by whoever waited; none may be left to see it
+
+    async def _put(self, entry: Retained, key: str) -> None:
+        await self.objects.put(self.js, key, self.store.read(entry), entry.sha256)
+        self.store.set_object(entry, key)
+        self.stats["objects_put"] += 1
 
     async def _send(self, agent_id: str, transfer: DataTransfer) -> DataAck | None:
         """The consumer's answer, or None when it could not be reached."""
@@ -339,20 +328,25 @@ class DataPlane:
             # a job a re-plan withdrew, too: its producer keeps the output for the task's
             # next placement, here or elsewhere, which asks for it
             return self._ack(transfer, False, "no such job")
+        digest = None  # of an object, computed as it was read
         if transfer.object_key is None:
             assert transfer.data is not None
             data = transfer.data
         else:
             if self.js is None:
                 return self._ack(transfer, False, "object store unreachable")
+            flight = (transfer.pipeline_id, transfer.producer, transfer.consumer)
+            self._receiving.add(flight)
             try:
-                data = await self.objects.get(self.js, transfer.object_key)
+                data, digest = await self.objects.read(self.js, transfer.object_key)
             except Exception as exc:
                 return self._ack(
                     transfer, False, f"object {transfer.object_key} unreadable: {exc!r}"[:2048]
                 )
+            finally:
+                self._receiving.discard(flight)
             self.stats["objects_fetched"] += 1
-        ack = self._deliver(transfer, data)
+        ack = self._deliver(transfer, data, digest)
         await self._notify()
         return ack
 
@@ -366,8 +360,8 @@ class DataPlane:
             token=transfer.token,
         )
 
-    def _deliver(self, transfer: DataTransfer, data: bytes) -> DataAck:
-        problem = check_payload(data, transfer.sha256, transfer.size)
+    def _deliver(self, transfer: DataTransfer, data: bytes, digest: str | None = None) -> DataAck:
+        problem = check_payload(data, transfer.sha256, transfer.size, digest)
         if problem is not None:
             self.stats["rejected"] += 1
             log.warning(
@@ -400,8 +394,8 @@ class DataPlane:
                 if inp.task_id in job.inputs or (ready_only and not inp.ready):
                     continue
                 flight = (job.offer.pipeline_id, inp.task_id, job.offer.task.id)
-                if flight in self._fetching:
-                    continue
+                if flight in self._fetching or flight in self._receiving:
+                    continue  # asked for already, or arriving (a large object takes a while)
                 due, _ = self._next_fetch.get(flight, (now + SWEEP_S, SWEEP_S))
                 if flight not in self._next_fetch and not (force or ready_only):
                     self._next_fetch[flight] = (due, SWEEP_S)  # first sweep: give the push time

@@ -120,10 +120,13 @@ class OutputStore:
         consumers: dict[str, str],
         *,
         spill: bool = False,
+        hold: bool = False,
     ) -> tuple[Retained | None, list[Retained]]:
         """Keep an output; returns it (None if not kept) and whatever was pushed out for room.
 
-        `spill` writes it to disk at once (the agent is offline: it must survive a crash).
+        `spill` writes it to disk at once (the agent is offline: it must survive a crash);
+        `hold` keeps it in memory even past `memory_bytes` until `fit_memory` (it is being
+        sent, from these bytes: written to disk first, it was read back for that).
         """
         dropped: list[Retained] = []
         old = self.get(pipeline_id, producer)
@@ -155,7 +158,7 @@ class OutputStore:
             dict(consumers),
             created=self.clock(),
         )
-        if spill or self.memory + size > self.memory_bytes:
+        if spill or (not hold and self.memory + size > self.memory_bytes):
             self._spill(entry, data)
         else:
             entry.data = data
@@ -225,6 +228,18 @@ class OutputStore:
                 break
             self._remove(e)
         return out
+
+    def fit_memory(self) -> None:
+        """Bring memory back within `memory_bytes` after a `put(hold=True)`: the newest
+        outputs in memory, delivered ones too, are spilled until the rest fit."""
+        kept = [*self.entries.values(), *(e for _, e in self.delivered.values())]
+        held = sorted((e for e in kept if e.data is not None), key=lambda e: e.created)
+        while held and self.memory > self.memory_bytes:
+            e = held.pop()
+            data, e.data = e.data, None
+            assert data is not None
+            self.memory -= len(data)
+            self._spill(e, data)
 
     def spill_all(self) -> None:
         """Write what is only in memory to disk (before a shutdown), so a restart finds it."""
