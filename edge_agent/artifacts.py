@@ -33,9 +33,9 @@ from typing import Any
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from schemas import subjects
+from schemas.agent import MAX_HELD_ARTIFACTS
 from schemas.artifacts import ArtifactInfo, ArtifactKind, ArtifactRef, parse_ref
 from schemas.codec import DecodeError, decode
-from schemas.pipeline import OnnxRun, PythonRun, RunSpec
 
 log = logging.getLogger("mars.agent.artifacts")
 _HEX = frozenset("0123456789abcdef")
@@ -97,12 +97,14 @@ class ArtifactCache:
         *,
         fetch_timeout_s: float = 300.0,
         on_evict: Callable[[Path], None] | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.dir = directory
         self.max_bytes = max_bytes
         self.fetch_timeout_s = fetch_timeout_s
         #: Told of each file evicted (the ONNX executor drops its sessions of it).
         self.on_evict = on_evict
+        self.on_change: Callable[[], None] | None = None
         #: fetched / reused / evicted / refused (bytes not matching their digest).
         self.stats: Counter[str] = Counter()
         self._files: OrderedDict[str, Cached] = OrderedDict()  # least recently used first
@@ -111,6 +113,8 @@ class ArtifactCache:
         self._js: Any = None
         self.dir.mkdir(parents=True, exist_ok=True)
         self._scan()
+        #: Told when what it holds changes from now on (the agent advertises it: `held`).
+        self.on_change = on_change
 
     def attach(self, js: Any) -> None:
         self._js = js
@@ -134,6 +138,15 @@ class ArtifactCache:
             self._files[sha] = Cached(p, size, verified=False)
         with contextlib.suppress(ArtifactError):
             self._make_room(0)
+
+    def held(self) -> list[str]:
+        """The digests it holds (the most recently used, an advert's worth), sorted: using
+        one changes nothing placement reads."""
+        return sorted(list(reversed(self._files))[:MAX_HELD_ARTIFACTS])
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def cached(self, sha256: str) -> Path | None:
         """The verified file of an artifact, if this agent holds one (no I/O)."""
@@ -225,6 +238,7 @@ class ArtifactCache:
         c.path.unlink(missing_ok=True)
         if self.on_evict is not None:
             self.on_evict(c.path)
+        self._changed()
 
     def _make_room(self, size: int) -> None:
         """Evict the least recently used files not held until `size` more bytes fit."""
@@ -305,16 +319,8 @@ class ArtifactCache:
             os.replace(part, final)
             self._files[ref.sha256] = Cached(final, info.size, verified=True)
             self.stats["fetched"] += 1
+            self._changed()
             log.info("artifact %s fetched: %d B in %.3f s", ref, info.size, time.monotonic() - t0)
         finally:
             self._reserved -= info.size
             part.unlink(missing_ok=True)
-
-
-def artifact_of(run: RunSpec) -> tuple[str, ArtifactKind] | None:
-    """The artifact a task's run names (its text and kind), if any."""
-    if isinstance(run, OnnxRun) and parse_ref(run.model) is not None:
-        return run.model, "onnx"
-    if isinstance(run, PythonRun) and run.bundle is not None:
-        return run.bundle, "python-bundle"
-    return None

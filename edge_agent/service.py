@@ -23,7 +23,7 @@ from nats.aio.subscription import Subscription
 
 from edge_agent import values
 from edge_agent.allowlist import Allowlist, bundle_problem
-from edge_agent.artifacts import ArtifactCache, artifact_of
+from edge_agent.artifacts import ArtifactCache
 from edge_agent.bundle_runner import run_bundle
 from edge_agent.calibrate import Recalibrator
 from edge_agent.config import AgentConfig
@@ -44,7 +44,7 @@ from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
 from schemas.api import TASK_ENDED_STATES, TERMINAL_STATES, StatusReply, StatusRequest
 from schemas.codec import encode, headers_for
 from schemas.events import TaskEvent, TaskEventState
-from schemas.pipeline import ExecRun, MediaType, OnnxRun, PythonRun, SyntheticRun
+from schemas.pipeline import ExecRun, MediaType, OnnxRun, PythonRun, SyntheticRun, artifact_of
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
@@ -136,6 +136,7 @@ class Agent:
             config.artifact_cache_max_bytes,
             fetch_timeout_s=config.artifact_fetch_timeout_s,
             on_evict=self.onnx.forget,
+            on_change=self._artifacts_changed,
         )
         self.onnx.artifacts = self.artifacts
         journal = Journal(
@@ -169,6 +170,7 @@ class Agent:
             heartbeat_interval_s=self.config.heartbeat_interval_s,
             version=VERSION,
             seq=self._seq,
+            artifacts=self.artifacts.held(),
         )
 
     async def start(self) -> None:
@@ -379,6 +381,12 @@ class Agent:
         if self._stopped.is_set():
             task.cancel()  # spawned by a task being stopped: it never starts
         return task
+
+    def _artifacts_changed(self) -> None:
+        """An artifact fetched or evicted: advertised at once, for placement to know who
+        holds it (the periodic advert would say so too, later)."""
+        if self.nc is not None and self.online.is_set():
+            self._spawn(self._publish_advert())
 
     async def _publish_advert(self) -> None:
         assert self.nc is not None

@@ -29,7 +29,7 @@ from numpy.typing import NDArray
 
 from orchestrator.pipelines import PipelineRun
 from orchestrator.placement import PlacementFailed, descendants
-from orchestrator.planning import SpecCostModel, to_graph, with_bookings
+from orchestrator.planning import SpecCostModel, store_costs, to_graph, with_bookings
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import (
@@ -537,7 +537,10 @@ class Adaptive:
             cluster, o.store.snapshot(), run.t0, Blocking(run.pipeline_id), wall
         )
         tiers = {d.id: d.tier for d in cluster.devices}
-        cost = SpecCostModel(run.spec, devices, links, o.predictor, tiers)
+        cost = SpecCostModel(
+            run.spec, devices, links, o.predictor, tiers,
+            **store_costs(run.reads, o.view, cluster),
+        )  # fmt: skip
         return _Model(mono, wall, cluster, cost, devices)
 
     def situation(
@@ -616,8 +619,8 @@ class Adaptive:
             if p.device_id in trig.than_planned and not run.spec_by_id[t].deps
         )
         return Situation(
-            to_graph(run.spec), cluster, cost, dict(run.placements), done, running, elapsed,
-            now, slower, pinned, restartable, self.overhead_s,
+            to_graph(run.spec, run.measured_bytes()), cluster, cost, dict(run.placements), done,
+            running, elapsed, now, slower, pinned, restartable, self.overhead_s,
         )  # fmt: skip
 
     async def consider(self, run: PipelineRun, trig: Trigger) -> Decision | None:

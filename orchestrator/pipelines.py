@@ -10,6 +10,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from orchestrator.scheduling import Placement
+from orchestrator.store_reads import StoreReads, store_reads
 from schemas.api import (
     TASK_ENDED_STATES,
     TERMINAL_STATES,
@@ -125,6 +126,21 @@ class PipelineRun:
     succeeded_tokens: dict[str, set[int]] = field(default_factory=dict)
     #: Results refused because a task ran on an output of a superseded producer run.
     results_voided: int = 0
+    #: The size of each artifact its tasks name, by sha256, as the store said at submission
+    #: (what the plan charges agents without it; unknown: not charged).
+    artifact_sizes: dict[str, int] = field(default_factory=dict)
+    _reads: StoreReads | None = field(default=None, init=False, repr=False)
+
+    @property
+    def reads(self) -> StoreReads:
+        """What its tasks fetch from the object store, for the plan to charge."""
+        if self._reads is None:
+            self._reads = store_reads(self.spec, self.artifact_sizes)
+        return self._reads
+
+    def measured_bytes(self) -> dict[str, int]:
+        """The output size of each task that succeeded, as its agent measured it."""
+        return {t: tr.output_bytes for t, tr in self.tasks.items() if tr.state == "succeeded"}
 
     def __post_init__(self) -> None:
         if not self.tasks:

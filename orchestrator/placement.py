@@ -208,7 +208,7 @@ class Placer:
                         blocks=blocks, excluded=excluded,
                         fixed=st.fixed,
                         rel_now=max(0.0, now - st.t0), budget_s=budget,
-                        predictor=o.predictor,
+                        predictor=o.predictor, measured=run.measured_bytes(), reads=run.reads,
                     )  # fmt: skip
                 except Unschedulable as exc:
                     if st.full:  # say which of the refusals were full devices

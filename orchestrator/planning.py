@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,6 +27,7 @@ from orchestrator.scheduling import (
     Unschedulable,
     portfolio,
 )
+from orchestrator.store_reads import StoreReads
 from schemas.agent import DeviceSpec
 from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
 
@@ -39,7 +41,9 @@ def output_bytes(task: TaskSpec) -> int:
     return 0
 
 
-def to_graph(spec: PipelineSpec) -> TaskGraph:
+def to_graph(spec: PipelineSpec, measured: Mapping[str, int] | None = None) -> TaskGraph:
+    """The scheduler's graph; each edge carries what the producer sends: its measured output
+    size once it ran (`measured`), else what it declares."""
     tasks = [
         Task(
             id=t.id,
@@ -53,8 +57,17 @@ def to_graph(spec: PipelineSpec) -> TaskGraph:
         for t in spec.tasks
     ]
     by_id = {t.id: t for t in spec.tasks}
-    edges = {(d, t.id): float(output_bytes(by_id[d])) for t in spec.tasks for d in t.deps}
+    sent = {t.id: float(output_bytes(t)) for t in spec.tasks}
+    if measured:
+        sent.update((t, float(n)) for t, n in measured.items() if t in sent)
+    edges = {(d, t.id): sent[d] for t in spec.tasks for d in t.deps if d in by_id}
     return TaskGraph(tasks, edges)
+
+
+def store_sites(cluster: Cluster) -> frozenset[str]:
+    """Where the object store is taken to be: the sites of the cloud tier (JetStream runs
+    beside the orchestrator there), none when the cluster has no cloud agent."""
+    return frozenset(d.site for d in cluster.devices if d.tier == "cloud")
 
 
 #: The shortest time a plan gives a task on its slot: a reservation is never shorter
@@ -77,7 +90,10 @@ def default_predictor() -> Predictor:
 class SpecCostModel:
     """Compute time from the predictor (learned model where it applies, prior elsewhere, times
     the online correction), scored for every task on every device in one batched call; links
-    as measured."""
+    as measured. A task's time on a device includes fetching what it reads from the object
+    store there (`reads`): its pipeline inputs, and its artifact unless the agent holds it
+    (`held`: digests by agent), over the link from the nearest store site (`sites`; none
+    known: the device's own site's LAN)."""
 
     def __init__(
         self,
@@ -86,6 +102,10 @@ class SpecCostModel:
         links: Mapping[tuple[str, str], Link],
         predictor: Predictor | None = None,
         tiers: Mapping[str, str] | None = None,
+        *,
+        reads: StoreReads | None = None,
+        held: Mapping[str, Collection[str]] | None = None,
+        sites: Collection[str] = (),
     ) -> None:
         self.specs = {t.id: t for t in spec.tasks}
         self.devices = devices
@@ -97,6 +117,36 @@ class SpecCostModel:
         self._col = {d: j for j, d in enumerate(devices)}
         #: (task, device) pairs ruled out by an agent's rejection: infinite time, never chosen.
         self.excluded: set[tuple[str, str]] = set()
+        self.reads = reads or StoreReads()
+        self.held = held or {}
+        self.sites = tuple(sorted(sites))
+        self._store_link: dict[str, Link] = {}
+
+    def store_link(self, site: str) -> Link:
+        """The link a device at `site` fetches from the store over: the fastest from a store
+        site (its own LAN when it is one, or none is known)."""
+        link = self._store_link.get(site)
+        if link is None:
+            if not self.sites or site in self.sites:
+                link = self.links.link(site, site)
+            else:
+                link = max(
+                    (self.links.link(s, site) for s in self.sites),
+                    key=lambda k: (k.bandwidth_Bps, -k.latency_s),
+                )
+            self._store_link[site] = link
+        return link
+
+    def fetch_time(self, task_id: str, device: Device) -> float:
+        """Seconds to fetch what the task reads from the store before it runs on `device`."""
+        nbytes = self.reads.inputs.get(task_id, 0)
+        art = self.reads.artifacts.get(task_id)
+        if art is not None and art[0] not in self.held.get(device.agent_id, ()):
+            nbytes += art[1]
+        if not nbytes:
+            return 0.0
+        link = self.store_link(device.site)
+        return link.latency_s + nbytes / link.bandwidth_Bps
 
     @property
     def estimates(self) -> Estimates:
@@ -125,7 +175,8 @@ class SpecCostModel:
     def compute_time(self, task: Task, device: Device) -> float:
         if (task.id, device.id) in self.excluded:
             return math.inf
-        return float(self.estimates.seconds[self._row[task.id], self._col[device.id]])
+        run = float(self.estimates.seconds[self._row[task.id], self._col[device.id]])
+        return run + self.fetch_time(task.id, device) if self.reads else run
 
     def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
         return self.links.transfer_time(nbytes, src, dst)
@@ -135,6 +186,11 @@ class SpecCostModel:
         rows = [self._row[t.id] for t in tasks]
         cols = [self._col[d.id] for d in cluster.devices]
         out: NDArray[np.float64] = sec[np.ix_(rows, cols)]
+        if self.reads:
+            fetching = self.reads.inputs.keys() | self.reads.artifacts.keys()
+            for i, t in enumerate(tasks):
+                if t.id in fetching:
+                    out[i] += [self.fetch_time(t.id, d) for d in cluster.devices]
         if self.excluded:
             col = {d.id: j for j, d in enumerate(cluster.devices)}
             row = {t.id: i for i, t in enumerate(tasks)}
@@ -145,6 +201,18 @@ class SpecCostModel:
 
     def transfer_table(self, cluster: Cluster) -> TransferTable:
         return self.links.transfer_table(cluster)
+
+
+def store_costs(reads: StoreReads | None, view: ClusterView, cluster: Cluster) -> dict[str, Any]:
+    """SpecCostModel's keywords for the store fetches of `reads` on `cluster`."""
+    if not reads:
+        return {}
+    held = (
+        {aid: frozenset(e.advert.artifacts) for aid, e in view.agents.items()}
+        if reads.artifacts
+        else {}
+    )
+    return {"reads": reads, "held": held, "sites": store_sites(cluster)}
 
 
 @dataclass(frozen=True)
@@ -211,18 +279,23 @@ def plan_pipeline(
     budget_s: float = PLAN_BUDGET_S,
     predictor: Predictor | None = None,
     max_share: float | None = PLAN_MAX_SHARE,
+    measured: Mapping[str, int] | None = None,
+    reads: StoreReads | None = None,
 ) -> Planned:
     """Plan on the live view (and the cached reservations); raises scheduling.Unschedulable
-    with per-device reasons. Times in the plan are seconds after `t0`."""
+    with per-device reasons. Times in the plan are seconds after `t0`. `measured`: the
+    output sizes of tasks that ran; `reads`: what tasks fetch from the object store."""
     cluster, links = view.snapshot(now)
     if not len(cluster):
         raise Unschedulable({t.id: {} for t in spec.tasks})  # says: the cluster has no devices
     devices = view.device_specs(cluster)
     if bookings:
         cluster = with_bookings(cluster, bookings, t0, blocks or Blocking(), t0 + rel_now)
-    graph = to_graph(spec)
+    graph = to_graph(spec, measured)
     tiers = {d.id: d.tier for d in cluster.devices}
-    cost = SpecCostModel(spec, devices, links, predictor, tiers)
+    cost = SpecCostModel(
+        spec, devices, links, predictor, tiers, **store_costs(reads, view, cluster)
+    )
     if excluded:
         cost.excluded = set(excluded)
     live_fixed = {t: p for t, p in (fixed or {}).items() if p.device_id in cluster}

@@ -46,6 +46,7 @@ from orchestrator.reservations.store import (
     key_limit,
 )
 from orchestrator.scheduling import Placement, compiled
+from orchestrator.store_reads import StoreLookup
 from orchestrator.submissions import (
     MAX_QUEUED_SUBMITS,
     SUBMITS_AT_ONCE,
@@ -166,6 +167,7 @@ class Orchestrator:
         self._trim_at = MAX_PIPELINES_KEPT + TRIM_STEP
         self.nc: NATS | None = None
         self.js: Any = None
+        self.stored: StoreLookup = None  # type: ignore[assignment]  # set in start()
         self.store: BookingStore = None  # type: ignore[assignment]  # set in start()
         self._service: Any = None
         self._changed = asyncio.Condition()
@@ -233,6 +235,7 @@ class Orchestrator:
         )
         nc = self.nc
         js = self.js = nc.jetstream()
+        self.stored = StoreLookup(js)
         self.store = BookingStore(
             js, key_max_bytes=key_limit(self.booking_key_max_bytes, nc.max_payload)
         )

@@ -142,10 +142,13 @@ class Submissions:
         t_in = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for the whole host
         if await self.o._catch_up_events():
             await self._check_fresh(req, arrived)  # held back by events for a while: still wanted?
+        # what it fetches from the store is there, or it is refused now, not failed when run
+        sizes = await self.o.stored.check(req.pipeline) if self.o.stored is not None else {}
         t0 = time.perf_counter()
         run = PipelineRun(
-            pid, req.pipeline, self.o._now(), submitted_wall=self.o.wall(), owner=self.o.owner
-        )
+            pid, req.pipeline, self.o._now(), submitted_wall=self.o.wall(), owner=self.o.owner,
+            artifact_sizes=sizes,
+        )  # fmt: skip
         run.state = "placing"
         # The ownership claim goes out first and is awaited only before booking, so its
         # round trip overlaps planning; the run is remembered once the claim is ours.

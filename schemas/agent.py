@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from schemas.artifacts import Sha256Hex
 from schemas.base import WireModel
 from schemas.limits import (
     MAX_DEVICES,
@@ -21,6 +22,10 @@ from schemas.limits import (
 DeviceKind = Literal["cpu", "gpu", "npu"]
 Tier = Literal["device", "edge", "fog", "cloud"]
 TaskKind = Literal["synthetic", "onnx", "exec", "python"]
+
+
+#: Most artifact digests one advert names (a cache holding more names its most recent).
+MAX_HELD_ARTIFACTS = 256
 
 
 def default_kinds() -> list[TaskKind]:
@@ -80,6 +85,11 @@ class AgentAdvert(WireModel):
     heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.5
     version: ShortText = ""
     seq: Count = 0
+    #: The sha256 of each artifact its cache holds (the `MAX_HELD_ARTIFACTS` most recently
+    #: used, sorted): placement charges the fetch to agents without it.
+    artifacts: Annotated[list[Sha256Hex], Field(max_length=MAX_HELD_ARTIFACTS)] = Field(
+        default_factory=list
+    )
 
 
 class CalibrationDrift(WireModel):

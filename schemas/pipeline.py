@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, StringConstraints, model_validator
 
 from schemas.agent import DeviceKind, Tier
-from schemas.artifacts import ArtifactRefText, parse_ref
+from schemas.artifacts import ArtifactKind, ArtifactRefText, parse_ref
 from schemas.base import WireModel
 from schemas.limits import (
     MAX_DEPS,
@@ -26,7 +26,10 @@ Arg = Annotated[str, StringConstraints(max_length=4096)]
 #: What the bytes of a value on the wire are: raw bytes, an `.npy` tensor, an `.npz` named set
 #: of tensors, JSON, or UTF-8 text.
 MediaType = Literal[
-    "application/octet-stream", "application/x-npy", "application/x-npz", "application/json",
+    "application/octet-stream",
+    "application/x-npy",
+    "application/x-npz",
+    "application/json",
     "text/plain",
 ]
 ScalarArg = Annotated[str, StringConstraints(max_length=4096)] | int | float | bool
@@ -102,6 +105,15 @@ class PythonRun(WireModel):
 RunSpec = Annotated[SyntheticRun | OnnxRun | ExecRun | PythonRun, Field(discriminator="kind")]
 
 
+def artifact_of(run: RunSpec) -> tuple[str, ArtifactKind] | None:
+    """The artifact a task's run names (its text and kind), if any."""
+    if isinstance(run, OnnxRun) and parse_ref(run.model) is not None:
+        return run.model, "onnx"
+    if isinstance(run, PythonRun) and run.bundle is not None:
+        return run.bundle, "python-bundle"
+    return None
+
+
 class Requirements(WireModel):
     kinds: Annotated[list[DeviceKind], Field(max_length=3)] = Field(default_factory=list)
     tiers: Annotated[list[Tier], Field(max_length=4)] = Field(default_factory=list)
@@ -152,9 +164,7 @@ class TaskSpec(WireModel):
     id: Ident
     run: RunSpec
     #: Its inputs by name; empty: each dep's output under the dep's id.
-    inputs: Annotated[list[InputBinding], Field(max_length=MAX_DEPS)] = Field(
-        default_factory=list
-    )
+    inputs: Annotated[list[InputBinding], Field(max_length=MAX_DEPS)] = Field(default_factory=list)
     #: What its output is (consumers decode it so); None: by its bytes (`.npy`/`.npz` are
     #: recognised, anything else is bytes).
     output_type: MediaType | None = None

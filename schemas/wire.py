@@ -17,6 +17,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.agent import AgentAdvert
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
 from schemas.base import WireModel
 from schemas.events import TaskEvent, TaskOutcome
@@ -26,7 +27,7 @@ from schemas.recovery import TaskResult
 
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
-WIRE_LEVEL = 3
+WIRE_LEVEL = 4
 
 #: Fields added after level 1, by model: the level that added each. A field named here
 #: must have a default (`tests/unit/test_wire_levels.py` holds it to that).
@@ -52,6 +53,9 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3, "pipeline_inputs": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
+    # level 4 (2026-12-06): the artifacts an agent holds, on its adverts (placement charges
+    # the fetch to agents without them)
+    AgentAdvert: {"artifacts": 4},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
     # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
 }

@@ -3,6 +3,7 @@ reused, evicted; shipped Python code only where its agent's owner allows it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -23,8 +24,10 @@ from edge_agent.service import Agent
 from orchestrator import artifacts
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskSpec, subjects
+from schemas.agent import AgentAdvert
 from schemas.artifacts import ArtifactRef
-from schemas.rpc import ServiceError
+from schemas.codec import decode
+from schemas.rpc import ServiceError, settle
 from tests.harness import EMULATED_CPU, agent_config, mars_cli
 
 pytestmark = pytest.mark.integration
@@ -106,16 +109,34 @@ async def test_a_model_put_by_the_cli_is_fetched_once_verified_and_reused(
     cache = tmp_path / "cache"
     async with cluster(nats_url, cache) as (orch, agent):
         assert not list(cache.rglob("*.onnx")) and agent.artifacts.used == 0  # never had it
-        runs = [
-            await run_one(orch, f"p{i}", {"kind": "onnx", "model": f"tiny@{sha}",
-                                          "random_inputs": True})
-            for i in range(2)
-        ]  # fmt: skip
-        assert [r.state for r in runs] == ["succeeded"] * 2, [r.reason for r in runs]
-        assert agent.artifacts.stats["fetched"] == 1  # the second run took it from disk
-        held = cache / "a1" / sha
-        assert hashlib.sha256(held.read_bytes()).hexdigest() == sha
-        assert agent.kept["p0"] == agent.kept["p1"]  # the same model, the same seed
+        assert orch.view.agents["a1"].advert.artifacts == []
+        nc = await nats.connect(nats_url)
+        told = asyncio.Event()
+
+        async def on_advert(msg: Any) -> None:
+            if sha in decode(msg.data, AgentAdvert).artifacts:
+                told.set()
+
+        await nc.subscribe(subjects.advert("a1"), cb=on_advert)
+        await settle(nc)
+        try:
+            runs = [
+                await run_one(orch, f"p{i}", {"kind": "onnx", "model": f"tiny@{sha}",
+                                              "random_inputs": True})
+                for i in range(2)
+            ]  # fmt: skip
+            assert [r.state for r in runs] == ["succeeded"] * 2, [r.reason for r in runs]
+            assert agent.artifacts.stats["fetched"] == 1  # the second run took it from disk
+            held = cache / "a1" / sha
+            assert hashlib.sha256(held.read_bytes()).hexdigest() == sha
+            assert agent.kept["p0"] == agent.kept["p1"]  # the same model, the same seed
+            # and the agent says it holds it: placement charges the fetch to others only
+            await asyncio.wait_for(told.wait(), 10.0)
+            await settle(nc)  # the orchestrator has read that advert too
+            assert sha in orch.view.agents["a1"].advert.artifacts
+            assert orch.pipelines["p0"].artifact_sizes == {sha: model.stat().st_size}
+        finally:
+            await nc.close()
 
 
 async def test_an_unknown_artifact_or_bytes_not_matching_their_digest_fail_the_task_clearly(
@@ -128,10 +149,25 @@ async def test_an_unknown_artifact_or_bytes_not_matching_their_digest_fail_the_t
         store = await js.object_store(subjects.ARTIFACTS_BUCKET)
         await store.put(info.sha256, b"x" * 4096)
     cache = tmp_path / "cache"
+    ghost = "ghost@" + "0" * 64
     async with cluster(nats_url, cache) as (orch, agent):
-        ghost = await run_one(orch, "ghost", {"kind": "onnx", "model": "ghost@" + "0" * 64})
-        assert ghost.state == "failed"
-        assert "ghost@" + "0" * 64 + " is not in the artifact store" in ghost.reason, ghost.reason
+        # named by a submission: refused then, nothing placed or booked
+        with pytest.raises(ServiceError) as refused:
+            await run_one(orch, "ghost", {"kind": "onnx", "model": ghost})
+        assert refused.value.code == "not_found"
+        assert f"artifact {ghost} not stored: `mars artifact put FILE` first" in str(
+            refused.value.message
+        )
+        assert "ghost" not in orch.pipelines
+        # gone from the store after the submission: the agent that fetches it says so
+        with pytest.raises(ArtifactError, match=f"{ghost} is not in the artifact store"):
+            await agent.artifacts.hold(ArtifactRef("ghost", "0" * 64), "onnx")
+        # a bundle named where a model is wanted
+        with pytest.raises(ServiceError) as wrong:
+            await run_one(orch, "wrong", {"kind": "python", "entry": "m:f", "bundle": info.ref})
+        assert wrong.value.code == "invalid"
+        said = wrong.value.message
+        assert f"artifact {info.ref} is of kind onnx, its task needs python-bundle" in said
         bad = await run_one(orch, "bad", {"kind": "onnx", "model": info.ref})
         assert bad.state == "failed"
         assert f"artifact {info.ref}: sha256 mismatch" in bad.reason, bad.reason

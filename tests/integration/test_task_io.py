@@ -18,6 +18,7 @@ from edge_agent import builtin_tasks, values
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
 from schemas import PipelineSpec
+from schemas.rpc import ServiceError
 from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration
@@ -101,8 +102,8 @@ async def test_a_pipeline_input_given_at_submit_is_what_its_task_reads(
     nats_url: str, tmp_path: Path
 ) -> None:
     """`mars submit --input NAME=PATH` stores the file by its digest; an exec task takes it as
-    a file, and `mars get` returns exactly what it made of it. An input the store does not
-    hold fails its task, saying so."""
+    a file, and `mars get` returns exactly what it made of it. A submission naming an input
+    the store does not hold is refused, saying so."""
     orch, agents = await start_cluster(nats_url, _configs())
     try:
         words = tmp_path / "words.txt"
@@ -134,9 +135,18 @@ async def test_a_pipeline_input_given_at_submit_is_what_its_task_reads(
             "tasks": [{"id": "up", "run": {"kind": "exec", "argv": ["sh", "-c", "cat {in:t}"]},
                        "inputs": [{"name": "t", "pipeline_input": "words"}]}],
         })  # fmt: skip
-        await orch.submit_spec(absent, "absent")
-        run = await orch.wait_terminal("absent", 15.0)
-        assert run.state == "failed"
-        assert "pipeline input words (000000000000...) is not in MARS_INPUTS" in run.reason
+        with pytest.raises(ServiceError) as refused:
+            await orch.submit_spec(absent, "absent")
+        assert refused.value.code == "not_found" and "absent" not in orch.pipelines
+        assert refused.value.message == (
+            "input words not in MARS_INPUTS: store it first (`mars submit --input NAME=PATH` does)"
+        )
+        # stored, but not what the spec says of it
+        wrong = absent.model_copy(update={"inputs": [
+            absent.inputs[0].model_copy(update={"sha256": hashlib.sha256(
+                words.read_bytes()).hexdigest()})]})  # fmt: skip
+        with pytest.raises(ServiceError) as refused:
+            await orch.submit_spec(wrong, "wrong")
+        assert refused.value.message == "input words is 25 B in MARS_INPUTS, the spec says 3 B"
     finally:
         await stop_cluster(orch, agents)

@@ -1,0 +1,159 @@
+"""What a pipeline's tasks read from the object store before they run: the pipeline inputs
+they bind and the artifact (model or bundle) each names.
+
+Looked up once, at submission: a pipeline naming an input or an artifact the store does not
+hold is refused then, saying what is missing, instead of failing a task after it was
+placed and booked. The sizes found are what the plan charges each task for the fetch on
+the device it would run on (`planning.SpecCostModel`): pipeline inputs everywhere, an
+artifact only where the agent does not advertise holding it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+
+from schemas import subjects
+from schemas.artifacts import ArtifactInfo, ArtifactKind, parse_ref
+from schemas.codec import DecodeError, decode
+from schemas.pipeline import PipelineSpec, artifact_of
+from schemas.rpc import ServiceError
+
+log = logging.getLogger("mars.orchestrator.store")
+
+#: Longest wait for the store's answers at submission; past it the pipeline is placed with
+#: its artifacts' sizes unknown (charged nothing), and an agent says what is missing.
+LOOKUP_S = 2.0
+
+
+@dataclass(frozen=True)
+class StoreReads:
+    """Per task: bytes of pipeline inputs it reads, and the artifact it needs (sha256, size)."""
+
+    inputs: Mapping[str, int] = field(default_factory=dict)
+    artifacts: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs or self.artifacts)
+
+
+def store_reads(spec: PipelineSpec, artifact_sizes: Mapping[str, int]) -> StoreReads:
+    """The reads of `spec`'s tasks; an artifact of unknown size is not charged."""
+    sizes = {i.name: i.size for i in spec.inputs}
+    inputs: dict[str, int] = {}
+    artifacts: dict[str, tuple[str, int]] = {}
+    for t in spec.tasks:
+        names = {b.pipeline_input for b in t.inputs if b.pipeline_input is not None}
+        if total := sum(sizes.get(n, 0) for n in names):
+            inputs[t.id] = total
+        art = artifact_of(t.run)
+        ref = parse_ref(art[0]) if art is not None else None
+        if ref is not None and (size := artifact_sizes.get(ref.sha256)) is not None:
+            artifacts[t.id] = (ref.sha256, size)
+    return StoreReads(inputs, artifacts)
+
+
+class StoreLookup:
+    """Checks submissions against the object store (bucket handles kept between them)."""
+
+    def __init__(self, js: Any) -> None:
+        self.js = js
+        self._inputs: Any = None
+        self._names: Any = None
+
+    async def _bucket(self, attr: str, open_it: Any) -> Any:
+        if getattr(self, attr) is None:
+            try:
+                setattr(self, attr, await open_it())
+            except BucketNotFoundError:
+                return None  # nothing was ever stored there (asked again next time)
+        return getattr(self, attr)
+
+    async def check(self, spec: PipelineSpec) -> dict[str, int]:
+        """The size of each artifact `spec` names, by sha256; raises `not_found` naming every
+        pipeline input and artifact the store does not hold (`invalid`: an artifact of
+        another kind than its task runs)."""
+        used = {b.pipeline_input for t in spec.tasks for b in t.inputs if b.pipeline_input}
+        wanted = [i for i in spec.inputs if i.name in used]
+        arts = {a for t in spec.tasks if (a := artifact_of(t.run)) is not None}
+        if not wanted and not arts:
+            return {}
+        missing: dict[str, str] = {}
+        sizes: dict[str, int] = {}
+        try:
+            async with asyncio.timeout(LOOKUP_S):
+                if wanted:
+                    b = await self._bucket(
+                        "_inputs", lambda: self.js.object_store(subjects.INPUTS_BUCKET)
+                    )
+                    for given, why in zip(
+                        wanted,
+                        await asyncio.gather(*(self._input_problem(b, i.sha256, i.size)
+                                               for i in wanted)),
+                        strict=True,
+                    ):  # fmt: skip
+                        if why:
+                            missing[f"input {given.name}"] = why
+                if arts:
+                    kv = await self._bucket(
+                        "_names", lambda: self.js.key_value(subjects.ARTIFACT_NAMES_BUCKET)
+                    )
+                    for (text, _), (why, size) in zip(
+                        sorted(arts),
+                        await asyncio.gather(*(self._artifact(kv, t, k) for t, k in sorted(arts))),
+                        strict=True,
+                    ):
+                        if why:
+                            missing[f"artifact {text}"] = why
+                        elif size is not None:
+                            sizes[text.rpartition("@")[2]] = size
+        except (TimeoutError, ConnectionError, OSError) as exc:
+            log.warning("object store not answering at submission (%s): placed unchecked", exc)
+            return sizes
+        if missing:
+            wrong_kind = all("its task needs" in w for w in missing.values())
+            head = "; ".join(f"{what} {why}" for what, why in sorted(missing.items()))
+            raise ServiceError("invalid" if wrong_kind else "not_found", head[:2000], missing)
+        return sizes
+
+    @staticmethod
+    async def _input_problem(bucket: Any, sha: str, size: int) -> str:
+        hint = "not in MARS_INPUTS: store it first (`mars submit --input NAME=PATH` does)"
+        if bucket is None:
+            return hint
+        try:
+            info = await bucket.get_info(sha)
+        except NotFoundError:
+            return hint
+        if info.deleted:
+            return hint
+        if info.size != size:
+            return f"is {info.size} B in MARS_INPUTS, the spec says {size} B"
+        return ""
+
+    @staticmethod
+    async def _artifact(kv: Any, text: str, kind: ArtifactKind) -> tuple[str, int | None]:
+        ref = parse_ref(text)
+        if ref is None:  # (artifact_of names refs only)
+            return "", None
+        hint = "not stored: `mars artifact put FILE` first (`mars artifact ls` lists them)"
+        if kv is None:
+            return hint, None
+        try:
+            entry = await kv.get(subjects.artifact_key(ref.name, ref.sha256))
+        except KeyNotFoundError:
+            return hint, None
+        if entry.value is None:
+            return hint, None
+        try:
+            info = decode(entry.value, ArtifactInfo)
+        except DecodeError:
+            return "", None  # unreadable: the agent that fetches it says why
+        if info.kind != kind:
+            return f"is of kind {info.kind}, its task needs {kind}", None
+        return "", info.size
