@@ -21,6 +21,8 @@ from tests.harness import agent_config, start_cluster, stop_cluster
 pytestmark = pytest.mark.integration
 
 KEEP_S = 1.0
+#: Inputs are kept from when they are stored: long enough for the task that reads them.
+INPUT_KEEP_S = 3.0
 MODS = ["edge_agent.builtin_tasks"]
 SH = [{"path": "sh", "prefix": ["-c"], "args": [".*"]}]
 BUCKETS = (subjects.OUTPUTS_BUCKET, subjects.INPUTS_BUCKET, subjects.DATA_BUCKET)
@@ -56,7 +58,7 @@ async def test_a_pipelines_data_is_gone_from_store_and_agents_once_its_retention
     try:
         given = tmp_path / "label.txt"
         given.write_bytes(b"frames of the north gate\n")
-        await inputs.bucket(js, keep_s=KEEP_S)
+        await inputs.bucket(js, keep_s=INPUT_KEEP_S)
         label = inputs.describe("label", given)
         assert await inputs.put(js, label, given)
         py = {"kind": "python"}
@@ -69,17 +71,21 @@ async def test_a_pipelines_data_is_gone_from_store_and_agents_once_its_retention
                 {"id": "scaled", "run": {**py, "entry": "edge_agent.builtin_tasks:scale",
                                          "kwargs": {"by": 2.0}}, "deps": ["images"],
                  "inputs": [{"name": "x", "source": "images"}], "requires": {"tiers": ["cloud"]}},
+                {"id": "title", "run": {"kind": "exec", "argv": [
+                    "sh", "-c", "tr a-z A-Z < {in:label}"]},
+                 "inputs": [{"name": "label", "pipeline_input": "label"}],
+                 "requires": {"tiers": ["cloud"]}},
                 {"id": "tag", "run": {"kind": "exec", "argv": [
-                    "sh", "-c", "wc -c < {in:x} && cat {in:label}"]}, "deps": ["scaled"],
+                    "sh", "-c", "wc -c < {in:x} && cat {in:title}"]}, "deps": ["scaled", "title"],
                  "inputs": [{"name": "x", "source": "scaled"},
-                            {"name": "label", "pipeline_input": "label"}],
+                            {"name": "title", "source": "title"}],
                  "requires": {"tiers": ["edge"]}},
             ]})  # fmt: skip
         await orch.submit_spec(spec, "gone")
         run = await orch.wait_terminal("gone", 30.0)
         assert run.state == "succeeded", (run.reason, run.placement_log)
         made = {k[1]: v for a in agents for k, v in a.made.items() if k[0] == "gone"}
-        assert made["tag"] == b"589952\nframes of the north gate\n"  # 576 KiB .npy + label
+        assert made["tag"] == b"589952\nFRAMES OF THE NORTH GATE\n"  # 576 KiB .npy + label
         held = await _stored(js)
         assert held[subjects.INPUTS_BUCKET] and held[subjects.OUTPUTS_BUCKET], held
         for b in (subjects.OUTPUTS_BUCKET, subjects.DATA_BUCKET):
