@@ -36,6 +36,7 @@ from schemas import subjects
 from schemas.agent import MAX_HELD_ARTIFACTS
 from schemas.artifacts import ArtifactInfo, ArtifactKind, ArtifactRef, parse_ref
 from schemas.codec import DecodeError, decode
+from schemas.digests import sha256_file
 
 log = logging.getLogger("mars.agent.artifacts")
 _HEX = frozenset("0123456789abcdef")
@@ -49,14 +50,6 @@ class ArtifactError(Exception):
 
 def _is_digest(name: str) -> bool:
     return len(name) == 64 and set(name) <= _HEX
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _HashingFile:
@@ -221,7 +214,7 @@ class ArtifactCache:
 
     async def _verify(self, sha: str, c: Cached) -> None:
         try:
-            got = await asyncio.to_thread(sha256_of, c.path)
+            got = await asyncio.to_thread(sha256_file, c.path)
         except OSError:
             got = ""
         if self._files.get(sha) is not c:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
 import threading
 import time
@@ -18,6 +17,7 @@ from edge_agent import values
 from edge_agent.artifacts import ArtifactCache
 from schemas.agent import DeviceSpec
 from schemas.artifacts import parse_ref
+from schemas.digests import sha256_file
 from schemas.pipeline import MediaType, OnnxRun, SyntheticRun
 
 BUILTIN_MODELS = Path(__file__).resolve().parent / "models"
@@ -103,14 +103,6 @@ def resolve_model(name: str, models_dir: str | None) -> Path | None:
         if cand.is_file():
             return cand
     return None
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class OnnxExecutor:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
 import re
 import time
 import zipfile
@@ -28,6 +27,7 @@ from orchestrator.kvwatch import all_keys
 from schemas import subjects
 from schemas.artifacts import MAX_ARTIFACT_BYTES, ArtifactInfo, ArtifactKind, parse_ref
 from schemas.codec import DecodeError, decode, encode
+from schemas.digests import sha256_file
 
 CHUNK_BYTES = 128 * 1024
 KINDS: tuple[ArtifactKind, ...] = get_args(ArtifactKind)
@@ -68,12 +68,7 @@ def default_name(path: Path) -> str:
 
 def file_digest(path: Path) -> tuple[str, int]:
     """sha256 (hex) and size of a file, read in chunks."""
-    h, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-            size += len(chunk)
-    return h.hexdigest(), size
+    return sha256_file(path), path.stat().st_size
 
 
 def _store_hex(digest: str | None) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from schemas import subjects
 from schemas.api import StatusReply, TaskStatus
+from schemas.digests import sha256_file
 
 
 class FetchError(Exception):
@@ -38,14 +38,6 @@ def find(st: StatusReply, task_id: str) -> TaskStatus:
             "or its agent could not store it)"
         )
     return ts
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _member(path: Path, name: str) -> bytes:
@@ -92,7 +84,7 @@ async def fetch(js: Any, ts: TaskStatus, out: str, member: str | None = None) ->
 
 def _finish(tmp: Path, ts: TaskStatus, out: str, member: str | None) -> int:
     """Check what was read, take the member asked for, and put it where it was asked."""
-    got = _sha256_file(tmp)
+    got = sha256_file(tmp)
     if got != ts.output_sha256:
         raise FetchError(f"the output read hashes to {got}, not {ts.output_sha256}: not kept")
     if member is not None:

@@ -5,7 +5,6 @@ again), described in the spec by name, digest, size and media type."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from orchestrator import ownership
 from schemas import subjects
+from schemas.digests import sha256_file
 from schemas.pipeline import MediaType, PipelineInput
 
 CHUNK_BYTES = 256 << 10
@@ -34,12 +34,8 @@ async def bucket(js: Any, keep_s: float = ownership.KEEP_S) -> Any:
 
 def describe(name: str, path: Path) -> PipelineInput:
     """The input as a spec names it (reads the file once, for its digest)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
     return PipelineInput(
-        name=name, sha256=h.hexdigest(), size=path.stat().st_size,
+        name=name, sha256=sha256_file(path), size=path.stat().st_size,
         media_type=SUFFIX_TYPES.get(path.suffix.lower()),
     )  # fmt: skip
 
