@@ -163,16 +163,19 @@ def agent_process_config(
     gflops: float = 10.0,
     labels: dict[str, str] | None = None,
     started_event_after_s: float = 0.0,
+    tier: str = "edge",
+    **settings: Any,
 ) -> Path:
     """An agent config file: one emulated 1-slot CPU, synthetic tasks, 0.2 s heartbeats, every
     started task reported at once (by default), nothing measured that would change its
-    figures."""
+    figures. `settings`: any other agent settings (`allowed_kinds`, `python_allow`,
+    `exec_allow`, ...), over these."""
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(
         yaml.safe_dump(
             {
                 "site": f"site-{name}",
-                "tier": "edge",
+                "tier": tier,
                 "labels": labels or {},
                 "probe_cpu": False,
                 "probe_gpus": False,
@@ -185,6 +188,7 @@ def agent_process_config(
                 "link_probe_every_s": 0,
                 "recalibrate_every_s": 0,
                 "buffer_dir": str(tmp / f"{name}-buffer"),
+                **settings,
             }
         )
     )  # fmt: skip
