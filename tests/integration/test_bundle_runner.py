@@ -82,7 +82,7 @@ async def test_only_the_bundles_public_functions_run_and_only_where_allowed(
         await call(bundle, "shipped_ops:_hidden")
     with pytest.raises(ExecutionError, match=r"^exit code 1: ValueError: boom\n"):
         await call(bundle, "shipped_ops:boom")
-    with pytest.raises(ExecutionError, match="output exceeded"):
+    with pytest.raises(ExecutionError, match="output of 5000 bytes exceeds the limit of 1000"):
         await call(bundle, "shipped_ops:big")
 
 

@@ -1,4 +1,4 @@
-"""The exec and python runners on real processes and threads (no NATS needed here)."""
+"""The exec and python runners on real processes (no NATS needed here)."""
 
 from __future__ import annotations
 

@@ -13,8 +13,6 @@ from pydantic import ValidationError
 from edge_agent.allowlist import Allowlist, ExecRule, match_exec, python_problem
 from edge_agent.config import AgentConfig
 from edge_agent.core import AgentCore
-from edge_agent.executors import ExecutionError
-from edge_agent.py_runner import load_entry, to_bytes
 from schemas import CommitCommand, DeviceSpec, TaskOffer, TaskSpec
 
 PRINTF = shutil.which("printf") or "/usr/bin/printf"
@@ -109,27 +107,6 @@ def test_modules_outside_the_allowlist_never_pass(module: str) -> None:
     mods = ["edge_agent.builtin_tasks"]
     ok = module == mods[0] or module.startswith(mods[0] + ".")
     assert (python_problem(f"{module}:f", mods) is None) == ok
-
-
-def test_load_entry_refuses_names_a_module_only_imports() -> None:
-    mods = ["edge_agent.exec_runner"]
-    assert load_entry("edge_agent.exec_runner:run_exec", mods).__name__ == "run_exec"
-    with pytest.raises(ExecutionError, match="not a function defined in"):
-        load_entry("edge_agent.exec_runner:match_exec", mods)  # imported from allowlist
-    with pytest.raises(ExecutionError, match="not a function defined in"):
-        load_entry("edge_agent.exec_runner:os", mods)
-    with pytest.raises(ExecutionError, match="not allowlisted"):
-        load_entry("os:getcwd", mods)
-
-
-def test_results_become_bytes() -> None:
-    assert to_bytes(b"x") == b"x"
-    assert to_bytes("é") == "é".encode()
-    assert to_bytes({"b": 1, "a": [1.5]}) == b'{"a":[1.5],"b":1}'
-    with pytest.raises(ExecutionError, match="not JSON-able"):
-        to_bytes(object())
-    with pytest.raises(ExecutionError, match="not JSON-able"):
-        to_bytes(float("nan"))
 
 
 # -- admission --------------------------------------------------------------------------------
