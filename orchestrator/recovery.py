@@ -509,6 +509,11 @@ class Recovery:
                                 key, run.pipeline_id, now, exact=[(t, start, end)]
                             )
                 await self.o.commits.commit_all(run, redo)
+                # a producer still running was told where these consumers were: tell it where
+                # they are now, or it sends to the dead agent and they wait for a fetch
+                await self.o.displaced.reroute_producers(
+                    run, {t: run.placements[t] for t in redo if t in run.placements}
+                )
                 run.recoveries += 1
                 self.stats["tasks_replaced"] += len(redo)
                 reruns = sorted(t for t in redo if t not in seeds)

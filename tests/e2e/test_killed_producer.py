@@ -35,6 +35,7 @@ from orchestrator.service import Orchestrator
 from schemas import subjects
 from schemas.codec import decode
 from schemas.events import TaskEvent
+from schemas.placement import FetchRequest
 from schemas.rpc import settle
 from tests.harness import AgentProcesses, mars_cli
 
@@ -125,6 +126,16 @@ async def test_a_producer_killed_mid_pipeline_runs_again_and_the_outputs_stay_ex
                 heard.notify_all()
 
     await nc.subscribe(subjects.task_event(PID, "*"), cb=on_event)
+    # where part's agent is told to send part's output (the orchestrator routing a moved
+    # consumer; a consumer asking for itself)
+    routes: list[FetchRequest] = []
+
+    async def on_fetch(msg: Any) -> None:
+        async with heard:
+            routes.append(decode(msg.data, FetchRequest))
+            heard.notify_all()
+
+    await nc.subscribe(subjects.fetch("cloud"), cb=on_fetch)
     await settle(nc)
     try:
         async with AgentProcesses(nats_url, tmp_path) as fleet:
@@ -141,11 +152,20 @@ async def test_a_producer_killed_mid_pipeline_runs_again_and_the_outputs_stay_ex
             await orch.wait_for(lambda: unzip.state == "succeeded", 20.0)
             doomed = unzip.agent_id
             assert doomed in ("edge-a", "edge-b") and run.tasks["decode"].state != "started"
+            decode_moves = run.tasks["decode"].agent_id == doomed
             fleet.procs[doomed].send_signal(signal.SIGKILL)
             # unzip's output went with its agent: it runs again, on the other edge agent
             await orch.wait_for(
                 lambda: unzip.state == "succeeded" and unzip.agent_id not in (None, doomed), 20.0
             )
+            if decode_moves:
+                # part, still running, is told where decode went before it ends: its output
+                # goes there when it does, not to the dead agent
+                async with asyncio.timeout(10.0), heard:
+                    await heard.wait_for(lambda: any(
+                        (r.producer, r.consumer, r.agent_id)
+                        == ("part", "decode", run.tasks["decode"].agent_id) for r in routes
+                    ))  # fmt: skip
             _release(gate, "test")
             run = await orch.wait_terminal(PID, 20.0)
             assert run.state == "succeeded", (run.reason, run.placement_log)
