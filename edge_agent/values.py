@@ -12,11 +12,12 @@ import io
 import json
 import zipfile
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from schemas.pipeline import InputBinding, MediaType, TaskSpec
+if TYPE_CHECKING:  # (a python task's own process imports this module: pydantic stays out)
+    from schemas.pipeline import InputBinding, MediaType, TaskSpec
 
 BYTES: MediaType = "application/octet-stream"
 NPY: MediaType = "application/x-npy"
@@ -102,6 +103,8 @@ def npz(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 def bindings(task: TaskSpec) -> Sequence[InputBinding]:
     """A task's inputs by name: as declared, else each dep's output under the dep's id."""
+    from schemas.pipeline import InputBinding
+
     return task.inputs or [InputBinding(name=d, source=d) for d in task.deps]
 
 
