@@ -21,11 +21,13 @@ import inspect
 import os
 import pickle
 import resource
+import signal
 import sys
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn
 
 ERROR = b"error"
+PR_SET_PDEATHSIG = 1
 #: Longest reason written (the agent reads a few KiB past the output limit).
 MESSAGE = 2000
 
@@ -46,7 +48,20 @@ def _limit(limits: dict[str, tuple[int, int]]) -> None:
         resource.setrlimit(res, (soft, hard))
 
 
+def _die_with_parent() -> None:
+    """Killed when the agent dies (Linux): an agent killed outright leaves no call running
+    unseen until its CPU limit. Elsewhere, or refused, the CPU limit is the bound."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
+    _die_with_parent()
     entry = sys.argv[1]
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the function's prints (C extensions' too) go to stderr

@@ -4,8 +4,11 @@ limit or when cancelled, bounded in memory, and a crash of theirs is the task's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from tests.integration.test_exec_runner import dead, read_fifo
 pytestmark = pytest.mark.integration
 
 MODS = ["tests.integration.pytasks", "edge_agent.builtin_tasks"]
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def call(entry: str, timeout_s: float = 30.0, **kw: Any) -> Output:
@@ -103,3 +107,28 @@ async def test_only_functions_defined_in_an_allowlisted_module_are_called() -> N
             PythonRun(entry="edge_agent.nope:f"), ["edge_agent"], timeout_s=30,
             max_output_bytes=100,
         )  # fmt: skip
+
+
+async def test_a_call_ends_with_its_agent_killed_outright(tmp_path: Path) -> None:
+    """An agent SIGKILLed mid-call leaves no call running on (Linux: the parent-death signal)."""
+    fifo = tmp_path / "pid"
+    os.mkfifo(fifo)
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c",
+        "import asyncio, sys; from tests.integration.test_python_process import call; "
+        "asyncio.run(call('tests.integration.pytasks:hold', kwargs={'fifo': sys.argv[1]}))",
+        str(fifo), cwd=str(REPO),
+    )  # fmt: skip
+    pid = 0
+    try:
+        pid = int(await asyncio.to_thread(read_fifo, fifo))
+        agent.kill()
+        await agent.wait()
+        assert dead(pid, within=10.0)
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+            await agent.wait()
+        if pid:  # (a failure above must not leave it sleeping)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
