@@ -60,7 +60,7 @@ from orchestrator.natsserver import EmbeddedNats
 from orchestrator.procs import terminate_as_interrupt, tied_to_caller
 from schemas import subjects
 from schemas.limits import MAX_OUTPUT_BYTES
-from schemas.pipeline import TaskSpec
+from schemas.pipeline import MediaType, TaskSpec
 from schemas.placement import (
     CommitCommand,
     ConsumerRef,
@@ -244,9 +244,11 @@ def instrument(agent: Agent, marks: Marks) -> None:
     keep, send_kept, deliver = data.keep, data.send_kept, core.deliver
     put, read = data.objects.put, data.objects.read
 
-    def timed_keep(offer: TaskOffer, data: bytes) -> Retained | None:
+    def timed_keep(
+        offer: TaskOffer, data: bytes, media_type: MediaType | None = None
+    ) -> Retained | None:
         marks.mark(offer.pipeline_id, "keep0")
-        entry = keep(offer, data)
+        entry = keep(offer, data, media_type)
         marks.mark(offer.pipeline_id, "keep1")
         return entry
 

@@ -18,7 +18,7 @@ from typing import Literal, TypeVar
 from edge_agent.allowlist import Allowlist
 from schemas.agent import DeviceSpec, TaskKind
 from schemas.limits import MAX_OUTPUT_BYTES
-from schemas.pipeline import OnnxRun, SyntheticRun
+from schemas.pipeline import MediaType, OnnxRun, SyntheticRun
 from schemas.placement import (
     CancelCommand,
     CommitCommand,
@@ -53,6 +53,9 @@ ORPHANS_KEPT = 256
 #: placed again, here or elsewhere, and still needs its inputs), or it was cancelled.
 Ending = Literal["ran", "withdrawn", "cancelled"]
 
+#: A job's inputs as kept for its next placement: bytes, producer tokens, media types.
+Inputs = tuple[dict[str, bytes], dict[str, int], dict[str, MediaType | None]]
+
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -74,6 +77,9 @@ class Job:
     #: The fencing token of the producer run each input came from (said on the job's end
     #: event: the orchestrator commits its result only on its producers' committed runs).
     input_tokens: dict[str, int] = field(default_factory=dict)
+    #: What each input was made as, said by its producer's agent (None: not said): how it is
+    #: decoded where its producer's spec declares no `output_type` (`InputRef.media_type`).
+    input_types: dict[str, MediaType | None] = field(default_factory=dict)
     #: Monotonic time it was accepted or committed, whichever was later, and when its
     #: pipeline's status was last asked about it (`stale_candidates`).
     since: float = field(default_factory=time.monotonic)
@@ -150,7 +156,7 @@ class AgentCore:
         # inputs of jobs a re-plan withdrew, with the producer token of each: the task is
         # usually offered here again at once (its next round), and their producers count them
         # delivered and may have let them go
-        self._orphans: OrderedDict[Key, tuple[dict[str, bytes], dict[str, int]]] = OrderedDict()
+        self._orphans: OrderedDict[Key, Inputs] = OrderedDict()
         # the end event of each job that ended here, as sent (token, subject, event id, data):
         # sent again when the orchestrator, having heard no end, asks about the job. Short
         # tasks too: a look at a commit races their end events (asked "unstarted" as the end
@@ -248,14 +254,11 @@ class AgentCore:
         # stay. Their producers were told they were delivered and may have let them go;
         # dropping them would leave the task waiting for data nobody holds any more.
         if existing is not None:
-            had: tuple[dict[str, bytes], dict[str, int]] | None = (
-                existing.inputs,
-                existing.input_tokens,
-            )
+            had: Inputs | None = (existing.inputs, existing.input_tokens, existing.input_types)
         else:
             had = self._orphans.pop(key, None)
         if had is not None and had[0]:
-            job.inputs, job.input_tokens = dict(had[0]), dict(had[1])
+            job.inputs, job.input_tokens, job.input_types = dict(had[0]), dict(had[1]), dict(had[2])
             self._fence(job)
         return self._accept(offer)
 
@@ -269,6 +272,7 @@ class AgentCore:
             if token is None or (token and job.input_tokens.get(p) != token):
                 del job.inputs[p]
                 job.input_tokens.pop(p, None)
+                job.input_types.pop(p, None)
 
     def _accept(self, offer: TaskOffer) -> OfferReply:
         return OfferReply(
@@ -347,6 +351,7 @@ class AgentCore:
         complete = msg.producer in job.inputs  # a duplicate: queued already if ready
         job.inputs[msg.producer] = payload  # a duplicate delivery overwrites with equal bytes
         job.input_tokens[msg.producer] = msg.token
+        job.input_types[msg.producer] = msg.media_type
         if not complete:
             self._queue_if_ready(job)
         return DataAck(pipeline_id=msg.pipeline_id, consumer=msg.consumer, ok=True)
@@ -477,7 +482,8 @@ class AgentCore:
         job.state = "cancelled"
         self._remember(job.key, job.offer.token, how)
         if how == "withdrawn" and job.inputs:
-            _put_bounded(self._orphans, job.key, (job.inputs, job.input_tokens), ORPHANS_KEPT)
+            had = (job.inputs, job.input_tokens, job.input_types)
+            _put_bounded(self._orphans, job.key, had, ORPHANS_KEPT)
 
     def cancel(self, cmd: CancelCommand) -> list[Job]:
         """Drop the pipeline's jobs; running ones are returned so the shell can stop them."""

@@ -15,7 +15,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,15 @@ from edge_agent.objectstore import Objects
 from edge_agent.retention import OutputStore, Retained
 from schemas import subjects
 from schemas.codec import encode
-from schemas.placement import DataAck, DataTransfer, FetchRequest, InputGone, TaskOffer
+from schemas.pipeline import MediaType
+from schemas.placement import (
+    ConsumerRef,
+    DataAck,
+    DataTransfer,
+    FetchRequest,
+    InputGone,
+    TaskOffer,
+)
 from schemas.rpc import RemoteError, ServiceError, request
 
 log = logging.getLogger("mars.agent.data")
@@ -37,6 +45,12 @@ log = logging.getLogger("mars.agent.data")
 SWEEP_S = 5.0
 #: Assumed worst-case throughput when sizing a transfer's timeout.
 MIN_BYTES_PER_S = 4 << 20
+#: The wire level assumed of a consumer's agent not heard of: the last one before transfers
+#: carried their media type (a level-3 agent refuses a transfer with a field it does not
+#: know; without it, a newer one goes by the bytes as before).
+UNKNOWN_LEVEL = 3
+#: Consumer agents whose wire level is remembered (the latest heard of).
+LEVELS_KEPT = 4096
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
@@ -112,6 +126,8 @@ class DataPlane:
         # retry backoff per (pipeline, producer, consumer): (next attempt, interval)
         self._next_fetch: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._next_push: dict[tuple[str, str, str], tuple[float, float]] = {}
+        # consumer agent -> the wire level it reads, from offers' consumers and fetches
+        self._levels: OrderedDict[str, int] = OrderedDict()
 
     def attach(self, nc: NATS) -> None:
         self.nc = nc
@@ -126,10 +142,31 @@ class DataPlane:
             self.changed.notify_all()
 
     # -- producer side --------------------------------------------------------------------------
-    def keep(self, offer: TaskOffer, data: bytes) -> Retained | None:
-        """Retain a finished task's output, before its job is let go: a fetch that finds
-        neither the job nor its output says the output is gone, and its producer is run
-        again (found when the output was kept only once its sending began)."""
+    def note_level(self, agent_id: str, level: int) -> None:
+        """`agent_id` reads wire level `level` (0: not known, noted nothing)."""
+        if level <= 0:
+            return
+        self._levels[agent_id] = level
+        self._levels.move_to_end(agent_id)
+        while len(self._levels) > LEVELS_KEPT:
+            self._levels.popitem(last=False)
+
+    def note_levels(self, consumers: list[ConsumerRef]) -> None:
+        for c in consumers:
+            self.note_level(c.agent_id, c.wire)
+
+    def level_of(self, agent_id: str) -> int:
+        """The wire level a consumer's agent reads, as last heard (UNKNOWN_LEVEL: not)."""
+        return self._levels.get(agent_id, UNKNOWN_LEVEL)
+
+    def keep(
+        self, offer: TaskOffer, data: bytes, media_type: MediaType | None = None
+    ) -> Retained | None:
+        """Retain a finished task's output (`media_type`: what its executor made it as),
+        before its job is let go: a fetch that finds neither the job nor its output says the
+        output is gone, and its producer is run again (found when the output was kept only
+        once its sending began)."""
+        self.note_levels(offer.consumers)
         consumers = {c.task_id: c.agent_id for c in offer.consumers}
         consumers.update(self._routes.pop((offer.pipeline_id, offer.task.id), {}))
         entry, dropped = self.store.put(
@@ -142,6 +179,7 @@ class DataPlane:
             # sent from these bytes: a large output goes to disk once its sending ended
             # (`send_kept`), not before (the put read it back from there)
             hold=self.online,
+            media_type=media_type,
         )
         self._forget(dropped)
         return entry
@@ -215,6 +253,7 @@ class DataPlane:
             object_key=entry.object_key
             or object_key(entry.pipeline_id, entry.producer, entry.token),
             size=entry.size,
+            media_type=entry.media_type,
         )
 
     async def _transfer(self, entry: Retained, consumer: str) -> DataTransfer:
@@ -227,6 +266,7 @@ class DataPlane:
                 token=entry.token,
                 data=self.store.read(entry),
                 sha256=entry.sha256,
+                media_type=entry.media_type,
             )
         if entry.object_key is None:
             # once, however many consumers are sent it at the same time
@@ -262,6 +302,9 @@ class DataPlane:
                     transfer,
                     DataAck,
                     timeout=transfer_timeout(transfer.nbytes),
+                    # written for the level it reads: an older one refuses a transfer with
+                    # a field it does not know (its media type), whole
+                    level=self.level_of(agent_id),
                 )
             except (TimeoutError, RemoteError, nats.errors.Error) as exc:
                 log.debug("send to %s failed: %s", agent_id, exc)
@@ -288,8 +331,11 @@ class DataPlane:
         with contextlib.suppress(Exception):
             await self.objects.delete(self.js, key)
 
-    async def on_fetch(self, req: FetchRequest) -> DataTransfer:
-        """A (re-placed) consumer asks for a retained output."""
+    async def on_fetch(self, req: FetchRequest, level: int = 0) -> DataTransfer:
+        """A (re-placed) consumer asks for a retained output (`level`: the wire level its
+        agent reads, said by the request; the reply is written for it by `respond`, and so
+        is what is pushed there later)."""
+        self.note_level(req.agent_id, level)
         entry = self.store.get(req.pipeline_id, req.producer)
         if entry is None or (req.token is not None and req.token != entry.token):
             if (req.pipeline_id, req.producer) in self.core.jobs:

@@ -23,7 +23,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from schemas.pipeline import MediaType
 
 log = logging.getLogger("mars.agent.retention")
 #: How long an output every consumer acknowledged is still kept, and how many such at most.
@@ -47,6 +49,8 @@ class Retained:
     path: Path | None = None
     #: Key in the data object store once put there.
     object_key: str | None = None
+    #: What its executor made it as (None: known by its bytes), sent with it to consumers.
+    media_type: MediaType | None = None
 
     @property
     def key(self) -> Key:
@@ -66,6 +70,7 @@ class Retained:
             "acked": sorted(self.acked),
             "created": self.created,
             "object_key": self.object_key,
+            "media_type": self.media_type,
         }
 
 
@@ -121,6 +126,7 @@ class OutputStore:
         *,
         spill: bool = False,
         hold: bool = False,
+        media_type: MediaType | None = None,
     ) -> tuple[Retained | None, list[Retained]]:
         """Keep an output; returns it (None if not kept) and whatever was pushed out for room.
 
@@ -157,6 +163,7 @@ class OutputStore:
             size,
             dict(consumers),
             created=self.clock(),
+            media_type=media_type,
         )
         if spill or (not hold and self.memory + size > self.memory_bytes):
             self._spill(entry, data)
@@ -306,6 +313,7 @@ class OutputStore:
                     None,
                     path,
                     str(m["object_key"]) if m.get("object_key") else None,
+                    _media_type(m.get("media_type")),
                 )
                 if path.stat().st_size != entry.size:
                     raise ValueError("size differs from its sidecar")
@@ -324,3 +332,9 @@ class OutputStore:
         for stray in [*self.dir.glob("*.tmp"), *self.dir.glob("*.jtmp"), *orphans]:
             with contextlib.suppress(FileNotFoundError):
                 stray.unlink()
+
+
+def _media_type(raw: Any) -> MediaType | None:
+    """A sidecar's media type; one this release does not know (or none, from a release
+    that kept none) is None: the consumer goes by the bytes."""
+    return raw if raw in get_args(MediaType) else None

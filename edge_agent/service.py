@@ -62,6 +62,7 @@ from schemas.placement import (
     TaskOffer,
 )
 from schemas.rpc import RemoteError, ServiceError, request, respond, settle
+from schemas.wire import level_of
 
 log = logging.getLogger("mars.agent")
 VERSION = "0.1.0"
@@ -553,7 +554,10 @@ class Agent:
         await respond(self.nc, msg, DataTransfer, self.data.accept)
 
     async def _on_fetch(self, msg: Msg) -> None:
-        await respond(self.nc, msg, FetchRequest, self.data.on_fetch)
+        async def fetch(req: FetchRequest) -> DataTransfer:
+            return await self.data.on_fetch(req, level_of(msg.headers))
+
+        await respond(self.nc, msg, FetchRequest, fetch)
 
     async def _on_data_ack(self, msg: Msg) -> None:
         await respond(self.nc, msg, DataAck, self.data.on_ack)
@@ -622,7 +626,8 @@ class Agent:
             # kept until every consumer has it, from now on (its job is let go below);
             # shipped in the background, offline or not, to where the consumers are now (a
             # routing update may have come while it ran)
-            self._spawn(self.data.send_kept(self.data.keep(job.offer, out.data)))
+            made = self.data.keep(job.offer, out.data, made_as(offer.task.output_type, out))
+            self._spawn(self.data.send_kept(made))
             ok = True
             kept = await self._keep_output(job, out)
             self._emit(job, "succeeded", duration=duration, output=out, kept=kept)
@@ -676,7 +681,10 @@ class Agent:
         device = self._device(job)
         if isinstance(run, SyntheticRun):
             return await run_synthetic(run, device)
-        types: dict[str, MediaType | None] = {i.task_id: i.media_type for i in job.offer.inputs}
+        # as its producer's spec declares it, else as its producer's executor made it
+        types: dict[str, MediaType | None] = {
+            i.task_id: i.media_type or job.input_types.get(i.task_id) for i in job.offer.inputs
+        }
         got = dict(job.inputs)
         for pi in job.offer.pipeline_inputs:  # the pipeline's own, from the inputs bucket
             if self.data.js is None:
@@ -782,6 +790,15 @@ class Agent:
         # journaled first: sent now if connected, replayed in order after a reconnect or restart
         self.outbox.emit(*sent)
         return sent
+
+
+def made_as(declared: MediaType | None, out: Output) -> MediaType | None:
+    """What an output is said to be to its consumers: as its spec declares it, else as its
+    executor made it; raw bytes are not said to be anything (bytes a task returned, an exec
+    task's file: known by what they hold, e.g. a `.npy` header)."""
+    if declared is not None:
+        return declared
+    return None if out.media_type == values.BYTES else out.media_type
 
 
 async def run_agent(

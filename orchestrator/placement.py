@@ -574,10 +574,11 @@ class Placer:
         task = spec_by_id[tid]
         p = placements[tid]
         agent_id, dev_id = p.device_id.split(":", 1)
-        consumers = [
-            ConsumerRef(task_id=c, agent_id=placements[c].device_id.split(":", 1)[0])
-            for c in run.children[tid]
-        ]
+        consumers = []
+        for c in run.children[tid]:
+            to = placements[c].device_id.split(":", 1)[0]
+            # with the level its agent reads: this task's agent sends it only what that reads
+            consumers.append(ConsumerRef(task_id=c, agent_id=to, wire=self.o.wire_of(to)))
         return TaskOffer(
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,

@@ -64,6 +64,9 @@ class ConsumerRef(WireModel):
 
     task_id: Ident
     agent_id: Ident
+    #: The wire level `agent_id` reads (schemas/wire.py; 0: not known): its producer's agent
+    #: sends it only the fields it knows.
+    wire: Annotated[int, Field(ge=0, le=9999)] = 0
 
 
 #: Most offers in one batch (one pipeline's tasks on one agent, in practice far fewer).
@@ -265,6 +268,9 @@ class DataTransfer(WireModel):
     object_key: ObjectKey | None = None
     #: Payload size in bytes (required with `object_key`).
     size: Annotated[int, Field(ge=0, le=MAX_OUTPUT_BYTES)] | None = None
+    #: What the producer's executor made of its output (None: known by its bytes). The
+    #: consumer decodes it so where the producer's spec declares no `output_type`.
+    media_type: MediaType | None = None
 
     @model_validator(mode="after")
     def _one_payload(self) -> Self:

@@ -22,7 +22,14 @@ from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, T
 from schemas.base import WireModel
 from schemas.events import TaskEvent, TaskOutcome
 from schemas.pipeline import ExecRun, OnnxRun, PipelineSpec, PythonRun, TaskSpec
-from schemas.placement import CommitCommand, InputRef, OfferBatch, TaskOffer
+from schemas.placement import (
+    CommitCommand,
+    ConsumerRef,
+    DataTransfer,
+    InputRef,
+    OfferBatch,
+    TaskOffer,
+)
 from schemas.recovery import TaskResult
 
 WIRE_HEADER = "Mars-Wire"
@@ -54,8 +61,12 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
     # level 4 (2026-12-06): the artifacts an agent holds, on its adverts (placement charges
-    # the fetch to agents without them)
+    # the fetch to agents without them); the media type an output was made as, with it
+    # between agents, and each consumer's agent's level on offers (a producer's agent sends
+    # a level-3 one no media type)
     AgentAdvert: {"artifacts": 4},
+    DataTransfer: {"media_type": 4},
+    ConsumerRef: {"wire": 4},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
     # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
 }

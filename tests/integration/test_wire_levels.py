@@ -14,7 +14,8 @@ from nats.aio.msg import Msg
 from orchestrator.client import Client
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
-from schemas.codec import encode
+from schemas.codec import encode, headers_for
+from schemas.placement import FetchRequest
 from schemas.wire import WIRE_HEADER, WIRE_LEVEL
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
 
@@ -101,6 +102,65 @@ async def test_a_client_of_the_release_before_levels_gets_replies_it_reads(nats_
         assert o["pipeline_id"] == n["pipeline_id"] == "one"
         assert not {"submitted", "owner"} & set(o) and n["owner"] == orch.owner
         assert old.headers is not None and old.headers[WIRE_HEADER] == str(WIRE_LEVEL)
+    finally:
+        await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_a_producers_agent_sends_an_older_consumers_agent_transfers_it_reads(
+    nats_url: str,
+) -> None:
+    """A python task returns a dict, undeclared: its output goes to "c" on the old agent
+    without its media type (that agent's closed models would refuse the whole transfer), and
+    to "q" on a current one with it. A fetch by a requester of an older level is answered so
+    too."""
+    cpu = [{"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}]
+    py = {"allowed_kinds": ["synthetic", "python"], "python_allow": ["edge_agent.builtin_tasks"]}
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    agents = [
+        RecordingAgent(nats_url, agent_config("s", "edge", probe_cpu=False, devices=cpu, **py),
+                       agent_id="new", calibrate=False),
+        RecordingAgent(nats_url, agent_config("s", "edge"), agent_id="new2", calibrate=False),
+        LevelOneAgent(nats_url, agent_config("s", "edge"), agent_id="old", calibrate=False),
+    ]  # fmt: skip
+    nc = await nats.connect(nats_url)
+    sent: dict[str, list[dict[str, Any]]] = {"new2": [], "old": []}
+    try:
+        for a in agents:
+            await a.start()
+        assert await orch.wait_for_agents(3, timeout=10.0) == 3
+        for aid in sent:
+
+            async def note(msg: Msg, aid: str = aid) -> None:
+                sent[aid].append(msgpack.unpackb(msg.data, raw=False))
+
+            await nc.subscribe(subjects.data(aid), cb=note)
+        await nc.flush()
+        syn = {"kind": "synthetic", "seconds": 0.01}
+        spec = PipelineSpec.model_validate({"name": "typed", "tasks": [
+            {"id": "p", "run": {"kind": "python", "entry": "edge_agent.builtin_tasks:describe",
+                                "kwargs": {"a": 1}}, "requires": {"pinned_agent": "new"}},
+            {"id": "c", "run": syn, "deps": ["p"], "requires": {"pinned_agent": "old"}},
+            {"id": "q", "run": syn, "deps": ["p"], "requires": {"pinned_agent": "new2"}},
+        ]})  # fmt: skip
+        await orch.submit_spec(spec, "typed")
+        run = await orch.wait_terminal("typed", 15.0)
+        assert run.state == "succeeded", run.reason
+        await nc.flush()
+        assert sent["old"] and sent["new2"], sent
+        assert all("media_type" not in t for t in sent["old"]), sent["old"]
+        assert all(t["media_type"] == "application/json" for t in sent["new2"]), sent["new2"]
+        # asked for it again by a requester without the level header (the release before
+        # levels), and by one of this release
+        ask = FetchRequest(pipeline_id="typed", producer="p", consumer="q", agent_id="new2")
+        replies = [
+            msgpack.unpackb((await nc.request(subjects.fetch("new"), encode(ask), timeout=5.0,
+                                              headers=h)).data, raw=False)
+            for h in (None, headers_for("msgpack"))
+        ]  # fmt: skip
+        assert "media_type" not in replies[0] and "data" in replies[0], replies[0]
+        assert replies[1]["media_type"] == "application/json"
     finally:
         await nc.close()
         await stop_cluster(orch, agents)

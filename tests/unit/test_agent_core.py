@@ -198,13 +198,16 @@ def test_a_withdrawn_job_leaves_its_inputs_for_its_next_placement_here() -> None
     c = core()
     assert c.admit(offer("b", token=5, deps=("x",))).accepted
     c.deliver(
-        DataTransfer(pipeline_id="p", producer="x", consumer="b", token=1, data=b"1", sha256=SHA)
-    )
+        DataTransfer(pipeline_id="p", producer="x", consumer="b", token=1, data=b"1", sha256=SHA,
+                     media_type="application/json")
+    )  # fmt: skip
     c.cancel(CancelCommand(pipeline_id="p", task_ids=["b"], max_token=5))
     assert ("p", "b") not in c.jobs
     assert c.admit(offer("b", token=7, deps=("x",))).accepted
     c.commit(CommitCommand(pipeline_id="p", task_ids=["b"], tokens=[7]))
-    assert [j.offer.task.id for j in c.take_ready()] == ["b"]  # nothing to wait for
+    [job] = c.take_ready()  # nothing to wait for
+    assert job.offer.task.id == "b"
+    assert job.input_types == {"x": "application/json"}  # still decoded as it was made
     # withdrawn, then the pipeline cancelled: nothing is kept for a later offer
     assert c.admit(offer("d", token=5, deps=("x",))).accepted
     c.deliver(

@@ -137,6 +137,23 @@ def test_spilled_outputs_survive_a_restart(tmp_path: Path) -> None:
     assert list(again.entries) == [("p", "src")]
 
 
+def test_the_media_type_an_output_was_made_as_survives_a_restart(tmp_path: Path) -> None:
+    """Sent with the output to a consumer that fetches it after the agent restarted; a type
+    this release does not know (a sidecar of a newer one) is taken as not said."""
+    store, _ = _store(tmp_path)
+    store.put("p", "doc", 1, b'{"n":3}', {"c": "n1"}, media_type="application/json")
+    store.put("p", "raw", 1, b"raw", {"c": "n1"})
+    store.put("p", "odd", 1, b"odd", {"c": "n1"}, media_type="text/plain")
+    store.spill_all()
+    odd = store.get("p", "odd")
+    assert odd is not None and odd.path is not None
+    meta = odd.path.with_suffix(".json")
+    meta.write_text(meta.read_text().replace("text/plain", "image/png"))
+    again, _ = _store(tmp_path)
+    types = {p: e.media_type for (_, p), e in again.entries.items()}
+    assert types == {"doc": "application/json", "raw": None, "odd": None}
+
+
 def test_payload_check_names_the_problem() -> None:
     assert check_payload(b"payload", SHA) is None
     assert check_payload(b"payload", SHA, 7) is None

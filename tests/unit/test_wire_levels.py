@@ -4,6 +4,7 @@ reads on that peer's own (closed) models, and on this release's."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import subprocess
 import sys
@@ -20,7 +21,14 @@ from schemas.api import AgentsReply, AgentSummary, ListReply, PipelineSummary
 from schemas.base import WireModel
 from schemas.codec import Encoding, decode, encode, headers_for
 from schemas.pipeline import TaskSpec
-from schemas.placement import CancelCommand, InputRef, OfferBatch, TaskOffer
+from schemas.placement import (
+    CancelCommand,
+    ConsumerRef,
+    DataTransfer,
+    InputRef,
+    OfferBatch,
+    TaskOffer,
+)
 from schemas.wire import ADDED, WIRE_HEADER, WIRE_LEVEL, level_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +55,15 @@ def batch() -> OfferBatch:
     }  # fmt: skip
     return OfferBatch(
         offers=[
-            TaskOffer(**common, slot=0, token=7, order=0, task=d, inputs=[], consumers=[]),
+            TaskOffer(
+                **common,
+                slot=0,
+                token=7,
+                order=0,
+                task=d,
+                inputs=[],
+                consumers=[ConsumerRef(task_id="s", agent_id="a", wire=WIRE_LEVEL)],
+            ),
             TaskOffer(
                 **common,
                 slot=0,
@@ -59,6 +75,14 @@ def batch() -> OfferBatch:
             ),
         ]
     )
+
+
+def transfer() -> DataTransfer:
+    body = b'{"n":3}'
+    return DataTransfer(
+        pipeline_id="p", producer="d", consumer="s", token=7, data=body,
+        sha256=hashlib.sha256(body).hexdigest(), media_type="application/json",
+    )  # fmt: skip
 
 
 def listing() -> ListReply:
@@ -106,9 +130,29 @@ def test_a_level_1_message_leaves_out_the_added_fields_at_any_depth(encoding: En
     assert back.offers[0].task.run.timeout_s == 60.0  # type: ignore[union-attr]
     assert decode(encode(batch(), encoding), OfferBatch, encoding) == batch()
 
+    assert "wire" not in old["offers"][0]["consumers"][0]
+    assert new["offers"][0]["consumers"][0]["wire"] == WIRE_LEVEL
+
     lst = fields(encode(listing(), encoding, level=1), encoding)
     assert "unanswered" not in lst
     assert not {"submitted", "owner"} & set(lst["pipelines"][0])
+
+
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_a_transfer_names_its_media_type_and_an_offer_its_consumers_level_from_level_4(
+    encoding: Encoding,
+) -> None:
+    """What a level-3 agent is sent has neither: it would refuse the whole message."""
+    assert "media_type" not in fields(encode(transfer(), encoding, level=3), encoding)
+    assert fields(encode(transfer(), encoding, level=4), encoding)["media_type"] == (
+        "application/json"
+    )
+    assert decode(encode(transfer(), encoding, level=3), DataTransfer, encoding).media_type is None
+    assert decode(encode(transfer(), encoding), DataTransfer, encoding) == transfer()
+    at_3 = fields(encode(batch(), encoding, level=3), encoding)
+    assert "wire" not in at_3["offers"][0]["consumers"][0]
+    (ref,) = fields(encode(batch(), encoding, level=4), encoding)["offers"][0]["consumers"]
+    assert ref == {"task_id": "s", "agent_id": "a", "wire": WIRE_LEVEL}
 
 
 def test_a_message_with_no_added_field_is_the_same_at_every_level() -> None:
@@ -170,7 +214,7 @@ def test_a_peer_of_the_release_before_levels_reads_level_1_and_refuses_level_2(
     old = _level_1_schemas(tmp_path)
     cases = [
         (type(m).__name__, enc, base64.b64encode(encode(m, enc, level)).decode())
-        for m in (batch(), listing(), agents())
+        for m in (batch(), listing(), agents(), transfer())
         for enc in ("json", "msgpack")
         for level in (1, WIRE_LEVEL)
     ]  # fmt: skip
@@ -180,7 +224,7 @@ def test_a_peer_of_the_release_before_levels_reads_level_1_and_refuses_level_2(
     )  # fmt: skip
     where, *got = json.loads(run.stdout)
     assert Path(where).is_relative_to(old)  # the old package, not this checkout's
-    assert got == ["ok", "invalid"] * 6, list(zip(cases, got, strict=True))
+    assert got == ["ok", "invalid"] * 8, list(zip(cases, got, strict=True))
 
 
 def test_mars_agents_marks_an_agent_of_an_older_level_and_version_names_ours(
