@@ -2,8 +2,9 @@
 take them and encoded from what tasks return. Pure.
 
 A value crosses the wire as bytes (checked by sha256); what they are is its producer's
-declared `output_type`, or, undeclared, what the bytes say: `.npy` and `.npz` are recognised by
-their own headers, anything else is raw bytes.
+declared `output_type`, else what its producer's executor made them as (sent with them), else
+what the bytes say: `.npy` and `.npz` are recognised by their own headers, anything else is raw
+bytes.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def bind(
     task: TaskSpec, got: Mapping[str, bytes], types: Mapping[str, MediaType | None]
 ) -> dict[str, Any]:
     """Each input of `task`, decoded, under its name (`got`: producer -> its output's bytes;
-    `types`: producer -> its declared media type)."""
+    `types`: producer -> its media type, declared or as made; None: by its bytes)."""
     out: dict[str, Any] = {}
     for b in bindings(task):
         src = origin(b)
