@@ -95,6 +95,10 @@ class AgentConfig(BaseModel):
     python_timeout_s: Annotated[float, Field(gt=0.0, le=86_400.0)] = 300.0
     #: Largest output a python task may return.
     python_max_output_bytes: Annotated[int, Field(ge=0, le=1 << 30)] = 1 << 20
+    #: Memory a python task's process may allocate, in MiB (`RLIMIT_DATA`: heap and private
+    #: mappings, not the libraries it maps); past it allocations fail and so does the task.
+    #: null: no limit.
+    python_memory_mb: Annotated[int, Field(ge=64, le=1 << 30)] | None = 4096
     #: Where artifacts tasks name (`name@sha256`) are kept once fetched (default: `artifacts`
     #: in the agent's state directory, `buffer_dir`/<id>, else a temp dir removed on stop).
     artifact_cache_dir: str | None = None

@@ -715,7 +715,8 @@ class Agent:
                 return await run_bundle(
                     run, bundle, allowed=cfg.allow_shipped_code,
                     timeout_s=cfg.python_timeout_s, max_output_bytes=cfg.python_max_output_bytes,
-                    inputs=values.bind(task, got, types), declared=task.output_type,
+                    memory_mb=cfg.python_memory_mb, inputs=values.bind(task, got, types),
+                    declared=task.output_type,
                 )  # fmt: skip
         if isinstance(run, PythonRun):
             return await run_python(
@@ -723,6 +724,7 @@ class Agent:
                 cfg.python_allow,
                 timeout_s=cfg.python_timeout_s,
                 max_output_bytes=cfg.python_max_output_bytes,
+                memory_mb=cfg.python_memory_mb,
                 inputs=values.bind(task, got, types),
                 declared=task.output_type,
             )

@@ -17,7 +17,9 @@ import pytest
 from edge_agent.bundle_runner import DEFAULT_MEMORY_MB, OPEN_FILES, rlimits
 from edge_agent.executors import ExecutionError, Output
 from edge_agent.py_runner import run_python
+from schemas import PipelineSpec
 from schemas.pipeline import PythonRun
+from tests.harness import EMULATED_CPU, agent_config, start_cluster, stop_cluster
 from tests.integration.test_exec_runner import dead, read_fifo
 
 pytestmark = pytest.mark.integration
@@ -132,3 +134,22 @@ async def test_a_call_ends_with_its_agent_killed_outright(tmp_path: Path) -> Non
         if pid:  # (a failure above must not leave it sleeping)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+async def test_an_agents_python_memory_limit_is_its_tasks(nats_url: str) -> None:
+    cfg = agent_config(
+        "s1", "edge", probe_cpu=False, devices=[EMULATED_CPU], allowed_kinds=["python"],
+        python_allow=MODS, python_memory_mb=128,
+    )  # fmt: skip
+    orch, agents = await start_cluster(nats_url, {"a1": cfg})
+    try:
+        spec = PipelineSpec.model_validate({"name": "big", "tasks": [
+            {"id": "t", "run": {"kind": "python", "entry": "tests.integration.pytasks:allocate",
+                                "kwargs": {"mib": 256}}},
+        ]})  # fmt: skip
+        await orch.submit_spec(spec, "big")
+        run = await orch.wait_terminal("big", 30.0)
+        assert run.state == "failed"
+        assert "ran out of memory (its memory limit is 128 MiB)" in run.reason, run.reason
+    finally:
+        await stop_cluster(orch, agents)
