@@ -16,7 +16,7 @@ import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +160,11 @@ class DataPlane:
         return self._levels.get(agent_id, UNKNOWN_LEVEL)
 
     def keep(
-        self, offer: TaskOffer, data: bytes, media_type: MediaType | None = None
+        self,
+        offer: TaskOffer,
+        data: bytes,
+        media_type: MediaType | None = None,
+        sha256: str | None = None,
     ) -> Retained | None:
         """Retain a finished task's output (`media_type`: what its executor made it as),
         before its job is let go: a fetch that finds neither the job nor its output says the
@@ -180,6 +184,7 @@ class DataPlane:
             # (`send_kept`), not before (the put read it back from there)
             hold=self.online,
             media_type=media_type,
+            sha256=sha256,
         )
         self._forget(dropped)
         return entry
@@ -287,6 +292,53 @@ class DataPlane:
         await self.objects.put(self.js, key, self.store.read(entry), entry.sha256)
         self.store.set_object(entry, key)
         self.stats["objects_put"] += 1
+
+    def preput(
+        self, offer: TaskOffer, data: bytes, digest: Awaitable[str]
+    ) -> asyncio.Task[None] | None:
+        """Start putting an output that will cross by object while its digest is computed
+        (the digest is needed only for the object's closing entry): the hash and the put
+        overlap. None when it will not cross by object (small, offline, all its consumers
+        here); else the put, for `adopt` once the output is kept."""
+        if (
+            len(data) <= self.config.object_threshold_bytes
+            or not self.online
+            or self.js is None
+            or all(c.agent_id == self.agent_id for c in offer.consumers)
+        ):
+            return None
+        key = object_key(offer.pipeline_id, offer.task.id, offer.token)
+        if key in self._puts:
+            return None
+
+        async def put() -> None:
+            await self.objects.put(self.js, key, data, digest)
+            self.stats["objects_put"] += 1
+
+        task = self._puts[key] = self.spawn(put())
+        task.add_done_callback(functools.partial(self._put_done, key))
+        return task
+
+    def adopt(self, entry: Retained | None, put: asyncio.Task[None]) -> None:
+        """The retained output of a `preput`: the object is its copy once stored (and goes
+        when it does); an output not kept has its put stopped."""
+        if entry is None:
+            put.cancel()
+            return
+        key = self._key(entry)
+
+        def stored(t: asyncio.Task[None]) -> None:
+            if (
+                not t.cancelled()
+                and t.exception() is None
+                and self.store.get(entry.pipeline_id, entry.producer) is entry
+            ):
+                self.store.set_object(entry, key)
+
+        if put.done():
+            stored(put)  # a put that failed is begun again by the first send (`_transfer`)
+        else:
+            put.add_done_callback(stored)
 
     async def _send(self, agent_id: str, transfer: DataTransfer) -> DataAck | None:
         """The consumer's answer, or None when it could not be reached."""

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 from collections import deque
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -72,6 +73,14 @@ def _update(digest: Any, chunks: list[bytes]) -> None:
         digest.update(chunk)
 
 
+async def _digest_of(data: bytes, sha256: str | Awaitable[str] | None) -> str:
+    if isinstance(sha256, str):
+        return sha256
+    if sha256 is not None:
+        return await sha256
+    return hashlib.sha256(data).hexdigest()
+
+
 class Objects:
     """The bucket, created (bounded by TTL and bytes) if missing, and its objects."""
 
@@ -98,10 +107,13 @@ class Objects:
             self._js = js
         return self._bucket
 
-    async def put(self, js: Any, key: str, data: bytes, sha256: str | None = None) -> None:
+    async def put(
+        self, js: Any, key: str, data: bytes, sha256: str | Awaitable[str] | None = None
+    ) -> None:
         """Put `data` under `key` (replacing what was there) in `object_chunk_bytes`
         chunks, up to `PUT_WINDOW` of them unacknowledged; `sha256`: the bytes' digest
-        when the caller has it already (else computed here)."""
+        when the caller has it already, or will have it by the time the chunks are stored
+        (it is computed meanwhile: only the closing entry names it), else computed here."""
         bucket = await self.bucket(js)
         try:
             old: ObjectInfo | None = await bucket.get_info(key)
@@ -125,7 +137,7 @@ class Objects:
                 size=len(data),
                 chunks=-(-len(data) // size),
                 mtime=datetime.now(UTC).isoformat(),
-                digest=object_digest(sha256 or hashlib.sha256(data).hexdigest()),
+                digest=object_digest(await _digest_of(data, sha256)),
                 options=ObjectMetaOptions(max_chunk_size=size),
             )
             await js.publish(

@@ -127,12 +127,14 @@ class OutputStore:
         spill: bool = False,
         hold: bool = False,
         media_type: MediaType | None = None,
+        sha256: str | None = None,
     ) -> tuple[Retained | None, list[Retained]]:
         """Keep an output; returns it (None if not kept) and whatever was pushed out for room.
 
         `spill` writes it to disk at once (the agent is offline: it must survive a crash);
         `hold` keeps it in memory even past `memory_bytes` until `fit_memory` (it is being
-        sent, from these bytes: written to disk first, it was read back for that).
+        sent, from these bytes: written to disk first, it was read back for that). `sha256`:
+        the digest of `data` when the caller has it (else computed here).
         """
         dropped: list[Retained] = []
         old = self.get(pipeline_id, producer)
@@ -159,7 +161,7 @@ class OutputStore:
             pipeline_id,
             producer,
             token,
-            hashlib.sha256(data).hexdigest(),
+            sha256 or hashlib.sha256(data).hexdigest(),
             size,
             dict(consumers),
             created=self.clock(),

@@ -65,6 +65,8 @@ from schemas.rpc import RemoteError, ServiceError, request, respond, settle
 from schemas.wire import level_of
 
 log = logging.getLogger("mars.agent")
+#: Outputs larger than this are hashed in a worker thread (hashlib lets go of the GIL).
+HASH_INLINE_BYTES = 1 << 20
 VERSION = "0.1.0"
 #: A job not started after this long (inputs missing, or never committed) is checked against
 #: its pipeline's status (`Agent.check_stale`); again at most this often.
@@ -626,11 +628,29 @@ class Agent:
             # kept until every consumer has it, from now on (its job is let go below);
             # shipped in the background, offline or not, to where the consumers are now (a
             # routing update may have come while it ran)
-            made = self.data.keep(job.offer, out.data, made_as(offer.task.output_type, out))
+            # hashed once, for retention, consumers' checks and the end event; a large output
+            # off the event loop (heartbeats and offers go on meanwhile), its put into the
+            # object store begun meanwhile when it will cross by object
+            if len(out.data) > HASH_INLINE_BYTES:
+                hashing = asyncio.ensure_future(asyncio.to_thread(sha256_hex, out.data))
+                early = self.data.preput(offer, out.data, hashing)
+                try:
+                    digest = await hashing
+                except BaseException:
+                    if early is not None:
+                        early.cancel()  # (withdrawn meanwhile: nothing of it is kept)
+                    raise
+            else:
+                early, digest = None, sha256_hex(out.data)
+            made = self.data.keep(
+                job.offer, out.data, made_as(offer.task.output_type, out), sha256=digest
+            )
+            if early is not None:
+                self.data.adopt(made, early)
             self._spawn(self.data.send_kept(made))
             ok = True
             kept = await self._keep_output(job, out)
-            self._emit(job, "succeeded", duration=duration, output=out, kept=kept)
+            self._emit(job, "succeeded", duration=duration, output=out, kept=kept, digest=digest)
         except asyncio.CancelledError:
             self._emit(job, "cancelled", duration=time.perf_counter() - t0)
         except Exception as exc:
@@ -739,6 +759,7 @@ class Agent:
         output: Output | None = None,
         error: str = "",
         kept: str | None = None,
+        digest: str | None = None,
     ) -> None:
         offer = job.offer
         ended = state in TASK_ENDED_STATES
@@ -746,7 +767,7 @@ class Agent:
             offer.pipeline_id, offer.task.id, offer.device_id, offer.token, state,
             duration=duration, output=output, error=error,
             input_tokens=dict(job.input_tokens) if ended else None,
-            output_key=kept, output_type=offer.task.output_type,
+            output_key=kept, output_type=offer.task.output_type, output_sha256=digest,
         )  # fmt: skip
         if state == "started":
             job.start_reported = True
@@ -767,8 +788,10 @@ class Agent:
         input_tokens: dict[str, int] | None = None,
         output_key: str | None = None,
         output_type: MediaType | None = None,
+        output_sha256: str | None = None,
     ) -> tuple[str, str, bytes]:
-        """Send a task event (subject, event id and data returned)."""
+        """Send a task event (subject, event id and data returned); `output_sha256`: the
+        output's digest, when the caller has it."""
         self._event_seq += 1
         ev = TaskEvent(
             event_id=f"{self.incarnation}-{self._event_seq}",
@@ -784,7 +807,7 @@ class Agent:
             result=output.result[:256] if output else "",
             error=error[:2048],
             input_tokens=input_tokens,
-            output_sha256=hashlib.sha256(output.data).hexdigest() if output else None,
+            output_sha256=(output_sha256 or sha256_hex(output.data)) if output else None,
             output_type=(output_type or output.media_type) if output else None,
             output_key=output_key,
         )
@@ -822,3 +845,7 @@ async def run_agent(
         await (stop or asyncio.Event()).wait()
     finally:
         await agent.shutdown(config.shutdown_grace_s if grace_s is None else grace_s)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

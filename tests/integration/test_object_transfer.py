@@ -166,6 +166,9 @@ async def test_an_output_for_two_agents_is_put_once_from_memory(nats_url: str) -
             assert c.data.stats["objects_fetched"] == 1
         assert prod.data.stats["objects_put"] == 1
         store = prod.data.store
+        # put while it was hashed, and known as the kept output's copy (it goes with it)
+        kept = store.get(pid, "src")
+        assert kept is not None and kept.object_key == object_key(pid, "src", 1)
 
         def spilled() -> bool:
             kept = store.get(pid, "src")

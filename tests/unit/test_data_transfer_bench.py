@@ -67,15 +67,16 @@ def test_the_median_run_is_the_lower_middle_one() -> None:
 
 
 def test_the_report_gives_throughput_cpu_and_where_the_time_went() -> None:
-    marks = {"keep0": 10.0, "keep1": 10.1, "put0": 10.1, "put1": 10.4, "get0": 10.4,
-             "get1": 10.7, "delivered": 10.8}  # fmt: skip
+    marks = {"out": 10.0, "put0": 10.0, "keep0": 10.07, "keep1": 10.1, "put1": 10.4,
+             "get0": 10.4, "get1": 10.7, "delivered": 10.8}  # fmt: skip
     mars = [Run(0.8, {"A": 0.2, "B": 0.3, "nats-server": 0.1}, marks)]
     plain = [Run(0.4, {"A": 0.1, "B": 0.1, "nats-server": 0.1})]
     assert [r[0] for r in phase_rows(mars)] == [
-        "keep (sha256, retention)", "to the put", "object put (A)", "reference to B",
-        "object get (B)", "check + deliver (B)",
+        "output to its put (A)", "object put (A)", "sha256 + keep, beside the put (A)",
+        "reference to B", "object get (B)", "check + deliver (B)",
     ]  # fmt: skip
-    assert phase_rows(mars)[2][1] == pytest.approx(300.0)
+    assert phase_rows(mars)[1][1] == pytest.approx(400.0)
+    assert phase_rows(mars)[2][1] == pytest.approx(100.0)
     out = report(100 * MB, mars, plain, "a note").splitlines()
     assert out[0] == "100 MB from agent A to agent B, a note; median of 1 runs"
     mars_row = next(line.split() for line in out if line.startswith("MARS data plane"))
