@@ -155,8 +155,16 @@ def latency(model: LearnedModel, n_devices: int = 100, repeats: int = 200) -> st
 
 def _task(k: int) -> TaskSpec:
     return TaskSpec.model_validate(
-        {"id": "t", "run": {"kind": "onnx", "model": "tiny_cnn", "batch": 1 + k % 64, "seed": k,
-                      "random_inputs": True}}
+        {
+            "id": "t",
+            "run": {
+                "kind": "onnx",
+                "model": "tiny_cnn",
+                "batch": 1 + k % 64,
+                "seed": k,
+                "random_inputs": True,
+            },
+        }
     )
 
 
