@@ -68,7 +68,7 @@ def idle_orchestrator(
     pipelines it sends commits again for are listed (the coroutines are not run)."""
     o = Orchestrator("nats://127.0.0.1:1")
     o.failover.may_act = lambda pid: True  # type: ignore[method-assign]
-    o._now = lambda: NOW  # type: ignore[method-assign]
+    o.mono = lambda: NOW  # type: ignore[method-assign]
     o.events_behind = behind  # type: ignore[method-assign]
     committed: list[str] = []
 
@@ -83,7 +83,7 @@ def idle_orchestrator(
         return None  # type: ignore[return-value]
 
     o.commits.commit_all = commit_all  # type: ignore[method-assign]
-    o._spawn = spawn  # type: ignore[method-assign]
+    o.spawn = spawn  # type: ignore[method-assign]
     for k in range(runs):
         run = live_run(k, tasks)
         o.pipelines[run.pipeline_id] = run

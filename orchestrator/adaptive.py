@@ -465,7 +465,7 @@ class Adaptive:
             {dev: ratio},
             late_task=tid,
         )
-        self.o._spawn(self.consider(run, trig))
+        self.o.spawn(self.consider(run, trig))
         # looked at again while it runs on (its end event drops the timer)
         again = max(LATE_GAP_S, elapsed * (LATE_REGROW - 1.0))
         self._timers[key] = asyncio.get_running_loop().call_later(again, self._late, key)
@@ -502,7 +502,7 @@ class Adaptive:
                 for tr in run.tasks.values()
             ):
                 trig = Trigger("drift", detail, {dev: before / after}, {dev: after})
-                self.o._spawn(self.consider(run, trig))
+                self.o.spawn(self.consider(run, trig))
 
     def evicted(self, note: EvictNotice) -> None:
         if note.pipeline_id in self.o.pipelines:
@@ -663,8 +663,7 @@ class Adaptive:
             # a decision to keep the plan changes nothing a new owner needs: its log line
             # reaches the record with the pipeline's next write (under load, late tasks are
             # priced often; a record write for each was CPU spent on nothing)
-        async with self.o._changed:
-            self.o._changed.notify_all()
+        await self.o.notify_changed()
         return d
 
     async def _turn(self, run: PipelineRun) -> bool:

@@ -160,7 +160,7 @@ class Commits:
         return True
 
     def look_later(self, pid: str, agent_id: str, tids: tuple[str, ...], wait_s: float) -> None:
-        due = self.o._now() + wait_s
+        due = self.o.mono() + wait_s
         if wait_s > COMMIT_CONFIRM_S:  # a look again at tasks found waiting for inputs
             self.awaited.update((pid, t) for t in tids)
         queue = self._queue
@@ -189,7 +189,7 @@ class Commits:
         o, queue = self.o, self._queue
         longest = max(COMMIT_CONFIRM_S, o.watchdog.stall_s / 2)
         while True:
-            wait = queue[0][0] - self.o._now() if queue else None
+            wait = queue[0][0] - self.o.mono() if queue else None
             if wait is None or wait > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -220,18 +220,18 @@ class Commits:
                 t for t in tids
                 if run.tasks[t].agent_id == agent_id and run.tasks[t].state == "accepted"
             }  # fmt: skip
-            if run.stalled(self.o._now(), COMMIT_CONFIRM_S, only=waiting):
+            if run.stalled(self.o.mono(), COMMIT_CONFIRM_S, only=waiting):
                 self.resent += 1
                 log.info(
                     "pipeline %s: task(s) on %s free to start for %.1f s and not reported "
                     "started; sending their commit again by request", pid, agent_id,
                     COMMIT_CONFIRM_S,
                 )  # fmt: skip
-                o._spawn(self.commit_all(run, waiting, look=False))
+                o.spawn(self.commit_all(run, waiting, look=False))
                 # and whether it holds them at all: a commit for a job it no longer holds (an
                 # offer it gave up uncommitted while the server was away, a process restarted
                 # unseen) starts nothing, and is answered all the same; one it lost is placed
                 # again now, not when the stall watchdog finds it (booking_stress seed 519)
-                o._spawn(o.watchdog.ask_about(run, sorted(waiting), "unstarted"))
+                o.spawn(o.watchdog.ask_about(run, sorted(waiting), "unstarted"))
             elif waiting:  # not free to start yet: no sign is missing so far
                 self.look_later(pid, agent_id, tuple(sorted(waiting)), min(2 * wait_s, longest))

@@ -180,7 +180,7 @@ class Displaced:
         if len(self._unbooked_done) >= MAX_REGROWN:
             self._unbooked_done &= missing  # only marks still missing can come round again
         for pid, tids in gone.items():
-            self.o._spawn(self._rebook(self.o.pipelines[pid], tids))
+            self.o.spawn(self._rebook(self.o.pipelines[pid], tids))
         return sum(len(t) for t in gone.values())
 
     async def _rebook(self, run: PipelineRun, tids: list[str]) -> None:
@@ -206,7 +206,7 @@ class Displaced:
         # stall watchdog finds it (booking_stress seed 513: a 12.7 s pipeline)
         waiting = sorted(t for t in queued if run.tasks[t].state == "accepted")
         if waiting:
-            self.o._spawn(self.o.watchdog.ask_about(run, waiting, "unbooked"))
+            self.o.spawn(self.o.watchdog.ask_about(run, waiting, "unbooked"))
 
     async def notify_evicted(self, key: str, windows: list[BookingWindow], by: str) -> None:
         assert self.o.nc is not None
@@ -373,8 +373,7 @@ class Displaced:
             + (f"; {', '.join(again)} booked again after" if again else "")
         )
         await self.o.persist(run)
-        async with self.o._changed:
-            self.o._changed.notify_all()
+        await self.o.notify_changed()
         return queued
 
     async def on_input_gone(self, msg: Msg) -> None:
@@ -408,8 +407,7 @@ class Displaced:
                 # its agent holds neither its output nor its job: it ended there, and its end
                 # has not been heard here yet; acted on when it is (`_task_event`)
                 self.early[(run.pipeline_id, note.producer)] = (note, prod.token)
-                async with self.o._changed:
-                    self.o._changed.notify_all()
+                await self.o.notify_changed()
             return
         key = (run.pipeline_id, note.consumer, note.token, note.producer, prod.token)
         if key in self._regrown:
@@ -427,7 +425,7 @@ class Displaced:
         def still() -> bool:  # not re-timed by another report's re-run meanwhile
             return consumer.token == token and consumer.state in ("offered", "accepted")
 
-        self.o._spawn(self.o.recovery.rerun_lost(run, {note.producer}, why, still))
+        self.o.spawn(self.o.recovery.rerun_lost(run, {note.producer}, why, still))
 
     async def reroute_producers(self, run: PipelineRun, moved: Mapping[str, Placement]) -> None:
         """A running producer was told where its consumers were when it was offered: ask its

@@ -284,7 +284,7 @@ class Failover:
         if pid in self._progress_due:
             return
         self._progress_due.add(pid)
-        self.o._spawn(self._progress_later(run))
+        self.o.spawn(self._progress_later(run))
 
     async def _progress_later(self, run: PipelineRun) -> None:
         try:
@@ -319,7 +319,7 @@ class Failover:
                 self._done[pid] = before  # nothing was covered: the retry writes it all
                 failed = True
         if failed:
-            self.o._spawn(self._persist_later(run))
+            self.o.spawn(self._persist_later(run))
         elif pid in self._finished and self._locks.get(pid) is lock and not lock.locked():
             del self._locks[pid]
 
@@ -362,7 +362,7 @@ class Failover:
             self._retries.pop(pid, None)
             told = self._tell_when_recorded.pop(pid, None)
             if told is not None:  # told unrecorded rather than never
-                self.o._spawn(self.o._publish_pipeline(told, recorded=False))
+                self.o.spawn(self.o.publish_pipeline(told, recorded=False))
             return
         await asyncio.sleep(min(0.2 * n, 2.0))  # back off before the next attempt
         await self.persist(run)
@@ -411,7 +411,7 @@ class Failover:
                 self._finished.pop(next(iter(self._finished)))
             told = self._tell_when_recorded.pop(pid, None)
             if told is not None:
-                o._spawn(o._publish_pipeline(told))
+                o.spawn(o.publish_pipeline(told))
             self._forget(pid)
 
     def _forget(self, pid: str) -> None:
@@ -433,7 +433,7 @@ class Failover:
             run.note(f"{self.o.owner} lost the ownership lease ({why})")
             if run.state == "cancelled" and pid not in self._finished:
                 # cancelled here while the lease had lapsed: the adopter resumed it running
-                self.o._spawn(self.o.queries.cancel_lost(run))
+                self.o.spawn(self.o.queries.cancel_lost(run))
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -467,7 +467,7 @@ class Failover:
                     # lapsed before, or was renewed after this, lapsed with the server up)
                     self._adopt_from = self.o.mono() + ADOPT_HOLD_LEASES * self.lease_s
                 for pid in sorted(catch_up):
-                    self.o._spawn(self.catch_up(pid))
+                    self.o.spawn(self.catch_up(pid))
                 # (and none while away: the CAS would wait in the client's buffer and take the
                 # lease the moment it is back, before its owner could renew it)
                 if nc.is_connected:
@@ -481,12 +481,12 @@ class Failover:
                             continue  # it may have lapsed only while the server was away
                         if pid not in self._adopting:
                             self._adopting.add(pid)
-                            self.o._spawn(self.adopt(pid, lease, rev))
+                            self.o.spawn(self.adopt(pid, lease, rev))
                 now = self.o.mono()
                 busy = self._keeping is not None and not self._keeping.done()
                 if now - self._kept_fresh_at >= self.keep_fresh_every() and not busy:
                     self._kept_fresh_at = now
-                    self._keeping = self.o._spawn(self.keep_fresh())
+                    self._keeping = self.o.spawn(self.keep_fresh())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -603,7 +603,7 @@ class Failover:
             self._swept[lease.owner] = None
             while len(self._swept) > MAX_SWEPT:
                 self._swept.pop(next(iter(self._swept)))
-            o._spawn(self._give_back_ended(lease.owner))
+            o.spawn(self._give_back_ended(lease.owner))
         found = await self.runs.record(pid)
         spec = await self.runs.spec(pid)
         placing = found is not None and found[0].state == "placing"
@@ -622,8 +622,7 @@ class Failover:
             self.freed += 1
             await self.leases.free(pid)
             self.give_back_strays(pid, keep=())  # what it booked is nobody's
-            async with o._changed:
-                o._changed.notify_all()
+            await o.notify_changed()
             return
         if found is None and spec is not None:
             # answered (the spec is written first) and not recorded: nothing says where its
@@ -653,7 +652,7 @@ class Failover:
         self._written[pid] = -math.inf  # how old its keys are is not known here
         self.adopted += 1
         run.note(f"adopted by {o.owner} from {lease.owner} (epoch {epoch})")
-        o._remember(run)
+        o.remember(run)
         n = await self.replay(run)
         log.info("adopted pipeline %s from %s (epoch %d, %d events)", pid, lease.owner, epoch, n)
         await self._renew_bookings(run)
@@ -662,8 +661,7 @@ class Failover:
             await self.replace_lost(run)
             self.commit_and_ask(run)
             await o.persist(run)
-        async with o._changed:
-            o._changed.notify_all()
+        await o.notify_changed()
 
     def commit_and_ask(self, run: PipelineRun) -> None:
         """An owner commits a new plan after its submit reply, by plain messages it confirms
@@ -683,9 +681,9 @@ class Failover:
         waiting = {t for t, tr in held.items() if tr.state == "accepted"}
         started = {t for t, tr in held.items() if tr.state == "started"}
         if waiting:
-            self.o._spawn(self.o.commits.commit_all(run, waiting))
+            self.o.spawn(self.o.commits.commit_all(run, waiting))
         if waiting or started:
-            self.o._spawn(self.o.watchdog.ask_about(run, sorted(waiting | started), "adopted"))
+            self.o.spawn(self.o.watchdog.ask_about(run, sorted(waiting | started), "adopted"))
 
     async def _give_back_ended(self, owner: str) -> None:
         """A dead owner's windows of pipelines that have ended (their lease kept as done) or
@@ -739,7 +737,7 @@ class Failover:
             and tr.state not in TASK_ENDED_STATES
         }  # fmt: skip
         if gone:
-            await o.recovery._recover_run(run, None, gone, "fail-over (agents gone)")
+            await o.recovery.recover_run(run, None, gone, "fail-over (agents gone)")
 
     # -- replay ---------------------------------------------------------------------------------
     async def replay(self, run: PipelineRun) -> int:
@@ -777,7 +775,7 @@ class Failover:
                         pending = 0
                         break
                     dup, stale = run.duplicate_events, run.stale_events
-                    await o._on_task_event(msg)
+                    await o.on_task_event(msg)
                     # an event seen before is a replay here, not a duplicate delivery
                     run.duplicate_events = min(run.duplicate_events, dup)
                     run.stale_events = min(run.stale_events, stale)

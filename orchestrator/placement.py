@@ -146,7 +146,7 @@ class Placer:
             await self._place(run, only, exclude, gate, asked)
         except BaseException:
             if only is None and asked.tokens:
-                self._withdrawals[run.pipeline_id] = self.o._spawn(self._withdraw(run, asked))
+                self._withdrawals[run.pipeline_id] = self.o.spawn(self._withdraw(run, asked))
             raise
         finally:
             self.placing -= 1

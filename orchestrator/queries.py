@@ -90,7 +90,7 @@ class Queries:
     async def status(self, req: StatusRequest) -> StatusReply:
         pid = req.pipeline_id
         if (acting := self._acting_on(pid)) is not None:
-            return acting.status(self.o._now())
+            return acting.status(self.o.mono())
         run = self.o.pipelines.get(pid)  # its lease lapsed here: this copy stands still
         try:
             # its last persisted record, or the newer one of a replica that adopted it
@@ -101,13 +101,13 @@ class Queries:
         except Exception:
             if run is None:
                 raise
-            return run.status(self.o._now())  # JetStream not answering: what is known here
+            return run.status(self.o.mono())  # JetStream not answering: what is known here
         if holder is not None and holder != self.o.owner:
             # no record yet (just placed: its owner writes the first one after replying; or
             # waiting for an agent): the holder answers from memory
             return await self._pass(holder, subjects.replica_status(holder), req, StatusReply)
         if run is not None:
-            return run.status(self.o._now())
+            return run.status(self.o.mono())
         if holder is not None:
             raise ServiceError("unavailable", f"pipeline {pid} is being placed here; ask again")
         if await self.o.failover.lapsed_elsewhere(pid):
@@ -117,7 +117,7 @@ class Queries:
         raise ServiceError("not_found", f"no pipeline {pid}")
 
     async def _status_held(self, req: StatusRequest) -> StatusReply:
-        return self._held_here(req.pipeline_id).status(self.o._now())
+        return self._held_here(req.pipeline_id).status(self.o.mono())
 
     async def on_passed_status(self, msg: Msg) -> None:
         await respond(self.o.nc, msg, StatusRequest, self._status_held)
@@ -165,7 +165,7 @@ class Queries:
     def _list_here(self, req: ListRequest) -> ListReply:
         runs = [r for r in self.o.pipelines.values() if req.state is None or r.state == req.state]
         runs.sort(key=lambda r: -r.submitted_at)
-        now, wall = self.o._now(), self.o.wall()
+        now, wall = self.o.mono(), self.o.wall()
         return ListReply(
             pipelines=[
                 r.summary(submitted=max(0.0, wall - (now - r.submitted_at)))
@@ -226,7 +226,7 @@ class Queries:
 
     async def on_passed_cancel(self, msg: Msg) -> None:
         # in a task of its own: a cancel writes the record, and the next one need not wait
-        self.o._spawn(respond(self.o.nc, msg, CancelRequest, self._cancel_held))
+        self.o.spawn(respond(self.o.nc, msg, CancelRequest, self._cancel_held))
 
     async def _pass_cancel(self, holder: str, req: CancelRequest) -> CancelReply:
         return await self._pass(holder, subjects.replica_cancel(holder), req, CancelReply)
@@ -266,14 +266,14 @@ class Queries:
 
     async def cancel_run(self, run: PipelineRun, reason: str) -> CancelReply:
         if not run.terminal:
-            run.finish("cancelled", reason or "cancelled by request", self.o._now())
-            await self.o._cancel_on_agents(run, run.reason)
-            await self.o._finished(run)  # persisted before anyone hears it ended
-            await self.o._publish_pipeline(run)
+            run.finish("cancelled", reason or "cancelled by request", self.o.mono())
+            await self.o.cancel_on_agents(run, run.reason)
+            await self.o.finished(run)  # persisted before anyone hears it ended
+            await self.o.publish_pipeline(run)
         return CancelReply(pipeline_id=run.pipeline_id, state=run.state)
 
     async def agents(self, req: AgentsRequest) -> AgentsReply:
-        now = self.o._now()
+        now = self.o.mono()
         alive = {e.advert.agent_id for e in self.o.view.alive(now)}
         full = self.o.store.full_devices(self.o.wall())
         booked = self.o.store.snapshot()  # as planning sees them: less releases not yet written

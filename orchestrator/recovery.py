@@ -144,7 +144,7 @@ class Recovery:
         self.ledger = ResultLedger(o.js, o.owner, keep_s=o.keep_s)
         await self.ledger.start()
         await o.nc.subscribe(subjects.CONN_ADVISORIES, cb=self._on_advisory)
-        o._spawn(self._loop())
+        o.spawn(self._loop())
 
     async def _loop(self) -> None:
         """Tick the tracker at its next deadline (or when woken by a new member)."""
@@ -220,7 +220,7 @@ class Recovery:
         elif applied and ev.state == "cancelled" and not run.terminal:
             # the agent gave the task up on its own (drain deadline, shutdown): run it elsewhere
             why = f"{ev.agent_id} cancelled {ev.task_id} itself ({ev.error or 'no reason'})"
-            self.o._spawn(self._recover_run(run, {ev.task_id}, set(), why))
+            self.o.spawn(self.recover_run(run, {ev.task_id}, set(), why))
         if run.terminal:
             await self.settle(run.pipeline_id)
 
@@ -228,7 +228,7 @@ class Recovery:
         """A task whose result was refused (`PipelineRun.void`): placed again, like one its
         agent gave up, with whatever must run again to feed it."""
         why = f"{task_id} ran on a superseded input"
-        self.o._spawn(self._recover_run(run, {task_id}, set(), why))
+        self.o.spawn(self.recover_run(run, {task_id}, set(), why))
 
     async def settle(self, pipeline_id: str) -> None:
         """Write this pipeline's gathered result commits now and wait until all are done."""
@@ -260,7 +260,7 @@ class Recovery:
             if isinstance(e, Transition):
                 self._on_transition(e)
             elif isinstance(e, Recover):
-                self.o._spawn(self.recover_agent(e))
+                self.o.spawn(self.recover_agent(e))
             else:
                 self._on_partition(e)
 
@@ -283,7 +283,7 @@ class Recovery:
         if e.new == "dead":
             self.o.view.mark_dead(e.agent_id, e.incarnation)  # out of planning now
         elif e.new == "alive" and e.cause == "rejoined":
-            self.o._spawn(self._withdraw_moved(e.agent_id, e.incarnation))
+            self.o.spawn(self._withdraw_moved(e.agent_id, e.incarnation))
         self.o.cluster_changed.set()
         self._publish(ClusterEvent(kind=kinds[e.new], agents=[e.agent_id], cause=e.cause))
 
@@ -310,7 +310,7 @@ class Recovery:
         if nc is None or not nc.is_connected:
             return
         ev = ev.model_copy(update={"orchestrator": self.o.owner[:256]})
-        self.o._spawn(self._send(subjects.CLUSTER_EVENTS, encode(ev)))
+        self.o.spawn(self._send(subjects.CLUSTER_EVENTS, encode(ev)))
 
     async def _send(self, subject: str, data: bytes) -> None:
         nc = self.o.nc
@@ -328,10 +328,10 @@ class Recovery:
             if not r.terminal and any(tr.agent_id == rec.agent_id for tr in r.tasks.values())
         ]
         why = f"agent {rec.agent_id} dead ({rec.cause})"
-        self.o._spawn(self._release_agent(rec.agent_id, runs))
+        self.o.spawn(self._release_agent(rec.agent_id, runs))
         await asyncio.gather(
             *(
-                self._recover_run(r, None, {rec.agent_id}, why, {rec.agent_id: rec.incarnation})
+                self.recover_run(r, None, {rec.agent_id}, why, {rec.agent_id: rec.incarnation})
                 for r in runs
             )
         )
@@ -365,7 +365,7 @@ class Recovery:
             lock = self._locks[pipeline_id] = asyncio.Lock()
         return lock
 
-    async def _recover_run(
+    async def recover_run(
         self,
         run: PipelineRun,
         seeds: set[str] | None,
@@ -464,15 +464,15 @@ class Recovery:
                 kept = self._undetach(run, redo)
                 if kept and not run.terminal:
                     run.stale_events = max(0, run.stale_events - len(kept))
-                    self.o._spawn(self._hear_again(kept))
+                    self.o.spawn(self._hear_again(kept))
                 if run.settle(self.o.mono()):
                     # a finished producer it was to run again, and what waited for it ended
                     # meanwhile (its input had reached it): nothing is left to run. Put back
                     # as succeeded, no event would end the pipeline any more (booking_stress
                     # seeds 602/604: every task succeeded, the pipeline running for good)
                     run.note(f"{why}: every task has succeeded meanwhile; nothing to re-run")
-                    await self.o._finished(run)
-                    await self.o._publish_pipeline(run)
+                    await self.o.finished(run)
+                    await self.o.publish_pipeline(run)
                 if run.terminal:  # it ended meanwhile (the placer gave back what it booked)
                     self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
                     return
@@ -529,8 +529,7 @@ class Recovery:
                     run.note(f"{why}: {'; '.join(did)}")
                 log.info("%s: %s re-placed %s", run.pipeline_id, why, sorted(redo))
         await self.o.persist(run)
-        async with self.o._changed:
-            self.o._changed.notify_all()
+        await self.o.notify_changed()
 
     @staticmethod
     def _undetach(run: PipelineRun, tasks: set[str]) -> list[TaskEvent]:
@@ -546,7 +545,7 @@ class Recovery:
         """Events kept while their placements were detached, through the normal event path
         (out of the pipeline's recovery lock: an end may start another recovery)."""
         for ev in events:
-            await self.o._task_event(ev)
+            await self.o.apply_event(ev)
 
     async def rerun_starved(self, run: PipelineRun, tasks: set[str]) -> None:
         """Tasks free to start that did not start even after being asked again: an input they
@@ -554,7 +553,7 @@ class Recovery:
         then lost, e.g. around a move). Re-place them, and re-run every producer that no
         longer holds their input."""
         why = f"starved of inputs: {', '.join(sorted(tasks))}"
-        await self._recover_run(run, None, set(), why, starved=tasks)
+        await self.recover_run(run, None, set(), why, starved=tasks)
 
     async def rerun_lost(
         self,
@@ -568,7 +567,7 @@ class Recovery:
         them again, and whatever must feed them, while the consumer stays where it is, so
         what they make goes where it waits (moving it too could send the next output to the
         place it just left, again)."""
-        await self._recover_run(run, None, set(), why, lost=producers, still=still)
+        await self.recover_run(run, None, set(), why, lost=producers, still=still)
 
     def _wait_for_capacity(
         self,
@@ -657,7 +656,7 @@ class Recovery:
             if now - st.since > self.stuck_timeout_s and self.o.failover.may_act(key[0]):
                 del self._stuck[key]
                 why = f"{st.why}; no agent could take its tasks for {self.stuck_timeout_s:.0f} s"
-                self.o._spawn(self._fail(run, why))
+                self.o.spawn(self._fail(run, why))
                 continue
             at = st.tried + STUCK_RETRY_S
             if now >= at:
@@ -665,14 +664,14 @@ class Recovery:
                 # as the kind it is (a dead agent's retried as "every task its agent gave up"
                 # found none and re-placed nothing: the pipeline never ended)
                 if st.starved is not None:  # its tasks are not cancelled: name them again
-                    self.o._spawn(self.rerun_starved(run, set(st.starved)))
+                    self.o.spawn(self.rerun_starved(run, set(st.starved)))
                 elif st.lost is not None:
-                    self.o._spawn(self.rerun_lost(run, set(st.lost), st.why))
+                    self.o.spawn(self.rerun_lost(run, set(st.lost), st.why))
                 elif st.kind == "cancelled":
-                    self.o._spawn(self._recover_run(run, set(), set(st.gone), st.why))
+                    self.o.spawn(self.recover_run(run, set(), set(st.gone), st.why))
                 else:
-                    self.o._spawn(
-                        self._recover_run(run, None, set(st.gone), st.why, dict(st.incarnations))
+                    self.o.spawn(
+                        self.recover_run(run, None, set(st.gone), st.why, dict(st.incarnations))
                     )
                 at = now + STUCK_RETRY_S
             due = min(due, at)
@@ -681,11 +680,10 @@ class Recovery:
     async def _fail(self, run: PipelineRun, reason: str) -> None:
         o = self.o
         run.finish("failed", reason, o.mono())
-        await o._cancel_on_agents(run, reason)
-        await o._finished(run)
-        await o._publish_pipeline(run)
-        async with o._changed:
-            o._changed.notify_all()
+        await o.cancel_on_agents(run, reason)
+        await o.finished(run)
+        await o.publish_pipeline(run)
+        await o.notify_changed()
 
     def _gone(self, agent_id: str | None, gone: set[str]) -> bool:
         return agent_id is None or agent_id in gone or self.health.is_dead(agent_id)

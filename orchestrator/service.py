@@ -170,7 +170,7 @@ class Orchestrator:
         self.stored: StoreLookup = None  # type: ignore[assignment]  # set in start()
         self.store: BookingStore = None  # type: ignore[assignment]  # set in start()
         self._service: Any = None
-        self._changed = asyncio.Condition()
+        self.changed = asyncio.Condition()
         self._tasks: set[asyncio.Task[None]] = set()
         #: The submit endpoint's queue and workers, and new pipelines' placement.
         self.submissions = Submissions(self, max_queued_submits)
@@ -184,7 +184,7 @@ class Orchestrator:
         #: Re-plans on late tasks and slowed devices when the gain rule says so (adaptive.py).
         self.adaptive = Adaptive(self)
         #: The other replicas up (a `list` asks each).
-        self.replicas = Replicas(self.owner, self._now)
+        self.replicas = Replicas(self.owner, self.mono)
         #: `status`, `list`, `cancel` and `agents`, answered here or passed on (queries.py).
         self.queries = Queries(self)
         #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
@@ -210,10 +210,9 @@ class Orchestrator:
         self.commits = Commits(self)
         self._events_sub: Subscription | None = None
 
-    def _now(self) -> float:
+    def mono(self) -> float:
+        """The run clock: deadlines and ages within this process."""
         return time.monotonic()
-
-    mono = _now
 
     @staticmethod
     def wall() -> float:
@@ -244,7 +243,7 @@ class Orchestrator:
         try:
             loaded = await self.history.start()
             log.info("predictor: %d correction tracks loaded", loaded)
-            self._spawn(self.history.run(self._stopping))
+            self.spawn(self.history.run(self._stopping))
         except Exception as exc:  # a missing history costs accuracy, not availability
             log.warning("predictor history unavailable: %s", exc)
         await self.failover.start()
@@ -290,17 +289,17 @@ class Orchestrator:
         await svc.start()
         self._service = svc
         for _ in range(SUBMITS_AT_ONCE):
-            self._spawn(self.submissions.worker())
+            self.spawn(self.submissions.worker())
         await nc.publish(subjects.DISCOVER, b"")
-        self._spawn(self._renew_loop())
-        self._spawn(self._departed_loop())
-        self._spawn(self.commits.confirm_loop())
-        self._spawn(self.watchdog.run())
-        self._spawn(self.failover.run())
+        self.spawn(self._renew_loop())
+        self.spawn(self._departed_loop())
+        self.spawn(self.commits.confirm_loop())
+        self.spawn(self.watchdog.run())
+        self.spawn(self.failover.run())
         await self.adaptive.start()
         await settle(nc)  # every subscription is live before a caller's first request
         await self.replicas.announce()
-        self._spawn(self.replicas.run())
+        self.spawn(self.replicas.run())
         if timing_log.isEnabledFor(logging.DEBUG):
             self._gc_hook = eventloop.gc_pause_hook(timing_log)
             gc.callbacks.append(self._gc_hook)
@@ -318,9 +317,14 @@ class Orchestrator:
     async def _on_nats_up(self) -> None:
         self.recovery.observer_back()
         if self.store is not None:
-            self._spawn(self.store.rewatch())
+            self.spawn(self.store.rewatch())
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    async def notify_changed(self) -> None:
+        """Wake whoever waits on a pipeline's state (`wait_for`, `wait_terminal`)."""
+        async with self.changed:
+            self.changed.notify_all()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -413,7 +417,7 @@ class Orchestrator:
                 await refuse(req, f"{n} requests are being served here; try again soon")
                 return
             self._api_in_flight += 1
-            self._spawn(serve(req))
+            self.spawn(serve(req))
 
         return endpoint
 
@@ -431,10 +435,10 @@ class Orchestrator:
             return  # an incarnation a newer one replaced (a zombie behind a healed partition)
         self.commits.heard_from(adv.agent_id)
         self.adaptive.advert(adv)
-        joined = self.view.on_advert(adv, self._now(), level_of(msg.headers))
+        joined = self.view.on_advert(adv, self.mono(), level_of(msg.headers))
         if joined:
             log.info("agent %s joined (%s, %s)", adv.agent_id, adv.site, adv.tier)
-        self.recovery.on_advert(adv, self._now(), joined)
+        self.recovery.on_advert(adv, self.mono(), joined)
         self.cluster_changed.set()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
@@ -443,20 +447,20 @@ class Orchestrator:
         except DecodeError:
             return
         if msg.subject == subjects.heartbeat(hb.agent_id):
-            self.view.on_heartbeat(hb, self._now())
-            self.recovery.on_heartbeat(hb, self._now())
+            self.view.on_heartbeat(hb, self.mono())
+            self.recovery.on_heartbeat(hb, self.mono())
 
     async def wait_for_agents(self, n: int, timeout: float) -> int:
         """Wait until `n` agents are alive (event-driven); returns how many are."""
-        deadline = self._now() + timeout
-        while len(self.view.alive(self._now())) < n:
-            left = deadline - self._now()
+        deadline = self.mono() + timeout
+        while len(self.view.alive(self.mono())) < n:
+            left = deadline - self.mono()
             if left <= 0:
                 break
             self.cluster_changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.cluster_changed.wait(), left)
-        return len(self.view.alive(self._now()))
+        return len(self.view.alive(self.mono()))
 
     # -- events ---------------------------------------------------------------------------------
     async def _on_live_task_event(self, msg: Msg) -> None:
@@ -470,7 +474,7 @@ class Orchestrator:
                 ev = None
             if ev is not None and ev.pipeline_id == pid:  # else: published under another's name
                 self.adaptive.task_event(ev)  # lateness timers follow live events, not replays
-                await self._task_event(ev)
+                await self.apply_event(ev)
         if self.events_backlog() <= EVENTS_CAUGHT_UP:
             self._events_caught_up.set()
         await self.event_pacer.pace(self.events_backlog() > 0)
@@ -485,7 +489,7 @@ class Orchestrator:
         is that old (new submissions wait, the watchdog does not judge)."""
         return self.events_backlog() >= EVENTS_BEHIND
 
-    async def _catch_up_events(self) -> bool:
+    async def catch_up_events(self) -> bool:
         """Backpressure: while behind on task events, a new submission waits for them to be
         handled (placing takes the CPU they need), up to EVENTS_WAIT_S. True if it waited."""
         if not self.events_behind():
@@ -496,7 +500,7 @@ class Orchestrator:
             await asyncio.wait_for(self._events_caught_up.wait(), EVENTS_WAIT_S)
         return True
 
-    async def _on_task_event(self, msg: Msg) -> None:
+    async def on_task_event(self, msg: Msg) -> None:
         """A task event from a replay of MARS_EVENTS (the live path also lands in
         `_task_event`)."""
         try:
@@ -504,15 +508,15 @@ class Orchestrator:
         except DecodeError:
             return
         if subjects.pipeline_of_task_event(msg.subject) == ev.pipeline_id:
-            await self._task_event(ev)
+            await self.apply_event(ev)
 
-    async def _task_event(self, ev: TaskEvent) -> None:
+    async def apply_event(self, ev: TaskEvent) -> None:
         run = self.pipelines.get(ev.pipeline_id)
         if run is None or not self.failover.may_act(run.pipeline_id):
             return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
         if ev.state == "succeeded" and ev.input_tokens is not None:
             superseded = run.superseded_inputs(ev)
-            if superseded and run.void(ev, superseded, self._now()):
+            if superseded and run.void(ev, superseded, self.mono()):
                 # its inputs were not its producers' committed outputs: never committed,
                 # run again on them (placed like a task its agent gave up)
                 log.info("%s/%s: %s", run.pipeline_id, ev.task_id, run.tasks[ev.task_id].error)
@@ -520,7 +524,7 @@ class Orchestrator:
                 self.recovery.rerun_voided(run, ev.task_id)
                 return
         ignored = run.duplicate_events + run.stale_events
-        new_state = run.apply(ev, self._now())
+        new_state = run.apply(ev, self.mono())
         if ev.state in TASK_ENDED_STATES and new_state is None:
             self._give_back_later(run, ev.task_id)
         fresh = run.duplicate_events + run.stale_events == ignored
@@ -531,17 +535,16 @@ class Orchestrator:
             if self.commits.awaited:
                 self.commits.look_sooner(run, ev.task_id)
         elif ev.state == "started" and fresh:
-            self._spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
+            self.spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
         if new_state is not None:
             if new_state == "failed":
-                await self._cancel_on_agents(run, run.reason)
+                await self.cancel_on_agents(run, run.reason)
             if run.terminal:
-                await self._finished(run)  # persisted before anyone hears it ended
-            await self._publish_pipeline(run)
+                await self.finished(run)  # persisted before anyone hears it ended
+            await self.publish_pipeline(run)
         elif ev.state == "succeeded":
             self.failover.progress(run)  # a finished task: what a new owner resumes from
-        async with self._changed:
-            self._changed.notify_all()
+        await self.notify_changed()
 
     def _learn(self, run: PipelineRun, ev: TaskEvent) -> None:
         """Feed a measured duration to the predictor; its track is persisted off this path."""
@@ -561,7 +564,7 @@ class Orchestrator:
         if changed is not None and self.history is not None:
             self.history.mark(*changed)  # written by the history loop, once per window
 
-    async def _publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None:
+    async def publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None:
         """Tell a pipeline's state; an end only once its record says so (`recorded`: wait
         for that), or a replica answering `status` from the record would still say running."""
         assert self.nc is not None
@@ -572,7 +575,7 @@ class Orchestrator:
             pipeline_id=run.pipeline_id,
             state=run.state,
             reason=run.reason[:2048],
-            at_s=max(0.0, self._now() - run.submitted_at),
+            at_s=max(0.0, self.mono() - run.submitted_at),
         )
         with contextlib.suppress(Exception):
             await self.nc.publish(subjects.pipeline_event(run.pipeline_id), encode(ev))
@@ -585,7 +588,7 @@ class Orchestrator:
     async def status_of(self, pipeline_id: str) -> StatusReply:
         return await self.queries.status(StatusRequest(pipeline_id=pipeline_id))
 
-    def _remember(self, run: PipelineRun) -> None:
+    def remember(self, run: PipelineRun) -> None:
         self.pipelines[run.pipeline_id] = run
         if len(self.pipelines) > self._trim_at:
             # in steps, not on every submission: finding the finished ones visits them all.
@@ -742,7 +745,7 @@ class Orchestrator:
         key, start, end = booked
         self.store.defer_release(key, run.pipeline_id, self.wall(), exact=[(task_id, start, end)])
 
-    async def _finished(self, run: PipelineRun) -> None:
+    async def finished(self, run: PipelineRun) -> None:
         """A terminal pipeline gives its reservations back at once (written with each key's
         next booking, or alone soon after: `BookingStore.defer_release`)."""
         now = self.wall()
@@ -754,8 +757,7 @@ class Orchestrator:
         self.displaced.forget(run.pipeline_id)
         await self.persist(run)
         run.settled = True
-        async with self._changed:
-            self._changed.notify_all()
+        await self.notify_changed()
 
     async def persist(self, run: PipelineRun) -> None:
         """Pipeline state in KV, so any replica can answer `status` for it, and the record a
@@ -774,7 +776,7 @@ class Orchestrator:
         """Delete the booking keys of devices no live agent has whose windows have all
         expired: with agents that come and go under new ids, the bucket (and every replica's
         copy, loaded whole at its start) would otherwise keep one key per device ever seen."""
-        now = self._now()
+        now = self.mono()
         live = {
             f"{e.advert.agent_id}:{d.device_id}" for e in self.view.alive(now)
             for d in e.advert.devices
@@ -817,7 +819,7 @@ class Orchestrator:
             except Exception as exc:
                 log.warning("renewing %s failed: %s", key, exc)
 
-    async def _cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
+    async def cancel_on_agents(self, run: PipelineRun, reason: str) -> None:
         assert self.nc is not None
         cmd = CancelCommand(pipeline_id=run.pipeline_id, reason=reason[:2048])
         agents = sorted({tr.agent_id for tr in run.tasks.values() if tr.agent_id})
@@ -827,13 +829,13 @@ class Orchestrator:
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float) -> None:
         """In-process wait until `predicate` holds (re-checked on every pipeline change)."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(predicate)
+        async with asyncio.timeout(timeout), self.changed:
+            await self.changed.wait_for(predicate)
 
     async def wait_terminal(self, pipeline_id: str, timeout: float) -> PipelineRun:
         """In-process wait (used by tests and the demo)."""
-        async with asyncio.timeout(timeout), self._changed:
-            await self._changed.wait_for(
+        async with asyncio.timeout(timeout), self.changed:
+            await self.changed.wait_for(
                 lambda: pipeline_id in self.pipelines and self.pipelines[pipeline_id].settled
             )
         return self.pipelines[pipeline_id]

@@ -80,7 +80,7 @@ class Submissions:
             self.refused += 1
             await refuse(req, f"{waiting} submissions are waiting here; try again soon")
             return
-        self.queue.put_nowait((self.o._now(), req))
+        self.queue.put_nowait((self.o.mono(), req))
 
     async def worker(self) -> None:
         queue = self.queue
@@ -103,12 +103,11 @@ class Submissions:
         if arrived is None or req.timeout_ms is None:
             return
         timeout = req.timeout_ms / 1e3
-        waited = self.o._now() - arrived
+        waited = self.o.mono() - arrived
         if waited < timeout - min(STALE_MARGIN_S, timeout / 4):
             return
         self.stale += 1
-        async with self.o._changed:
-            self.o._changed.notify_all()
+        await self.o.notify_changed()
         log.info(
             "submission %s not served: it waited %.0f ms of its client's %d",
             req.pipeline_id or "(no id)", 1e3 * waited, req.timeout_ms,
@@ -140,13 +139,13 @@ class Submissions:
                 raise ServiceError("conflict", f"pipeline id {pid} exists with another spec")
             return self.reply(existing)
         t_in = time.perf_counter()  # CLOCK_MONOTONIC on Linux: one clock for the whole host
-        if await self.o._catch_up_events():
+        if await self.o.catch_up_events():
             await self._check_fresh(req, arrived)  # held back by events for a while: still wanted?
         # what it fetches from the store is there, or it is refused now, not failed when run
         sizes = await self.o.stored.check(req.pipeline) if self.o.stored is not None else {}
         t0 = time.perf_counter()
         run = PipelineRun(
-            pid, req.pipeline, self.o._now(), submitted_wall=self.o.wall(), owner=self.o.owner,
+            pid, req.pipeline, self.o.mono(), submitted_wall=self.o.wall(), owner=self.o.owner,
             artifact_sizes=sizes,
         )  # fmt: skip
         run.state = "placing"
@@ -167,10 +166,10 @@ class Submissions:
         already held: `why` goes to its log first, a failure is the pipeline's end (recorded and
         published, as a submission's)."""
         t, o = time.perf_counter(), self.o
-        run = PipelineRun(pid, spec, o._now(), submitted_wall=o.wall(), owner=o.owner)
+        run = PipelineRun(pid, spec, o.mono(), submitted_wall=o.wall(), owner=o.owner)
         run.state = "placing"
         run.note(why)
-        self.o._remember(run)
+        self.o.remember(run)
         try:
             await self._place_new(run, None, t, t, anew=True)
         except ServiceError as exc:
@@ -185,7 +184,7 @@ class Submissions:
             o.cluster_changed.clear()  # before looking: an advert from now on wakes us
             if o.pipelines.get(pid) is not run or run.terminal or not o.failover.holds(pid):
                 return
-            if o.failover.may_act(pid) and o.view.alive(o._now()):
+            if o.failover.may_act(pid) and o.view.alive(o.mono()):
                 break
             with contextlib.suppress(TimeoutError):  # the lease is looked at again meanwhile
                 await asyncio.wait_for(o.cluster_changed.wait(), AGENT_WAIT_LOOK_S)
@@ -243,9 +242,8 @@ class Submissions:
                 if anew:  # (its adopter gives back what the dead owner booked for it)
                     await o.placer.withdrawn(pid)  # before the next placement's offers
                     run.note("no agent is up: placed anew once one is")
-                    o._spawn(self._place_once_an_agent_is_up(run))
-                    async with o._changed:
-                        o._changed.notify_all()
+                    o.spawn(self._place_once_an_agent_is_up(run))
+                    await o.notify_changed()
                     return self.reply(run)
                 await self._abandon(run, False, failed)
                 raise ServiceError(
@@ -261,9 +259,9 @@ class Submissions:
                 "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
             )  # fmt: skip
             await o.placer.withdrawn(pid)  # its offers are withdrawn before its client is told
-            run.finish("unschedulable" if unsched else "failed", str(failed), o._now())
-            await o._finished(run)
-            await o._publish_pipeline(run)
+            run.finish("unschedulable" if unsched else "failed", str(failed), o.mono())
+            await o.finished(run)
+            await o.publish_pipeline(run)
             raise ServiceError(
                 "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
             ) from failed
@@ -283,15 +281,15 @@ class Submissions:
             )  # fmt: skip
             await self._abandon(run, False, unwritten)
             raise unwritten
-        run.committed_at = o._now()
+        run.committed_at = o.mono()
         run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
         # messages, looked after until each agent shows it has them) and the record are off
         # the reply's path, and begin once the reply is written (tasks spawned now would run
         # before it).
-        o._spawn(after_reply(o.commits.commit_all(run, set(run.tasks), unanswered=True)))
-        await o._publish_pipeline(run)
-        o._spawn(after_reply(o.persist(run)))  # status falls back to memory meanwhile
+        o.spawn(after_reply(o.commits.commit_all(run, set(run.tasks), unanswered=True)))
+        await o.publish_pipeline(run)
+        o.spawn(after_reply(o.persist(run)))  # status falls back to memory meanwhile
         # (its spec is on the bucket before anyone is told of it, above: begun with the claim,
         # long written by now; an adopter that finds no record places it anew)
         reply = self.reply(run)
@@ -329,8 +327,7 @@ class Submissions:
         else:
             with contextlib.suppress(Exception):
                 await o.failover.forget_unplaced(pid)
-        async with o._changed:
-            o._changed.notify_all()
+        await o.notify_changed()
 
     async def own(self, run: PipelineRun) -> None:
         """Claim a new pipeline's ownership lease and remember the run; OwnedElsewhere when
@@ -339,7 +336,7 @@ class Submissions:
         if elsewhere is not None:
             raise OwnedElsewhere(elsewhere)
         self.o.failover.save_spec(run)
-        self.o._remember(run)
+        self.o.remember(run)
 
     def reply(self, run: PipelineRun) -> SubmitReply:
         return SubmitReply(

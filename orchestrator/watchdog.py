@@ -158,7 +158,7 @@ class Watchdog:
             if run.terminal or not o.failover.may_act(run.pipeline_id):
                 continue
             visited += len(run.tasks)
-            now = o._now()
+            now = o.mono()
             live.add(run.pipeline_id)
             stalled = run.stalled(now, self.stall_s)
             if self._report(
@@ -170,7 +170,7 @@ class Watchdog:
             ):
                 run.note(f"stalled, commit sent again: {', '.join(stalled)}")
             if stalled:
-                o._spawn(o.commits.commit_all(run, set(stalled), look=False))
+                o.spawn(o.commits.commit_all(run, set(stalled), look=False))
                 starved = self._starved(run, stalled, looks)
                 if starved:
                     log.warning(
@@ -178,7 +178,7 @@ class Watchdog:
                         "them and re-running producers whose outputs are gone",
                         run.pipeline_id, ", ".join(sorted(starved)),
                     )  # fmt: skip
-                    o._spawn(o.recovery.rerun_starved(run, starved))
+                    o.spawn(o.recovery.rerun_starved(run, starved))
             overdue = run.overdue(now, self.stall_s, OVERDUE_FACTOR)
             self._report(
                 run,
@@ -189,7 +189,7 @@ class Watchdog:
             )
             ask = self._due_to_ask(run, overdue, late)
             if ask:
-                o._spawn(self._ask_agents(run, ask, "overdue"))
+                o.spawn(self._ask_agents(run, ask, "overdue"))
             last = self._replayed.get(run.pipeline_id, -math.inf)
             if (
                 (stalled or overdue)
@@ -199,7 +199,7 @@ class Watchdog:
             ):
                 self._replayed[run.pipeline_id] = now
                 self.replaying.add(run.pipeline_id)
-                o._spawn(self._replay(run, {t: run.tasks[t].token for t in stalled}))
+                o.spawn(self._replay(run, {t: run.tasks[t].token for t in stalled}))
         self._stalled_looks = looks  # a task that started (or moved) is forgotten
         self._overdue_looks = late  # one that ended (or moved) too
         self._reported = {r for r in self._reported if r[0] in live}
@@ -311,7 +311,7 @@ class Watchdog:
             # only if not): read the pipeline's events again now, not a stall time later
             self.replaying.add(run.pipeline_id)
             self._replayed[run.pipeline_id] = self.o.mono()
-            self.o._spawn(self._replay(run, {}))
+            self.o.spawn(self._replay(run, {}))
         if rep.state == "gone" and kind == "stalled":  # (`unstarted` asks about them all)
             # an agent that lost one job of the pipeline (a process restarted unseen) has
             # likely lost the others queued there, waiting for inputs: asked now, not each

@@ -612,8 +612,8 @@ async def test_a_pipeline_that_ends_while_its_record_is_written_is_recorded_ende
         await orch.submit_spec(chain("w", [5.0]), "w-1")
         await entered.wait()  # the first record, saying `running`, is on its way
         run = orch.pipelines["w-1"]
-        run.finish("cancelled", "ended while its record was being written", orch._now())
-        ended = asyncio.create_task(orch._finished(run))  # queues behind that write
+        run.finish("cancelled", "ended while its record was being written", orch.mono())
+        ended = asyncio.create_task(orch.finished(run))  # queues behind that write
         gate.set()
         await ended
         rec = decode(await kv_value(nats_url, RUNS_BUCKET, run_key("w-1")), PipelineRecord)

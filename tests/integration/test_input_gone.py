@@ -236,14 +236,14 @@ async def test_a_move_that_cannot_tell_an_ended_producer_still_gets_its_input(
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     orch, agents = cluster
     heard = asyncio.Event()
-    real = orch._task_event
+    real = orch.apply_event
 
     async def late(ev: TaskEvent) -> None:
         if (ev.pipeline_id, ev.task_id, ev.state) == ("p", "t", "succeeded"):
             await heard.wait()
         await real(ev)
 
-    orch._task_event = late  # type: ignore[method-assign]
+    orch.apply_event = late  # type: ignore[method-assign]
 
     async def parked(_run: PipelineRun) -> None:
         await orch.wait_for(lambda: ("p", "t") in orch.displaced.early, 10.0)
@@ -269,7 +269,7 @@ async def test_a_producer_heard_ending_during_the_move_stays_ended(
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     orch, agents = cluster
     heard = asyncio.Event()
-    real_event, real_offers = orch._task_event, orch.start_offers
+    real_event, real_offers = orch.apply_event, orch.start_offers
 
     async def late(ev: TaskEvent) -> None:
         if (ev.pipeline_id, ev.task_id, ev.state) == ("p", "t", "succeeded"):
@@ -287,7 +287,7 @@ async def test_a_producer_heard_ending_during_the_move_stays_ended(
     def mid_placement(offers: Sequence[TaskOffer]) -> asyncio.Future[list[OfferReply]]:
         return asyncio.ensure_future(answered(offers))
 
-    orch._task_event = late  # type: ignore[method-assign]
+    orch.apply_event = late  # type: ignore[method-assign]
     orch.start_offers = mid_placement  # type: ignore[method-assign]
     done = await move_as_t_ends(cluster, nats_url, [], nothing, heard=False)
     log = "\n".join(done.placement_log)

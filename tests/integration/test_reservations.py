@@ -45,7 +45,7 @@ def hold_end(orch: Orchestrator, pipeline_id: str, task_id: str) -> tuple[Event,
     """The task's end reaches its owner only when the test sets the second event (the first
     is set as it arrives): a short task's end still on its way."""
     ended, heard = asyncio.Event(), asyncio.Event()
-    real = orch._task_event
+    real = orch.apply_event
 
     async def late(ev: TaskEvent) -> None:
         if (ev.pipeline_id, ev.task_id, ev.state) == (pipeline_id, task_id, "succeeded"):
@@ -53,7 +53,7 @@ def hold_end(orch: Orchestrator, pipeline_id: str, task_id: str) -> tuple[Event,
             await heard.wait()
         await real(ev)
 
-    orch._task_event = late  # type: ignore[method-assign]
+    orch.apply_event = late  # type: ignore[method-assign]
     return ended, heard
 
 

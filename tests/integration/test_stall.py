@@ -355,9 +355,9 @@ async def test_the_watchdog_does_not_judge_while_task_events_are_behind(nats_url
         agent.core.commit = lambda cmd: 0  # type: ignore[method-assign]  # never acted on
         await orch.submit_spec(chain("t"), "p")
         run = orch.pipelines["p"]
-        real_now = orch._now
-        orch._now = lambda: real_now() + 7200.0  # type: ignore[method-assign]  # long after
-        assert run.stalled(orch._now(), 3600.0) == ["t"]
+        real_now = orch.mono
+        orch.mono = lambda: real_now() + 7200.0  # type: ignore[method-assign]  # long after
+        assert run.stalled(orch.mono(), 3600.0) == ["t"]
         orch.events_backlog = lambda: 10**6  # type: ignore[method-assign]  # far behind
         orch.watchdog.check()
         assert orch.watchdog.skipped == 1

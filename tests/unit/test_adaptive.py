@@ -150,7 +150,7 @@ class _Orch:
     def mono(self) -> float:
         return self.now
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         coro.close()
 
 

@@ -141,7 +141,7 @@ async def test_an_agent_that_says_it_ran_a_task_not_ended_here_has_the_events_re
         spawned.append(asyncio.ensure_future(coro))
         return spawned[-1]
 
-    o._spawn = spawn  # type: ignore[method-assign]
+    o.spawn = spawn  # type: ignore[method-assign]
     nc = Recorder(answer="ended")
     o.nc = nc  # type: ignore[assignment]
     o.watchdog.asking = 1

@@ -18,7 +18,7 @@ async def test_finished_pipelines_are_trimmed_and_live_ones_kept() -> None:
     sizes = []
     for i in range(4 * MAX_PIPELINES_KEPT):
         run = PipelineRun(f"p{i}", SPEC, 0.0)
-        orch._remember(run)
+        orch.remember(run)
         if i % 10 == 0:
             live.append(run.pipeline_id)  # still running
         else:

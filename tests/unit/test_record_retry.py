@@ -29,7 +29,7 @@ class _Orch:
     def wall(self) -> float:
         return 1e9
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         self.spawned.append(coro)
 
 
