@@ -116,11 +116,11 @@ from nats.js.api import KeyValueConfig, StreamConfig, StreamSource
 from nats.js.errors import NoKeysError
 
 from benchmarks.common import pct, progress, table
-from orchestrator import eventloop
-from orchestrator.client import Client
-from orchestrator.health import DEFAULT_FLOOD_FRACTION
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.procs import spawn, stop_all, terminate_as_interrupt
+from console.client import Client
+from orchestrator.infra import eventloop
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.infra.procs import spawn, stop_all, terminate_as_interrupt
+from orchestrator.reliability.health import DEFAULT_FLOOD_FRACTION
 from orchestrator.reservations.book import double_booked
 from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET

@@ -57,9 +57,9 @@ from edge_agent.core import Job
 from edge_agent.executors import Output
 from edge_agent.retention import Retained
 from edge_agent.service import Agent
-from orchestrator import eventloop
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.procs import terminate_as_interrupt, tied_to_caller
+from orchestrator.infra import eventloop
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.infra.procs import terminate_as_interrupt, tied_to_caller
 from schemas import subjects
 from schemas.limits import MAX_OUTPUT_BYTES
 from schemas.pipeline import MediaType, TaskSpec

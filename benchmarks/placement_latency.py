@@ -66,13 +66,13 @@ from benchmarks.booking_stress import (
     wait_ready,
 )
 from benchmarks.common import pct, progress, table
+from console.client import Client
 from edge_agent.sharedconn import SHARED_CLIENT_PREFIX
-from orchestrator import eventloop
-from orchestrator.client import Client
-from orchestrator.eventloop import GC_PAUSE_LOGGED_S
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.procs import terminate_as_interrupt
-from orchestrator.recovery import AGENT_CLIENT_PREFIX
+from orchestrator.infra import eventloop
+from orchestrator.infra.eventloop import GC_PAUSE_LOGGED_S
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.infra.procs import terminate_as_interrupt
+from orchestrator.reliability.recovery import AGENT_CLIENT_PREFIX
 from schemas.codec import RemoteError
 from schemas.events import PipelineEvent
 from schemas.pipeline import PipelineSpec

@@ -17,10 +17,10 @@ import random
 from collections.abc import Callable
 
 from benchmarks.common import table, timed
-from orchestrator.ownership import record_fields
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import planned_view
+from orchestrator.placement.placer import planned_view
+from orchestrator.reliability.ownership import record_fields
 from orchestrator.scheduling import Placement
+from orchestrator.state.pipelines import PipelineRun
 from schemas.codec import encode, encode_trusted
 from schemas.failover import PipelineRecord
 from sim.fleet import synthetic_pipeline

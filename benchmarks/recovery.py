@@ -44,12 +44,12 @@ from nats.aio.msg import Msg
 from benchmarks.common import pct, progress, table
 from edge_agent.config import AgentConfig
 from edge_agent.service import Agent
-from orchestrator import eventloop
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.pipelines import PipelineRun, ran_since
-from orchestrator.procs import spawn, terminate_as_interrupt
-from orchestrator.results import revisions
+from orchestrator.infra import eventloop
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.infra.procs import spawn, terminate_as_interrupt
+from orchestrator.reliability.results import revisions
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun, ran_since
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.codec import decode
 from schemas.recovery import ClusterEvent

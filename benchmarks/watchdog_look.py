@@ -29,11 +29,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NamedTuple
 
 from benchmarks.common import counts, progress, table
-from orchestrator import eventloop
-from orchestrator.pipelines import PipelineRun
+from orchestrator.infra import eventloop
 from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import Placement
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from sim.fleet import synthetic_pipeline
 
 NOW = 100.0  # past the stall time of every task free to start since 0

@@ -24,21 +24,30 @@ from nats.micro.request import Request
 from nats.micro.service import Service, ServiceConfig
 from pydantic import TypeAdapter, ValidationError
 
-from orchestrator import eventloop, ownership
-from orchestrator.adaptive import Adaptive
-from orchestrator.commits import AGENT_ENCODING, OFFER_TIMEOUT_S, Commits
-from orchestrator.displaced import Displaced
-from orchestrator.eventloop import Pacer
-from orchestrator.failover import OWNER_LEASE_S, Failover
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import Placer
-from orchestrator.planning import PLAN_BUDGET_S
+from orchestrator.api.queries import Queries
+from orchestrator.api.submissions import (
+    MAX_QUEUED_SUBMITS,
+    SUBMITS_AT_ONCE,
+    Submissions,
+    refuse,
+    timing_log,
+)
+from orchestrator.infra import eventloop
+from orchestrator.infra.eventloop import Pacer
+from orchestrator.placement.commits import AGENT_ENCODING, OFFER_TIMEOUT_S, Commits
+from orchestrator.placement.placer import Placer
+from orchestrator.placement.planning import PLAN_BUDGET_S
+from orchestrator.placement.registry import ClusterView
+from orchestrator.placement.store_reads import StoreLookup
 from orchestrator.predictor.history import History
 from orchestrator.predictor.model import ErrorStats, Predictor
-from orchestrator.queries import Queries
-from orchestrator.recovery import Recovery
-from orchestrator.registry import ClusterView
-from orchestrator.replicas import Replicas
+from orchestrator.reliability import ownership
+from orchestrator.reliability.adaptive import Adaptive
+from orchestrator.reliability.displaced import Displaced
+from orchestrator.reliability.failover import OWNER_LEASE_S, Failover
+from orchestrator.reliability.recovery import Recovery
+from orchestrator.reliability.replicas import Replicas
+from orchestrator.reliability.watchdog import STALL_S, Watchdog
 from orchestrator.reservations.store import (
     KEY_MAX_BYTES,
     BookingStore,
@@ -46,15 +55,7 @@ from orchestrator.reservations.store import (
     key_limit,
 )
 from orchestrator.scheduling import Placement, compiled
-from orchestrator.store_reads import StoreLookup
-from orchestrator.submissions import (
-    MAX_QUEUED_SUBMITS,
-    SUBMITS_AT_ONCE,
-    Submissions,
-    refuse,
-    timing_log,
-)
-from orchestrator.watchdog import STALL_S, Watchdog
+from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import (
@@ -179,7 +180,7 @@ class Orchestrator:
         self.cluster_changed = asyncio.Event()
         self.lease_s = lease_s
         self.placer = Placer(self)
-        #: Pipeline ownership leases, resumable records, adoption (orchestrator/failover.py).
+        #: Pipeline ownership leases, resumable records, adoption (reliability/failover.py).
         self.failover = Failover(self, lease_s=owner_lease_s)
         #: Re-plans on late tasks and slowed devices when the gain rule says so (adaptive.py).
         self.adaptive = Adaptive(self)
@@ -187,9 +188,9 @@ class Orchestrator:
         self.replicas = Replicas(self.owner, self.mono)
         #: `status`, `list`, `cancel` and `agents`, answered here or passed on (queries.py).
         self.queries = Queries(self)
-        #: Failure detection, recovery and exactly-once result commits (orchestrator/recovery.py).
+        #: Failure detection, recovery and exactly-once result commits (reliability/recovery.py).
         self.recovery = Recovery(self)
-        #: Evicted tasks, lost windows and lost inputs put back (orchestrator/displaced.py).
+        #: Evicted tasks, lost windows and lost inputs put back (reliability/displaced.py).
         self.displaced = Displaced(self)
         #: Execution-time predictor (with this orchestrator's online corrections) and how far
         #: its plans were off, over every finished task.

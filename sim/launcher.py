@@ -35,9 +35,9 @@ from typing import Any
 import psutil
 import yaml
 
-from orchestrator import eventloop
-from orchestrator.natsserver import find_binary, free_port, server_env
-from orchestrator.procs import stop_all
+from orchestrator.infra import eventloop
+from orchestrator.infra.natsserver import find_binary, free_port, server_env
+from orchestrator.infra.procs import stop_all
 from schemas.linkcontrol import LinkControl
 from sim.linkemu import LinkSpecEntry, control_request, profile_to_dict, write_spec
 from sim.topology import Topology, load_topology
@@ -156,7 +156,7 @@ def _port_open(port: int) -> bool:
 
 
 def _mars(*args: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator.cli", *args]
+    return [sys.executable, "-m", "console.cli", *args]
 
 
 # -- up --------------------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def _start(
 
 
 async def _wait_for_agents(state: SimState, n: int, timeout: float) -> int:
-    from orchestrator.client import Client
+    from console.client import Client
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

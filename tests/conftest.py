@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.natsserver import EmbeddedNats
+from orchestrator.infra.natsserver import EmbeddedNats
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

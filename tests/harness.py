@@ -148,7 +148,7 @@ async def one_device_agent(url: str, agent_id: str = "a1") -> RecordingAgent:
 async def mars_cli(*args: str) -> tuple[int, str, str]:
     """`mars ARGS` as a process of its own: (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", *args,
+        sys.executable, "-m", "console.cli", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -206,7 +206,7 @@ class AgentProcesses:
     async def start(self, name: str, **config: Any) -> asyncio.subprocess.Process:
         cfg = agent_process_config(self.tmp, name, **config)
         self.procs[name] = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator.cli", "agent", "--nats", self.url,
+            sys.executable, "-m", "console.cli", "agent", "--nats", self.url,
             "--config", str(cfg), "--id", name, "--grace", "0",
         )  # fmt: skip
         return self.procs[name]

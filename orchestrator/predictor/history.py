@@ -24,7 +24,7 @@ from typing import Any
 
 from nats.js.errors import BucketNotFoundError
 
-from orchestrator.kvwatch import all_keys
+from orchestrator.infra.kvwatch import all_keys
 from orchestrator.predictor.correction import Corrections, Track
 from schemas.codec import DecodeError, decode, encode
 from schemas.predictor import CorrectionRecord, CorrectionTrack

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.planning import PLAN_BUDGET_S
+from orchestrator.placement.planning import PLAN_BUDGET_S
 from orchestrator.predictor.features import DATA_DIR
 from orchestrator.predictor.model import MODEL_FILE, LearnedModel, Predictor
 from orchestrator.predictor.train import Dataset, load_dataset

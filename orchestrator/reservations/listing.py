@@ -13,7 +13,7 @@ from nats.js.errors import (
     KeyNotFoundError,
 )
 
-from orchestrator.kvwatch import all_keys
+from orchestrator.infra.kvwatch import all_keys
 from orchestrator.reservations.store import BUCKET, device_key_of
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import DecodeError, decode

@@ -26,8 +26,8 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
 )
 
-from orchestrator import eventloop
-from orchestrator.kvwatch import follow
+from orchestrator.infra import eventloop
+from orchestrator.infra.kvwatch import follow
 from orchestrator.reservations import book as rules
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import DecodeError, decode, encode

@@ -47,7 +47,7 @@ async def test_sigterm_drains_and_finishes_running_work(nats_url: str, tmp_path:
     await nc.subscribe(subjects.heartbeat("term"), cb=on_hb)
     await settle(nc)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", "agent", "--nats", nats_url,
+        sys.executable, "-m", "console.cli", "agent", "--nats", nats_url,
         "--config", str(cfg), "--id", "term", "--grace", "30",
     )  # fmt: skip
     try:

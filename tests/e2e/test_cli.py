@@ -52,7 +52,7 @@ def test_schema_writes_every_public_model(tmp_path: Path) -> None:
     from schemas import PUBLIC_MODELS
 
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "schema", "--out", str(tmp_path)],
+        [sys.executable, "-m", "console.cli", "schema", "--out", str(tmp_path)],
         capture_output=True,
         timeout=60,
     )

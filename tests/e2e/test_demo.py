@@ -27,7 +27,7 @@ def _leftovers(marker: str) -> list[str]:
 
 def test_demo_succeeds_and_stops_everything() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "demo"],
+        [sys.executable, "-m", "console.cli", "demo"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -75,7 +75,7 @@ def test_demo_stopped_by_sigterm_stops_everything_and_removes_its_files(tmp_path
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "demo", "--pipeline", str(slow),
+        [sys.executable, "-m", "console.cli", "demo", "--pipeline", str(slow),
          "--timeout", "120"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "TMPDIR": str(tmp)},

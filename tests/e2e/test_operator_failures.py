@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.client import Client
+from console.client import Client
 from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 from tests.integration.test_recovery import ClusterEvents
 
@@ -116,7 +116,7 @@ async def _into_closed_pipe(*args: str) -> tuple[int, str]:
     os.close(read_end)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "orchestrator.cli", *args,
+            sys.executable, "-m", "console.cli", *args,
             stdout=write_end, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
     finally:
@@ -145,7 +145,7 @@ async def service_process(*args: str) -> AsyncIterator[asyncio.subprocess.Proces
     """`mars ARGS` (a service) as a process of its own, its stderr piped; killed after, if
     it did not end."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", *args,
+        sys.executable, "-m", "console.cli", *args,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.client import Client
+from console.client import Client
 from schemas import PipelineSpec
 from tests.harness import agent_config, start_cluster, stop_cluster
 

@@ -13,7 +13,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from orchestrator.natsserver import server_procs
+from orchestrator.infra.natsserver import server_procs
 from schemas import subjects
 from schemas.agent import AgentAdvert
 from schemas.codec import decode, encoding_of
@@ -50,7 +50,7 @@ tasks:
 
 async def _mars(*args: str, timeout: float = 60) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "orchestrator.cli", *args,
+        sys.executable, "-m", "console.cli", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), timeout)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.adaptive import GAIN_FACTOR, Decision
-from orchestrator.pipelines import PipelineRun
+from orchestrator.reliability.adaptive import GAIN_FACTOR, Decision
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec
 from schemas.agent import CalibrationDrift
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
@@ -238,7 +238,7 @@ async def test_a_consumer_reported_started_before_its_producer_finished_is_price
     """Events from two agents arrive in any order: `work` may be reported started while
     `gate`'s own events are still on their way. Pricing treats `gate` as finished by then
     (it used to fail: "fixed 'work' has predecessors that are not fixed")."""
-    from orchestrator.adaptive import Trigger
+    from orchestrator.reliability.adaptive import Trigger
 
     orch, agents = await start_cluster(nats_url, configs())
     try:
@@ -268,7 +268,7 @@ async def test_pricing_gives_the_event_loop_turns(
     reply) runs before the decision, not after the whole pricing."""
     import asyncio
 
-    import orchestrator.adaptive as adaptive
+    import orchestrator.reliability.adaptive as adaptive
 
     turns: list[str] = []
     situation, decide = adaptive.Adaptive.situation, adaptive.decide

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 
 from edge_agent.config import AgentConfig
 from edge_agent.service import Agent
-from orchestrator.registry import ClusterView
+from orchestrator.placement.registry import ClusterView
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, Heartbeat
 from schemas.codec import ERROR_HEADER, decode

@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
+from console.cli import _paced_gc_once_up
 from edge_agent.service import run_agent
-from orchestrator.cli import _paced_gc_once_up
 from tests.harness import agent_config
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import pytest
 
-from orchestrator.natsserver import EmbeddedNats
+from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
 from schemas import subjects
 

@@ -17,11 +17,11 @@ from typing import Any
 import nats
 import pytest
 
+from console import artifacts
 from edge_agent.artifacts import ArtifactCache, ArtifactError
 from edge_agent.core import Job
 from edge_agent.executors import BUILTIN_MODELS, Output
 from edge_agent.service import Agent
-from orchestrator import artifacts
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskSpec, subjects
 from schemas.agent import AgentAdvert

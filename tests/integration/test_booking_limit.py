@@ -12,7 +12,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from orchestrator.client import Client
+from console.client import Client
 from orchestrator.reservations.store import (
     BUCKET,
     PAYLOAD_HEADROOM,

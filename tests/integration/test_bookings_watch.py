@@ -8,7 +8,7 @@ import asyncio
 import nats
 import pytest
 
-from orchestrator.natsserver import EmbeddedNats
+from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.reservations.store import BUCKET
 from orchestrator.service import Orchestrator
 from schemas.bookings import DeviceBookings

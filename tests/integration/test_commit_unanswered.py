@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import pytest
 
-from orchestrator import commits as commit_module
+from orchestrator.placement import commits as commit_module
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 #: Starts an embedded server, says its pid, and waits for its stdin to close.
 HOLDER = """
 import sys
-from orchestrator.natsserver import EmbeddedNats
+from orchestrator.infra.natsserver import EmbeddedNats
 srv = EmbeddedNats(store_dir=sys.argv[1]).start()
 print(srv.proc.pid, flush=True)
 sys.stdin.read()

@@ -10,7 +10,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from orchestrator.natsserver import EmbeddedNats, NatsServerError
+from orchestrator.infra.natsserver import EmbeddedNats, NatsServerError
 
 #: Stands in for a nats-server that is slow to get ready: it accepts connections on the
 #: port it is given at once, and never logs that it is ready.

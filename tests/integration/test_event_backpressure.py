@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.placement_latency import handler_spans, held_for_events
+from console.client import Client
 from orchestrator import service
-from orchestrator.client import Client
 from schemas import PipelineSpec, subjects
 from schemas.rpc import settle
 from tests.harness import agent_config, start_cluster, stop_cluster

@@ -14,10 +14,10 @@ from typing import Any
 import nats
 import pytest
 
+from console import cli
 from edge_agent.core import Job
 from edge_agent.executors import Output
 from edge_agent.service import Agent
-from orchestrator import cli
 from orchestrator.service import Orchestrator
 from schemas import (
     CancelRequest,

@@ -16,13 +16,15 @@ from typing import Any, TypeVar
 import nats
 import pytest
 
-from orchestrator import failover, procs, service
-from orchestrator.client import Client
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import PlacementFailed
+from console.client import Client
+from orchestrator import service
+from orchestrator.infra import procs
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.placement.placer import PlacementFailed
+from orchestrator.reliability import failover
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec, TaskEvent, WireModel, subjects
 from schemas.api import CancelRequest, StatusRequest
 from schemas.bookings import BookingWindow
@@ -499,7 +501,7 @@ async def test_progress_records_are_rate_limited(nats_url: str) -> None:
     import math
     import time
 
-    from orchestrator.failover import PROGRESS_EVERY_S
+    from orchestrator.reliability.failover import PROGRESS_EVERY_S
 
     orch, agents = await start_cluster(nats_url, configs(1))
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.client import Client
-from orchestrator.natsserver import EmbeddedNats
+from console.client import Client
+from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
 from sim.fleet import fleet_configs, run_fleet, synthetic_pipeline
 

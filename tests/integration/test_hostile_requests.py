@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from nats.aio.client import Client as NATS
 
 from edge_agent.service import Agent
-from orchestrator.natsserver import EmbeddedNats
+from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
 from schemas import (
     AgentsRequest,

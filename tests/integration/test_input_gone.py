@@ -18,11 +18,11 @@ from nats.aio.msg import Msg
 from edge_agent import dataplane, retention
 from edge_agent.core import Job
 from edge_agent.executors import Output
-from orchestrator import recovery
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import Placer
+from orchestrator.placement.placer import Placer
+from orchestrator.reliability import recovery
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec, subjects
 from schemas.api import CancelRequest
 from schemas.codec import encode

@@ -17,10 +17,11 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from console.client import Client
 from edge_agent.core import Job
 from edge_agent.executors import Output
-from orchestrator import commits, procs
-from orchestrator.client import Client
+from orchestrator.infra import procs
+from orchestrator.placement import commits
 from orchestrator.reservations.store import BookingStore, device_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects

@@ -15,8 +15,8 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 from nats.js.errors import KeyNotFoundError
 
-from orchestrator import ownership
-from orchestrator.results import HISTORY, ResultLedger, result_key
+from orchestrator.reliability import ownership
+from orchestrator.reliability.results import HISTORY, ResultLedger, result_key
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec
 from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, run_key, spec_key

@@ -14,7 +14,7 @@ from typing import Any
 import nats
 import pytest
 
-from orchestrator import inputs
+from console import inputs
 from schemas import PipelineSpec, subjects
 from tests.harness import agent_config, start_cluster, stop_cluster
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.client import Client
+from console.client import Client
 from orchestrator.service import MAX_PIPELINES_KEPT, TRIM_STEP, Orchestrator
 from schemas import PipelineSpec
 from schemas.api import ListReply

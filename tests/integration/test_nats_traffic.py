@@ -12,7 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from orchestrator.natsserver import (
+from orchestrator.infra.natsserver import (
     EmbeddedNats,
     NatsServerError,
     go_procs,
@@ -86,7 +86,7 @@ def test_the_monitoring_port_is_never_the_client_port(monkeypatch: pytest.Monkey
     """Free ports are probed one after another, each probe's socket closed before the next:
     the OS may give the same one twice, and a server told to use it for both would not start."""
     ports = iter([41001, 41001, 41001, 41002])
-    monkeypatch.setattr("orchestrator.natsserver.free_port", lambda host="": next(ports))
+    monkeypatch.setattr("orchestrator.infra.natsserver.free_port", lambda host="": next(ports))
     srv = EmbeddedNats(monitor=True)
     try:
         assert (srv.port, srv.monitor_port) == (41001, 41002)

@@ -1,5 +1,5 @@
 """Placing and running pipelines leaves no reference cycles behind: the orchestrator turns its
-automatic collector off once up (orchestrator/eventloop.py), so garbage that only a collection
+automatic collector off once up (orchestrator/infra/eventloop.py), so garbage that only a collection
 frees piles up between its full collections, which then stop the event loop (a cycle per
 placement made the benchmark's orchestrator pause 1.3-1.5 s in one)."""
 

@@ -12,7 +12,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from orchestrator.commits import AGENT_ENCODING
+from orchestrator.placement.commits import AGENT_ENCODING
 from orchestrator.service import Orchestrator
 from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec, subjects
 from schemas.codec import decode, encode, encoding_of
@@ -107,7 +107,7 @@ async def test_orchestrator_falls_back_to_single_offers(nats_url: str) -> None:
 async def test_commit_is_asked_again_until_the_agent_answers(nats_url: str) -> None:
     """The first commit gets no answer (lost, or the agent was busy): the orchestrator asks
     again, and stops once the agent answers."""
-    from orchestrator.pipelines import PipelineRun
+    from orchestrator.state.pipelines import PipelineRun
     from schemas import CommitCommand, PipelineSpec
 
     got: list[CommitCommand] = []

@@ -16,7 +16,7 @@ from edge_agent.core import Job
 from edge_agent.executors import Output
 from edge_agent.journal import Journal
 from edge_agent.service import Agent
-from orchestrator.natsserver import free_port
+from orchestrator.infra.natsserver import free_port
 from orchestrator.service import Orchestrator
 from schemas import subjects
 from schemas.codec import decode

@@ -8,7 +8,7 @@ import gc
 
 import pytest
 
-from orchestrator.client import Client
+from console.client import Client
 from orchestrator.service import run_orchestrator
 from schemas import PipelineSpec
 from schemas.codec import RemoteError

@@ -12,7 +12,7 @@ from typing import Any
 import nats
 import pytest
 
-from orchestrator.client import Client
+from console.client import Client
 from orchestrator.reservations.store import BookingStore
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.pipelines import PipelineRun
 from orchestrator.predictor.history import BUCKET, History, kv_key
 from orchestrator.predictor.model import task_signature
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import AgentAdvert, PipelineSpec
 from schemas.codec import decode
 from schemas.events import TaskEvent

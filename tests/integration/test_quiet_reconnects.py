@@ -10,8 +10,8 @@ import logging
 
 import pytest
 
-from orchestrator.client import Client
-from orchestrator.natsserver import EmbeddedNats
+from console.client import Client
+from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
 
 pytestmark = pytest.mark.integration

@@ -17,11 +17,11 @@ import pytest
 import yaml
 from nats.aio.msg import Msg
 
-from orchestrator import recovery
-from orchestrator.pipelines import PipelineRun
-from orchestrator.procs import spawn
-from orchestrator.results import revisions
+from orchestrator.infra.procs import spawn
+from orchestrator.reliability import recovery
+from orchestrator.reliability.results import revisions
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent

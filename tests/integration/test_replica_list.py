@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from orchestrator.client import Client
+from console.client import Client
 from schemas.api import CancelRequest, ListReply, ListRequest, StatusReply
 from schemas.codec import RemoteError
 from tests.harness import start_cluster, stop_cluster, two_replicas

@@ -13,11 +13,11 @@ from typing import Any
 import nats
 import pytest
 
+from console.client import Client
+from console.report import bookings_table
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
-from orchestrator.client import Client
-from orchestrator.placement import PlacementFailed
-from orchestrator.report import bookings_table
+from orchestrator.placement.placer import PlacementFailed
 from orchestrator.reservations.book import double_booked
 from orchestrator.reservations.listing import read_bookings
 from orchestrator.reservations.store import BUCKET, BookingStore, device_key
@@ -958,7 +958,7 @@ async def test_a_pipeline_not_placed_after_its_rounds_is_logged_with_its_reasons
 ) -> None:
     """The submitter gets the error; the operator's log gets a warning saying why, per task
     and device (here: one round allowed, and the one agent the plan chose rejects)."""
-    monkeypatch.setattr("orchestrator.placement.MAX_ROUNDS", 1)
+    monkeypatch.setattr("orchestrator.placement.placer.MAX_ROUNDS", 1)
     orch, agents = await start_cluster(nats_url, fast_rejects(tmp_path))
     try:
         s = spec("once", [ONLY_ON_SLOW])

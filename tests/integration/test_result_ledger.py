@@ -11,8 +11,8 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.results import CHUNK, ResultLedger, result_key, revisions
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.reliability.results import CHUNK, ResultLedger, result_key, revisions
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
 from schemas.recovery import TaskResult, TaskResults

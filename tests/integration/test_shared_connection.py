@@ -14,8 +14,8 @@ import pytest
 
 from edge_agent.service import Agent
 from edge_agent.sharedconn import SHARED_CLIENT_PREFIX, SharedConnection
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.recovery import AGENT_CLIENT_PREFIX
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.reliability.recovery import AGENT_CLIENT_PREFIX
 from schemas import subjects
 from sim.fleet import fleet_configs, start_fleet, stop_fleet
 from sim.linkemu import LinkProxy

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.natsserver import find_binary, free_port, server_env
-from orchestrator.procs import tied_to_caller
+from orchestrator.infra.natsserver import find_binary, free_port, server_env
+from orchestrator.infra.procs import tied_to_caller
 from orchestrator.service import Orchestrator
 from tests.conftest import REPO
 from tests.integration.test_recovery import ClusterEvents, start_victim

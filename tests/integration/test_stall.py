@@ -12,10 +12,10 @@ from nats.aio.msg import Msg
 
 from edge_agent import dataplane, retention
 from edge_agent.retention import Retained
-from orchestrator import recovery
-from orchestrator.pipelines import PipelineRun
+from orchestrator.reliability import recovery
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec
 from schemas.codec import decode
 from schemas.events import TaskEvent
@@ -308,7 +308,7 @@ async def test_replays_are_bounded_when_every_pipeline_looks_stalled(
     pipeline looks stalled, is not buried under its own replays)."""
     import asyncio
 
-    from orchestrator import watchdog
+    from orchestrator.reliability import watchdog
 
     monkeypatch.setattr(watchdog, "MAX_REPLAYS", 2)
     async with one_agent(nats_url, lambda ev: True) as (orch, _, lost):

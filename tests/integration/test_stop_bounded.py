@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import service
-from orchestrator.natsserver import EmbeddedNats
+from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.predictor.history import MIN_SAVE_N
 from orchestrator.service import Orchestrator
 
@@ -68,7 +68,7 @@ def test_a_second_sigterm_while_stopping_ends_the_process(tmp_path: Path) -> Non
     script = tmp_path / "hang.py"
     script.write_text(
         "import asyncio, sys\n"
-        "from orchestrator.cli import _run_until_signal\n"
+        "from console.cli import _run_until_signal\n"
         "async def main(stop, started):\n"
         "    started.set()  # up: a stop from here on is the service's own\n"
         "    print('up', flush=True)\n"

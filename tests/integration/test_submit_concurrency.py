@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from orchestrator.client import Client
-from orchestrator.submissions import SUBMITS_AT_ONCE
+from console.client import Client
+from orchestrator.api.submissions import SUBMITS_AT_ONCE
 from schemas import OfferReply, PipelineSpec, TaskOffer
 from tests.harness import agent_config, start_cluster, stop_cluster
 

@@ -14,9 +14,9 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError
 
-from orchestrator.client import Client
+from console.client import Client
+from orchestrator.api.submissions import SUBMITS_AT_ONCE
 from orchestrator.service import Orchestrator
-from orchestrator.submissions import SUBMITS_AT_ONCE
 from schemas import OfferReply, PipelineSpec, SubmitReply, SubmitRequest, TaskOffer, subjects
 from schemas.codec import RemoteError, decode_reply, encode, headers_for
 from schemas.failover import OWNERS_BUCKET

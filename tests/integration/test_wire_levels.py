@@ -11,7 +11,7 @@ import msgpack
 import nats
 from nats.aio.msg import Msg
 
-from orchestrator.client import Client
+from console.client import Client
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import encode, headers_for

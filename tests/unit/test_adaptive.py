@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.adaptive import (
+from orchestrator.reliability.adaptive import (
     GAIN_FACTOR,
     Situation,
     decide,
@@ -141,7 +141,7 @@ class _Orch:
     """What `Adaptive._late` reads of an orchestrator: its pipelines, its clock, its spawner."""
 
     def __init__(self) -> None:
-        from orchestrator.pipelines import PipelineRun
+        from orchestrator.state.pipelines import PipelineRun
 
         self.pipelines: dict[str, PipelineRun] = {}
         self.now = 100.0
@@ -157,8 +157,8 @@ class _Orch:
 async def test_late_tasks_of_one_pipeline_are_priced_once_per_gap() -> None:
     """Two tasks of one pipeline late together: one pricing now, the other when the gap
     ends (if it is still running then); another pipeline is not held back."""
-    from orchestrator.adaptive import LATE_GAP_S, Adaptive, Trigger
-    from orchestrator.pipelines import PipelineRun
+    from orchestrator.reliability.adaptive import LATE_GAP_S, Adaptive, Trigger
+    from orchestrator.state.pipelines import PipelineRun
     from schemas import PipelineSpec
 
     orch = _Orch()
@@ -237,7 +237,7 @@ def test_a_situation_the_bound_skips_is_never_worth_a_move(
 ) -> None:
     """Skipping the pricing changes no decision: whenever `cannot_pay` holds, the full
     evaluation (re-plan, and restart of what runs) finds nothing worth moving either."""
-    from orchestrator.adaptive import cannot_pay, evaluate, keep_makespan, most_to_gain
+    from orchestrator.reliability.adaptive import cannot_pay, evaluate, keep_makespan, most_to_gain
 
     ids = [f"t{i}" for i in range(len(works))]
     graph = TaskGraph(
@@ -268,8 +268,8 @@ def test_a_situation_the_bound_skips_is_never_worth_a_move(
 async def test_a_start_reported_into_the_run_shortens_its_lateness_timer() -> None:
     """Starts are reported `started_event_after_s` into a run, saying how long it had run:
     the lateness timer counts that time, not only what follows the event."""
-    from orchestrator.adaptive import Adaptive
-    from orchestrator.pipelines import PipelineRun
+    from orchestrator.reliability.adaptive import Adaptive
+    from orchestrator.state.pipelines import PipelineRun
     from schemas import PipelineSpec, TaskEvent
 
     orch = _Orch()

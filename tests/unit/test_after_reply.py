@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from orchestrator import submissions
+from orchestrator.api import submissions
 
 
 async def test_work_after_a_reply_waits_for_the_reply_s_write() -> None:

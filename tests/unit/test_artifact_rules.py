@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from console.artifacts import ArtifactsError, default_name, kind_of
 from edge_agent.allowlist import SHIPPED_CODE_OFF, Allowlist
 from edge_agent.config import AgentConfig
-from orchestrator.artifacts import ArtifactsError, default_name, kind_of
 from schemas.artifacts import ArtifactInfo, parse_ref
 from schemas.codec import decode, encode
 from schemas.pipeline import OnnxRun, PythonRun, artifact_of

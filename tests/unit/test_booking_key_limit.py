@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.cli import agent_line
+from console.cli import agent_line
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import (
     BookingStore,

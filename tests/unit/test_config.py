@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from console.pipeline_files import load_pipeline
 from edge_agent.config import load_config
-from orchestrator.pipeline_files import load_pipeline
 from schemas.codec import DecodeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ def test_example_agent_config_loads_and_marks_emulated_devices() -> None:
 
 
 def test_example_pipeline_loads() -> None:
-    spec = load_pipeline(REPO / "orchestrator" / "examples" / "video-analytics.yaml")
+    spec = load_pipeline(REPO / "console" / "examples" / "video-analytics.yaml")
     assert spec.tasks[0].id == "decode"
     assert any(t.run.kind == "onnx" for t in spec.tasks)
 

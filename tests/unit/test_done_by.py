@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from orchestrator.eventloop import done_by
+from orchestrator.infra.eventloop import done_by
 
 
 async def test_work_that_ends_in_time_is_done() -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.placement_latency import gc_pauses
-from orchestrator import eventloop, submissions
+from orchestrator.api import submissions
+from orchestrator.infra import eventloop
 
 
 def test_a_long_collection_is_logged_and_a_short_one_is_not(
@@ -20,7 +21,7 @@ def test_a_long_collection_is_logged_and_a_short_one_is_not(
 ) -> None:
     hook = eventloop.gc_pause_hook(logging.getLogger("mars.timing"))
     clock = iter([10.0, 10.5, 20.0, 20.0005])
-    monkeypatch.setattr("orchestrator.eventloop.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("orchestrator.infra.eventloop.time.perf_counter", lambda: next(clock))
     with caplog.at_level(logging.DEBUG, logger="mars.timing"):
         hook("start", {"generation": 2})
         hook("stop", {"generation": 2, "collected": 7})  # 500 ms

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.health import Effect, HealthTracker, Partition, Recover, Transition
+from orchestrator.reliability.health import Effect, HealthTracker, Partition, Recover, Transition
 
 I = 0.5  # heartbeat interval  # noqa: E741
 

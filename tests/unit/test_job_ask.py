@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.watchdog_look import NOW, idle_orchestrator
-from orchestrator.pipelines import PipelineRun
+from orchestrator.state.pipelines import PipelineRun
 from schemas.codec import decode, encode, headers_for
 from schemas.placement import JobHeld, JobQuery, JobReply
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from orchestrator.kvwatch import follow
+from orchestrator.infra.kvwatch import follow
 
 
 class Swallowing:

@@ -23,7 +23,7 @@ from edge_agent.linkprobe import (
     site_links,
     update_estimate,
 )
-from orchestrator.registry import aggregate_links
+from orchestrator.placement.registry import aggregate_links
 from schemas.agent import AgentAdvert, DeviceSpec, LinkSpec
 
 

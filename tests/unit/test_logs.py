@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from orchestrator import logs
+from orchestrator.infra import logs
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cli import build_parser
+from console.cli import build_parser
 from orchestrator.reservations.store import KEY_MAX_BYTES
 
 

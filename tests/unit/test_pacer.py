@@ -1,10 +1,10 @@
-"""A handler draining queued work gives the event loop turns (orchestrator/eventloop.py)."""
+"""A handler draining queued work gives the event loop turns (orchestrator/infra/eventloop.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from orchestrator.eventloop import Pacer
+from orchestrator.infra.eventloop import Pacer
 
 
 async def _drain(pacer: Pacer, items: int, seen: list[str]) -> None:

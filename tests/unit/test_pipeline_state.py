@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.pipelines import PipelineRun
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec, TaskEvent
 
 

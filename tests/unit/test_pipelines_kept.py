@@ -3,8 +3,8 @@ never a live one."""
 
 from __future__ import annotations
 
-from orchestrator.pipelines import PipelineRun
 from orchestrator.service import MAX_PIPELINES_KEPT, TRIM_STEP, Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec
 
 SPEC = PipelineSpec.model_validate(

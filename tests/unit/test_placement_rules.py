@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import MIN_WINDOW_S, Placer, ancestors, descendants, window_ends
+from orchestrator.placement.placer import MIN_WINDOW_S, Placer, ancestors, descendants, window_ends
 from orchestrator.reservations.book import (
     AGING_PER_S,
     EVICTION_POINTS,
@@ -17,6 +16,7 @@ from orchestrator.reservations.book import (
     effective_priority,
 )
 from orchestrator.scheduling import Placement
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec
 from schemas.bookings import BookingWindow
 

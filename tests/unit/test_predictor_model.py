@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.planning import MIN_TASK_S, SpecCostModel, to_graph
+from orchestrator.placement.planning import MIN_TASK_S, SpecCostModel, to_graph
 from orchestrator.predictor.model import (
     MODEL,
     PRIOR,

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import pytest
 
-from orchestrator.procs import terminate_as_interrupt, tied_to_caller
+from orchestrator.infra.procs import terminate_as_interrupt, tied_to_caller
 
 T = TypeVar("T")
 

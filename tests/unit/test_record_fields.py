@@ -10,10 +10,10 @@ import typing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.ownership import EXTRA_COUNTERS, from_record, record_fields
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import planned_view
+from orchestrator.placement.placer import planned_view
+from orchestrator.reliability.ownership import EXTRA_COUNTERS, from_record, record_fields
 from orchestrator.scheduling import Placement
+from orchestrator.state.pipelines import PipelineRun
 from schemas.api import PipelineState, TaskState
 from schemas.codec import decode, encode, encode_trusted
 from schemas.failover import PipelineRecord, PlacedTask, TaskRecord

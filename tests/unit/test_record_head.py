@@ -7,8 +7,8 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 
-from orchestrator.ownership import record_fields
-from orchestrator.pipelines import PipelineRun
+from orchestrator.reliability.ownership import record_fields
+from orchestrator.state.pipelines import PipelineRun
 from schemas.codec import DecodeError, decode, encode_trusted
 from schemas.failover import PipelineRecord, RecordHead, read_head
 from tests.unit.test_record_fields import runs

@@ -1,6 +1,6 @@
 """A pipeline record whose write keeps losing its CAS is tried again later and said, never
-dropped in silence (orchestrator/failover.py). Stand-ins for the KV stores: this is about the
-bookkeeping around them (the stores themselves are tested over a real nats-server)."""
+dropped in silence (`orchestrator.reliability.failover`). Stand-ins for the KV stores: this is
+about the bookkeeping around them (the stores themselves are tested over a real nats-server)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from nats.js.errors import KeyWrongLastSequenceError
 
-from orchestrator.failover import RECORD_CAS_TRIES, Failover
-from orchestrator.pipelines import PipelineRun
+from orchestrator.reliability.failover import RECORD_CAS_TRIES, Failover
+from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec
 
 

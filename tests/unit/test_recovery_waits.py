@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from orchestrator.pipelines import PipelineRun
 from orchestrator.service import Orchestrator
+from orchestrator.state.pipelines import PipelineRun
 from sim.fleet import synthetic_pipeline
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.planning import with_bookings
-from orchestrator.registry import ClusterView
+from orchestrator.placement.planning import with_bookings
+from orchestrator.placement.registry import ClusterView
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import Cached
@@ -109,7 +109,7 @@ def test_reservations_become_slot_busy_windows() -> None:
 
 
 def test_planning_on_an_empty_fleet_says_so() -> None:
-    from orchestrator.planning import plan_pipeline
+    from orchestrator.placement.planning import plan_pipeline
     from orchestrator.scheduling import Unschedulable
     from schemas import PipelineSpec
 

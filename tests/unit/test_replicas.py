@@ -1,4 +1,4 @@
-"""Replica membership (`orchestrator/replicas.py`): who is taken to be up, from hellos."""
+"""Replica membership (`reliability/replicas.py`): who is taken to be up, from hellos."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.replicas import HELLO_EVERY_S, MISSED_HELLOS, Replicas
+from orchestrator.reliability.replicas import HELLO_EVERY_S, MISSED_HELLOS, Replicas
 from orchestrator.service import Orchestrator
 from schemas.codec import encode
 from schemas.failover import ReplicaHello

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import build_parser, main
+from console.cli import build_parser, main
 from orchestrator.scheduling import LinkCostModel
 from sim import run as sim_run
 from sim.des import SimConfig

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.planning import plan_pipeline, to_graph
-from orchestrator.registry import ClusterView
-from orchestrator.store_reads import StoreReads, store_reads
+from orchestrator.placement.planning import plan_pipeline, to_graph
+from orchestrator.placement.registry import ClusterView
+from orchestrator.placement.store_reads import StoreReads, store_reads
 from schemas import AgentAdvert, DeviceSpec, PipelineSpec
 from schemas.agent import LinkSpec
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from benchmarks.watchdog_look import NOW, held, idle_orchestrator
-from orchestrator import watchdog
+from orchestrator.reliability import watchdog
 
 
 async def test_a_look_over_many_pipelines_gives_the_loop_turns() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from orchestrator.cli import agent_line, build_parser
+from console.cli import agent_line, build_parser
 from schemas.api import AgentsReply, AgentSummary, ListReply, PipelineSummary
 from schemas.base import WireModel
 from schemas.codec import Encoding, decode, encode, headers_for

@@ -15,7 +15,7 @@ more detection window after the last return (those are then recovered); or after
 `partition_timeout_s`. A new incarnation of an agent is proof its previous one is gone, so its
 recovery is never held.
 
-Synchronous and I/O-free: the shell (`orchestrator.recovery`) feeds it adverts, heartbeats,
+Synchronous and I/O-free: the shell (`reliability.recovery`) feeds it adverts, heartbeats,
 advisories and clock ticks, and performs the returned effects.
 """
 

@@ -23,14 +23,15 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from console import inputs
+from console.client import Client
+from console.fetch import fetch, find
+from console.pipeline_files import load_pipeline
+from console.report import plan_table, timeline_table
 from edge_agent.digits import DATA_FILE, confusion_table
-from orchestrator import eventloop, inputs
-from orchestrator.client import Client
-from orchestrator.fetch import fetch, find
-from orchestrator.natsserver import EmbeddedNats
-from orchestrator.pipeline_files import load_pipeline
-from orchestrator.procs import spawn, stop_all, terminate_as_interrupt
-from orchestrator.report import plan_table, timeline_table
+from orchestrator.infra import eventloop
+from orchestrator.infra.natsserver import EmbeddedNats
+from orchestrator.infra.procs import spawn, stop_all, terminate_as_interrupt
 from schemas.api import StatusReply
 from schemas.pipeline import PipelineInput
 

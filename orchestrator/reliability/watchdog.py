@@ -26,19 +26,16 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
 
 import nats.errors
 
-from orchestrator.pipelines import PipelineRun
+from orchestrator.ports import AskKind, Shell
+from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import TASK_ENDED_STATES
 from schemas.codec import DecodeError
 from schemas.placement import JobQuery, JobReply
 from schemas.rpc import RemoteError
-
-if TYPE_CHECKING:
-    from orchestrator.service import Orchestrator
 
 log = logging.getLogger("mars.watchdog")
 
@@ -47,7 +44,6 @@ log = logging.getLogger("mars.watchdog")
 #: of a pipeline just `adopted` (its dead owner's record names agents, not incarnations), or
 #: one left queued, its inputs on their way, when its window was found gone (`unbooked`), or
 #: one free to start and not started at the look after its commit (`unstarted`).
-AskKind = Literal["overdue", "stalled", "waiting", "adopted", "unbooked", "unstarted"]
 #: Kinds whose ask is not the once per placement (`_ask_agents`): an overdue task is asked
 #: again every few looks; an early ask on a mere sign (made once by what saw it) must not
 #: keep the stall watchdog from asking later, when a job held then may be lost.
@@ -85,7 +81,7 @@ SLICE_TASKS = 1000
 
 
 class Watchdog:
-    def __init__(self, orch: Orchestrator, stall_s: float = STALL_S) -> None:
+    def __init__(self, orch: Shell, stall_s: float = STALL_S) -> None:
         self.o = orch
         self.stall_s = stall_s
         #: (pipeline, task, token, kind) already reported

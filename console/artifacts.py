@@ -23,7 +23,7 @@ from typing import Any, get_args
 from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from orchestrator.kvwatch import all_keys
+from orchestrator.infra.kvwatch import all_keys
 from schemas import subjects
 from schemas.artifacts import MAX_ARTIFACT_BYTES, ArtifactInfo, ArtifactKind, parse_ref
 from schemas.codec import DecodeError, decode, encode

@@ -11,7 +11,7 @@ from typing import Any
 from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from orchestrator import ownership
+from orchestrator.reliability import ownership
 from schemas import subjects
 from schemas.digests import sha256_file
 from schemas.pipeline import MediaType, PipelineInput

@@ -26,9 +26,9 @@ from nats.js.errors import (
     KeyWrongLastSequenceError,
 )
 
-from orchestrator.kvwatch import follow
-from orchestrator.pipelines import PipelineRun, TaskRun
+from orchestrator.infra.kvwatch import follow
 from orchestrator.scheduling import Placement
+from orchestrator.state.pipelines import PipelineRun, TaskRun
 from schemas.codec import DecodeError, decode, encode, encode_trusted
 from schemas.failover import (
     OWNERS_BUCKET,

@@ -16,7 +16,7 @@ from typing import Any
 import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from orchestrator.eventloop import Pacer
+from orchestrator.infra.eventloop import Pacer
 from schemas.api import PipelineSummary
 from schemas.codec import DecodeError
 from schemas.failover import RUNS_BUCKET, RecordHead, read_head, run_key

@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.pipelines import PipelineRun
-from orchestrator.planning import MIN_TASK_S, plan_pipeline
+from orchestrator.placement.planning import MIN_TASK_S, plan_pipeline
 from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key, device_of_key
 from orchestrator.scheduling import Placement, Unschedulable
 from orchestrator.scheduling.engine import NO_COMPUTE_TIME
+from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import PlannedTask
 from schemas.bookings import BookingWindow
@@ -32,7 +32,7 @@ from schemas.placement import CancelCommand, ConsumerRef, InputRef, OfferReply, 
 from schemas.rpc import let_sends_out
 
 if TYPE_CHECKING:
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
 
 log = logging.getLogger("mars.placement")
 MAX_ROUNDS = 8
@@ -107,7 +107,7 @@ class Asked:
 
 
 class Placer:
-    def __init__(self, orch: Orchestrator) -> None:
+    def __init__(self, orch: Shell) -> None:
         self.o = orch
         # Plan-and-book is serialised inside one process (it takes milliseconds): placements
         # of one replica then never race each other, and CAS only arbitrates between replicas.

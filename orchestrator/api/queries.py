@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 import nats
 from nats.aio.msg import Msg
 
-from orchestrator.listing import recorded
+from orchestrator.api.listing import recorded
 from orchestrator.reservations.store import Cached, device_key
 from schemas import subjects
 from schemas.agent import DeviceSpec
@@ -41,8 +41,8 @@ from schemas.failover import RUNS_BUCKET
 from schemas.rpc import RemoteError, ServiceError, request, respond
 
 if TYPE_CHECKING:
-    from orchestrator.pipelines import PipelineRun
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
+    from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.orchestrator")
 
@@ -58,7 +58,7 @@ M = TypeVar("M", bound=WireModel)
 class Queries:
     """One replica's answers to `status`, `list`, `cancel` and `agents`."""
 
-    def __init__(self, o: Orchestrator) -> None:
+    def __init__(self, o: Shell) -> None:
         self.o = o
         #: How long a `list` waits for each other replica's part.
         self.list_wait_s = LIST_WAIT_S

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from nats.aio.msg import Msg
 
-from orchestrator.placement import PlacementFailed, descendants
+from orchestrator.placement.placer import PlacementFailed, descendants
 from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import Placement
 from schemas import subjects
@@ -23,8 +23,8 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.placement import DataTransfer, EvictNotice, FetchRequest, InputGone
 
 if TYPE_CHECKING:
-    from orchestrator.pipelines import PipelineRun
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
+    from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.orchestrator")
 
@@ -61,7 +61,7 @@ class Displaced:
     """One replica's handling of displaced tasks (`Orchestrator.displaced`): acts only on
     pipelines whose ownership lease it holds, each under the pipeline's recovery lock."""
 
-    def __init__(self, orch: Orchestrator) -> None:
+    def __init__(self, orch: Shell) -> None:
         self.o = orch
         self.evictions_seen = 0
         #: Producers run again because an agent reported their output gone, and the reports

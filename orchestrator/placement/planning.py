@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.placement.registry import ClusterView
+from orchestrator.placement.store_reads import StoreReads
 from orchestrator.predictor.model import Estimates, Predictor
-from orchestrator.registry import ClusterView
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import Cached, device_key_of
 from orchestrator.scheduling import (
@@ -27,7 +28,6 @@ from orchestrator.scheduling import (
     Unschedulable,
     portfolio,
 )
-from orchestrator.store_reads import StoreReads
 from schemas.agent import DeviceSpec
 from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
 

@@ -23,10 +23,16 @@ import nats.errors
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 
-from orchestrator.eventloop import Pacer
-from orchestrator.ownership import Leases, LeaseTaken, RunStore, from_record, record_fields
-from orchestrator.pipelines import PipelineRun
+from orchestrator.infra.eventloop import Pacer
+from orchestrator.reliability.ownership import (
+    Leases,
+    LeaseTaken,
+    RunStore,
+    from_record,
+    record_fields,
+)
 from orchestrator.reservations.store import device_key_of
+from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import (
     TASK_ENDED_STATES,
@@ -40,7 +46,7 @@ from schemas.pipeline import PipelineSpec
 from schemas.rpc import ServiceError
 
 if TYPE_CHECKING:
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
 
 log = logging.getLogger("mars.failover")
 #: A record write that loses its CAS is read back and tried again this many times in all.
@@ -75,7 +81,7 @@ MAX_SWEPT = 256
 class Failover:
     def __init__(
         self,
-        orch: Orchestrator,
+        orch: Shell,
         *,
         lease_s: float = OWNER_LEASE_S,
         renew_s: float = OWNER_RENEW_S,

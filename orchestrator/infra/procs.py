@@ -56,10 +56,10 @@ def spawn(
     log: IO[bytes] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start `python -m orchestrator.cli ARGS` in its own session, tied to our lifetime
+    """Start `python -m console.cli ARGS` in its own session, tied to our lifetime
     (`env`: variables set on top of ours)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "console.cli", *args],
         stdin=subprocess.DEVNULL,
         stdout=log or subprocess.DEVNULL,
         stderr=log or subprocess.DEVNULL,

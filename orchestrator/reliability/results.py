@@ -33,7 +33,8 @@ from typing import Any, Literal
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from orchestrator import eventloop, ownership
+from orchestrator.infra import eventloop
+from orchestrator.reliability import ownership
 from schemas import subjects
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent

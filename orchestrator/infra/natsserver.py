@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from orchestrator.procs import tied_to_caller
+from orchestrator.infra.procs import tied_to_caller
 from schemas.advisories import ServerConnections, ServerJetStream
 from schemas.codec import decode
 from schemas.limits import MAX_PAYLOAD_BYTES

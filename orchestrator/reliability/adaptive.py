@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import PlacementFailed, descendants
-from orchestrator.planning import SpecCostModel, store_costs, to_graph, with_bookings
+from orchestrator.placement.placer import PlacementFailed, descendants
+from orchestrator.placement.planning import SpecCostModel, store_costs, to_graph, with_bookings
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import (
@@ -44,6 +43,7 @@ from orchestrator.scheduling import (
     heft,
 )
 from orchestrator.scheduling.transfer import TransferTable
+from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec
 from schemas.codec import DecodeError, decode
@@ -53,7 +53,7 @@ from schemas.placement import EvictNotice
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
 
 log = logging.getLogger("mars.adaptive")
 GAIN_FACTOR = 2.0
@@ -378,7 +378,7 @@ class _Model:
 class Adaptive:
     def __init__(
         self,
-        orch: Orchestrator,
+        orch: Shell,
         *,
         late_threshold: float = LATE_THRESHOLD,
         drift_threshold: float = DRIFT_THRESHOLD,

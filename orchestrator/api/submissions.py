@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from nats.micro.request import Request
 
-from orchestrator.pipelines import PipelineRun
-from orchestrator.placement import PlacementFailed
+from orchestrator.placement.placer import PlacementFailed
 from orchestrator.scheduling import Unschedulable
+from orchestrator.state.pipelines import PipelineRun
 from schemas.api import SubmitReply, SubmitRequest
 from schemas.codec import encoding_of, error_reply
 from schemas.pipeline import PipelineSpec
 from schemas.rpc import ServiceError, handle, let_sends_out
 
 if TYPE_CHECKING:
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
 
 log = logging.getLogger("mars.orchestrator")
 #: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
@@ -57,7 +57,7 @@ class Submissions:
     """One replica's submissions: the queue, its workers (started by the shell) and the
     placement of each new pipeline."""
 
-    def __init__(self, o: Orchestrator, max_queued: int = MAX_QUEUED_SUBMITS) -> None:
+    def __init__(self, o: Shell, max_queued: int = MAX_QUEUED_SUBMITS) -> None:
         self.o = o
         #: Submissions waiting to be served, each with when it arrived (monotonic clock); at
         #: most `max_queued` beyond those the idle workers are about to take.

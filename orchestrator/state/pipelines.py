@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from orchestrator.placement.store_reads import StoreReads, store_reads
 from orchestrator.scheduling import Placement
-from orchestrator.store_reads import StoreReads, store_reads
 from schemas.api import (
     TASK_ENDED_STATES,
     TERMINAL_STATES,
@@ -104,7 +104,7 @@ class PipelineRun:
     #: Seconds the last placement spent per step (plan, book, offer), summed over its rounds,
     #: and the portfolio budget of its last plan (`budget`).
     step_s: dict[str, float] = field(default_factory=dict)
-    #: Exactly once (see orchestrator/results.py) and recoveries (orchestrator/recovery.py).
+    #: Exactly once (see reliability/results.py) and recoveries (reliability/recovery.py).
     results_committed: int = 0
     results_dropped: int = 0
     recoveries: int = 0

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from orchestrator import eventloop
+from orchestrator.infra import eventloop
 from schemas.api import PipelineState
 from schemas.wire import WIRE_LEVEL
 from sim.run import add_arguments as add_sim_run_arguments
@@ -65,9 +65,9 @@ def _run_until_signal(
 
 
 async def _reached(url: str, stop: asyncio.Event, retry: bool) -> int | None:
-    """The NATS server reached before a service starts (`orchestrator/reach.py`); else the
+    """The NATS server reached before a service starts (`orchestrator/infra/reach.py`); else the
     exit code: 2 when it is out of reach, 0 when told to stop while trying again."""
-    from orchestrator.reach import Unreachable, reach
+    from orchestrator.infra.reach import Unreachable, reach
 
     try:
         return None if await reach(url, stop, retry=retry) else 0
@@ -220,7 +220,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
 
 
 async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
-    from orchestrator.client import Client
+    from console.client import Client
 
     client = await Client.connect(url)
     try:
@@ -273,8 +273,8 @@ def _fail(exc: Exception, silent: tuple[str, str] = ("", "")) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrator.pipeline_files import load_pipeline
-    from orchestrator.report import plan_table, timeline_table
+    from console.pipeline_files import load_pipeline
+    from console.report import plan_table, timeline_table
 
     async def go(client: Any) -> int:
         given = await _store_inputs(client, args.input) if args.input else []
@@ -310,7 +310,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 async def _store_inputs(client: Any, given: list[str]) -> list[Any]:
     """`--input NAME=PATH`: each file stored once in the inputs bucket, under its digest;
     returns how the spec is to name them."""
-    from orchestrator import inputs
+    from console import inputs
 
     described = []
     for item in given:
@@ -353,7 +353,7 @@ async def _still_running(client: Any, pipeline_id: str, waited: float) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator.report import timeline_table
+    from console.report import timeline_table
 
     async def go(client: Any) -> int:
         st = await client.status(args.pipeline_id)
@@ -372,7 +372,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_get(args: argparse.Namespace) -> int:
     """A task's output into a file (`-o -`: stdout), from the outputs bucket."""
-    from orchestrator.fetch import FetchError, fetch, find
+    from console.fetch import FetchError, fetch, find
 
     task, _, member = args.task.partition(":")
 
@@ -455,7 +455,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
 def cmd_bookings(args: argparse.Namespace) -> int:
     import time
 
-    from orchestrator.report import bookings_table
+    from console.report import bookings_table
     from orchestrator.reservations.listing import read_bookings
 
     async def go(client: Any) -> int:  # the bucket itself, over the client's connection
@@ -476,10 +476,10 @@ def cmd_bookings(args: argparse.Namespace) -> int:
 
 
 def cmd_artifact(args: argparse.Namespace) -> int:
-    """`mars artifact put|ls|rm`: straight to the artifact buckets (orchestrator/artifacts.py)."""
+    """`mars artifact put|ls|rm`: straight to the artifact buckets (console/artifacts.py)."""
     import nats
 
-    from orchestrator import artifacts
+    from console import artifacts
     from schemas.rpc import nats_error_logger
 
     async def go() -> int:
@@ -556,7 +556,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from orchestrator.demo import run_demo
+    from console.demo import run_demo
 
     return run_demo(Path(args.pipeline) if args.pipeline else None, args.timeout, args.verbose)
 
@@ -852,7 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from orchestrator import logs
+    from orchestrator.infra import logs
 
     args = build_parser().parse_args(argv)
     logs.setup(args.verbose)

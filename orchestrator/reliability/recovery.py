@@ -1,4 +1,4 @@
-"""Failure detection and recovery: the asyncio shell around `orchestrator.health`.
+"""Failure detection and recovery: the asyncio shell around `orchestrator.reliability.health`.
 
 Inputs: adverts and heartbeats (via the orchestrator), the server's connect/disconnect
 advisories (`$SYS.ACCOUNT.<acc>.CONNECT|DISCONNECT`, when the account imports them), a timer
@@ -7,7 +7,7 @@ agent's reservations and re-places, incrementally, every unfinished task it held
 finished task whose output is gone with it (or was already handed over to a consumer that now
 must run again), keeping everything else fixed. The same path re-places a task its agent
 cancelled on its own (drain deadline, shutdown). Succeeded results are committed exactly once
-(`orchestrator.results`).
+(`orchestrator.reliability.results`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 import nats
 from nats.aio.msg import Msg
 
-from orchestrator.health import (
+from orchestrator.reliability.health import (
     DEFAULT_FLOOD_FRACTION,
     DEFAULT_FLOOD_MIN,
     DEFAULT_PARTITION_TIMEOUT_S,
@@ -34,9 +34,9 @@ from orchestrator.health import (
     Recover,
     Transition,
 )
+from orchestrator.reliability.results import RETRY_FOR_S, Outcome, ResultLedger
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key_of
-from orchestrator.results import RETRY_FOR_S, Outcome, ResultLedger
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
@@ -48,8 +48,8 @@ from schemas.recovery import ClusterEvent, ClusterEventKind
 from schemas.rpc import RemoteError
 
 if TYPE_CHECKING:
-    from orchestrator.pipelines import PipelineRun
-    from orchestrator.service import Orchestrator
+    from orchestrator.ports import Shell
+    from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.recovery")
 AGENT_CLIENT_PREFIX = "mars-agent-"
@@ -107,7 +107,7 @@ class LeaseLapsed(Exception):
 class Recovery:
     def __init__(
         self,
-        orch: Orchestrator,
+        orch: Shell,
         *,
         flood_fraction: float = DEFAULT_FLOOD_FRACTION,
         flood_min: int = DEFAULT_FLOOD_MIN,

@@ -1,0 +1,1 @@
+"""The API's requests: submissions, status and cancel queries, the pipeline listing."""
