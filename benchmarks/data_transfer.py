@@ -72,7 +72,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import request
+from transport.rpc import request
 
 MB = 1_000_000
 GOAL = 0.5

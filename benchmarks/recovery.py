@@ -53,8 +53,8 @@ from orchestrator.state.pipelines import PipelineRun, ran_since
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.codec import decode
 from schemas.recovery import ClusterEvent
-from schemas.rpc import settle
 from sim.linkemu import LinkProxy
+from transport.rpc import settle
 
 WORKERS = 4
 NO_PROBES = {

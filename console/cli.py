@@ -131,7 +131,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
     from schemas import subjects
     from schemas.placement import DrainCommand, DrainReply
-    from schemas.rpc import nats_error_logger, request
+    from transport.rpc import nats_error_logger, request
 
     async def go() -> int:
         cmd = DrainCommand(agent_id=args.agent_id, deadline_s=args.deadline, resume=args.resume)
@@ -480,7 +480,7 @@ def cmd_artifact(args: argparse.Namespace) -> int:
     import nats
 
     from console import artifacts
-    from schemas.rpc import nats_error_logger
+    from transport.rpc import nats_error_logger
 
     async def go() -> int:
         nc = await nats.connect(

@@ -27,7 +27,7 @@ from schemas.api import (
 )
 from schemas.codec import Encoding
 from schemas.pipeline import PipelineSpec
-from schemas.rpc import nats_error_logger, request
+from transport.rpc import nats_error_logger, request
 
 log = logging.getLogger("mars.client")
 

@@ -28,7 +28,8 @@ from edge_agent.core import AgentCore, Job
 from edge_agent.objectstore import Objects
 from edge_agent.retention import OutputStore, Retained
 from schemas import subjects
-from schemas.codec import encode
+from schemas.codec import RemoteError, encode
+from schemas.errors import ServiceError
 from schemas.pipeline import MediaType
 from schemas.placement import (
     ConsumerRef,
@@ -38,7 +39,7 @@ from schemas.placement import (
     InputGone,
     TaskOffer,
 )
-from schemas.rpc import RemoteError, ServiceError, request
+from transport.rpc import request
 
 log = logging.getLogger("mars.agent.data")
 #: Seconds between retention sweeps (expiry, retries of pushes and fetches).

@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 
 from edge_agent.journal import Journal, JournalFull
 from schemas import subjects
-from schemas.rpc import nats_error_logger, settle
+from transport.rpc import nats_error_logger, settle
 
 log = logging.getLogger("mars.agent.outbox")
 MSG_ID = "Nats-Msg-Id"

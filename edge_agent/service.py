@@ -42,7 +42,8 @@ from edge_agent.sharedconn import SharedConnection
 from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, DeviceSpec, Heartbeat
 from schemas.api import TASK_ENDED_STATES, TERMINAL_STATES, StatusReply, StatusRequest
-from schemas.codec import encode, headers_for
+from schemas.codec import RemoteError, encode, headers_for
+from schemas.errors import ServiceError
 from schemas.events import TaskEvent, TaskEventState
 from schemas.pipeline import ExecRun, MediaType, OnnxRun, PythonRun, SyntheticRun, artifact_of
 from schemas.placement import (
@@ -61,8 +62,8 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import RemoteError, ServiceError, request, respond, settle
 from schemas.wire import level_of
+from transport.rpc import request, respond, settle
 
 log = logging.getLogger("mars.agent")
 #: Outputs larger than this are hashed in a worker thread (hashlib lets go of the GIL).

@@ -72,6 +72,7 @@ from schemas.base import WireModel
 from schemas.codec import (
     DecodeError,
     Encoding,
+    RemoteError,
     decode,
     encode,
     headers_for,
@@ -87,14 +88,8 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import (
-    RemoteError,
-    handle,
-    nats_error_logger,
-    request,
-    settle,
-)
 from schemas.wire import level_of
+from transport.rpc import handle, nats_error_logger, request, settle
 
 log = logging.getLogger("mars.orchestrator")
 VERSION = "0.1.0"

@@ -28,3 +28,13 @@ class ErrorEnvelope(WireModel):
     code: ErrorCode
     message: Text
     details: Annotated[dict[DetailKey, Text], Field(max_length=500)] = Field(default_factory=dict)
+
+
+class ServiceError(Exception):
+    """Raised by a handler to answer with a specific error code."""
+
+    def __init__(self, code: ErrorCode, message: str, details: dict[str, str] | None = None):
+        super().__init__(message)
+        self.code: ErrorCode = code
+        self.message = message
+        self.details = details or {}

@@ -37,8 +37,10 @@ from schemas.api import (
     StatusRequest,
 )
 from schemas.base import WireModel
+from schemas.codec import RemoteError
+from schemas.errors import ServiceError
 from schemas.failover import RUNS_BUCKET
-from schemas.rpc import RemoteError, ServiceError, request, respond
+from transport.rpc import request, respond
 
 if TYPE_CHECKING:
     from orchestrator.ports import Shell

@@ -24,8 +24,9 @@ from orchestrator.scheduling import Unschedulable
 from orchestrator.state.pipelines import PipelineRun
 from schemas.api import SubmitReply, SubmitRequest
 from schemas.codec import encoding_of, error_reply
+from schemas.errors import ServiceError
 from schemas.pipeline import PipelineSpec
-from schemas.rpc import ServiceError, handle, let_sends_out
+from transport.rpc import handle, let_sends_out
 
 if TYPE_CHECKING:
     from orchestrator.ports import Shell

@@ -29,7 +29,7 @@ from schemas import subjects
 from schemas.api import PlannedTask
 from schemas.bookings import BookingWindow
 from schemas.placement import CancelCommand, ConsumerRef, InputRef, OfferReply, TaskOffer
-from schemas.rpc import let_sends_out
+from transport.rpc import let_sends_out
 
 if TYPE_CHECKING:
     from orchestrator.ports import Shell

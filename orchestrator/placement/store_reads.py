@@ -21,8 +21,8 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 from schemas import subjects
 from schemas.artifacts import ArtifactInfo, ArtifactKind, parse_ref
 from schemas.codec import DecodeError, decode
+from schemas.errors import ServiceError
 from schemas.pipeline import PipelineSpec, artifact_of
-from schemas.rpc import ServiceError
 
 log = logging.getLogger("mars.orchestrator.store")
 

@@ -41,9 +41,9 @@ from schemas.api import (
     StatusRequest,
     SubmitReply,
 )
+from schemas.errors import ServiceError
 from schemas.failover import spec_key
 from schemas.pipeline import PipelineSpec
-from schemas.rpc import ServiceError
 
 if TYPE_CHECKING:
     from orchestrator.ports import Shell

@@ -41,11 +41,10 @@ from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.bookings import DeviceBookings
-from schemas.codec import DecodeError, decode, encode
+from schemas.codec import DecodeError, RemoteError, decode, encode
 from schemas.events import TaskEvent
 from schemas.placement import CancelCommand, DataTransfer, FetchRequest
 from schemas.recovery import ClusterEvent, ClusterEventKind
-from schemas.rpc import RemoteError
 
 if TYPE_CHECKING:
     from orchestrator.ports import Shell

@@ -33,9 +33,8 @@ from orchestrator.ports import AskKind, Shell
 from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import TASK_ENDED_STATES
-from schemas.codec import DecodeError
+from schemas.codec import DecodeError, RemoteError
 from schemas.placement import JobQuery, JobReply
-from schemas.rpc import RemoteError
 
 log = logging.getLogger("mars.watchdog")
 

@@ -16,7 +16,7 @@ import yaml
 from orchestrator.service import Orchestrator
 from schemas import Heartbeat, PipelineSpec, subjects
 from schemas.codec import decode
-from schemas.rpc import settle
+from transport.rpc import settle
 
 pytestmark = pytest.mark.e2e
 

@@ -20,8 +20,8 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode
 from schemas.events import TaskEvent
-from schemas.rpc import settle
 from tests.harness import AgentProcesses
+from transport.rpc import settle
 
 pytestmark = pytest.mark.e2e
 

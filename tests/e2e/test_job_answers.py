@@ -12,8 +12,8 @@ import pytest
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.placement import JobQuery, JobReply
-from schemas.rpc import request
 from tests.harness import AgentProcesses
+from transport.rpc import request
 
 pytestmark = pytest.mark.e2e
 

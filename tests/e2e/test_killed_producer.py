@@ -36,8 +36,8 @@ from schemas import subjects
 from schemas.codec import decode
 from schemas.events import TaskEvent
 from schemas.placement import FetchRequest
-from schemas.rpc import settle
 from tests.harness import AgentProcesses, mars_cli
+from transport.rpc import settle
 
 pytestmark = pytest.mark.e2e
 

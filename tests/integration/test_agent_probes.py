@@ -19,8 +19,8 @@ from schemas import subjects
 from schemas.agent import AgentAdvert, CalibrationDrift, Heartbeat
 from schemas.codec import ERROR_HEADER, decode
 from schemas.limits import MAX_PROBE_BYTES
-from schemas.rpc import settle
 from tests.harness import agent_config
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

@@ -27,8 +27,9 @@ from schemas import PipelineSpec, TaskSpec, subjects
 from schemas.agent import AgentAdvert
 from schemas.artifacts import ArtifactRef
 from schemas.codec import decode
-from schemas.rpc import ServiceError, settle
+from schemas.errors import ServiceError
 from tests.harness import EMULATED_CPU, agent_config, mars_cli
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

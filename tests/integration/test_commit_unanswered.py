@@ -17,10 +17,10 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of
 from schemas.placement import CommitCommand
-from schemas.rpc import settle
 from tests.harness import RecordingAgent, one_device_agent
 from tests.integration.test_failover import hold_renewals
 from tests.integration.test_job_query import lose_jobs_at_first_commit
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,8 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import request, settle
 from tests.harness import agent_config
+from transport.rpc import request, settle
 
 pytestmark = pytest.mark.integration
 BIG = 3 * 1024 * 1024 + 123  # several chunks, above the inline limit

@@ -14,8 +14,8 @@ from benchmarks.placement_latency import handler_spans, held_for_events
 from console.client import Client
 from orchestrator import service
 from schemas import PipelineSpec, subjects
-from schemas.rpc import settle
 from tests.harness import agent_config, start_cluster, stop_cluster
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

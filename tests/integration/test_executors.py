@@ -32,10 +32,11 @@ from schemas import (
     TaskSpec,
     subjects,
 )
-from schemas.codec import ERROR_HEADER, decode
-from schemas.rpc import RemoteError, ServiceError, request, settle
+from schemas.codec import ERROR_HEADER, RemoteError, decode
+from schemas.errors import ServiceError
 from tests.harness import agent_config
 from tests.integration.test_exec_runner import dead, read_fifo
+from transport.rpc import request, settle
 
 pytestmark = pytest.mark.integration
 

@@ -29,6 +29,7 @@ from schemas import PipelineSpec, TaskEvent, WireModel, subjects
 from schemas.api import CancelRequest, StatusRequest
 from schemas.bookings import BookingWindow
 from schemas.codec import decode
+from schemas.errors import ServiceError
 from schemas.events import PipelineEvent
 from schemas.failover import (
     OWNERS_BUCKET,
@@ -38,7 +39,6 @@ from schemas.failover import (
     run_key,
     spec_key,
 )
-from schemas.rpc import ServiceError, settle
 from tests.harness import (
     RecordingAgent,
     agent_config,
@@ -46,6 +46,7 @@ from tests.harness import (
     stop_cluster,
     two_replicas,
 )
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,6 @@ from schemas import PipelineSpec, subjects
 from schemas.codec import decode, headers_for
 from schemas.events import TaskEvent, TaskEventState
 from schemas.placement import CommitCommand, JobQuery
-from schemas.rpc import settle
 from tests.harness import (
     EMULATED_CPU,
     RecordingAgent,
@@ -40,6 +39,7 @@ from tests.integration.test_failover import EventTap, adopted_after_kill, config
 from tests.integration.test_offline import Proxy
 from tests.integration.test_recovery import start_victim
 from tests.integration.test_stall import one_agent, run_to_end
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

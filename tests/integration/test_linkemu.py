@@ -12,8 +12,8 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from schemas.rpc import settle
 from sim.linkemu import LinkProfile, LinkProxy
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

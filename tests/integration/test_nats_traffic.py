@@ -19,7 +19,7 @@ from orchestrator.infra.natsserver import (
     server_env,
     server_procs,
 )
-from schemas.rpc import settle
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

@@ -23,6 +23,7 @@ from edge_agent.executors import Output
 from edge_agent.objectstore import STREAM, Objects, object_digest
 from edge_agent.service import Agent
 from schemas import subjects
+from schemas.errors import ServiceError
 from schemas.pipeline import TaskSpec
 from schemas.placement import (
     CommitCommand,
@@ -34,8 +35,8 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.rpc import ServiceError, request, respond, settle
 from tests.harness import agent_config
+from transport.rpc import request, respond, settle
 
 pytestmark = pytest.mark.integration
 CHUNK = 64 * 1024

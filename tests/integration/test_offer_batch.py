@@ -18,8 +18,8 @@ from schemas import OfferBatch, OfferBatchReply, OfferReply, TaskOffer, TaskSpec
 from schemas.codec import decode, encode, encoding_of
 from schemas.limits import MAX_DEPS
 from schemas.placement import MAX_BATCH, InputRef
-from schemas.rpc import request, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
+from transport.rpc import request, settle
 
 pytestmark = pytest.mark.integration
 

@@ -21,8 +21,8 @@ from schemas.codec import decode
 from schemas.events import TaskEvent
 from schemas.pipeline import TaskSpec
 from schemas.placement import CommitCommand, ConsumerRef, InputRef, OfferReply, TaskOffer
-from schemas.rpc import request
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from transport.rpc import request
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,12 @@ from console.client import Client
 from orchestrator.reservations.store import BookingStore
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
+from schemas.codec import RemoteError
+from schemas.errors import ServiceError
 from schemas.limits import MAX_DEPS, MAX_TASKS
 from schemas.placement import MAX_BATCH, DrainCommand, DrainReply
-from schemas.rpc import RemoteError, ServiceError, request
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from transport.rpc import request
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from schemas import PipelineSpec, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encoding_of
 from schemas.placement import CancelCommand, CommitCommand, OfferBatch, TaskOffer
-from schemas.rpc import settle
 from tests.harness import agent_config, start_cluster, stop_cluster
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,9 @@ from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
 from schemas.recovery import ClusterEvent, TaskResult
-from schemas.rpc import settle
 from sim.linkemu import LinkProxy
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

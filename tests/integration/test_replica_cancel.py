@@ -14,10 +14,11 @@ from orchestrator.service import Orchestrator
 from schemas import subjects
 from schemas.api import CancelReply, CancelRequest, StatusRequest
 from schemas.codec import RemoteError, encode
+from schemas.errors import ServiceError
 from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET, OwnerLease, spec_key
-from schemas.rpc import ServiceError, request
 from tests.harness import two_replicas
 from tests.integration.test_failover import chain, configs, hold_renewals, settled_record
+from transport.rpc import request
 
 pytestmark = pytest.mark.integration
 

@@ -25,10 +25,11 @@ from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, TaskEvent, subjects
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import decode, encode
+from schemas.errors import ServiceError
 from schemas.placement import EvictNotice, InputGone
-from schemas.rpc import ServiceError, settle
 from tests.harness import agent_config, start_cluster, stop_cluster
 from tests.integration.test_failover import hold_renewals
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from orchestrator.reliability.results import CHUNK, ResultLedger, result_key, re
 from schemas.codec import decode, encode
 from schemas.events import TaskEvent
 from schemas.recovery import TaskResult, TaskResults
-from schemas.rpc import settle
+from transport.rpc import settle
 
 pytestmark = pytest.mark.integration
 

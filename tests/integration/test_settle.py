@@ -11,7 +11,7 @@ from typing import Any
 import nats
 from nats.aio.msg import Msg
 
-from schemas.rpc import settle
+from transport.rpc import settle
 
 
 async def test_settle_puts_a_ping_behind_every_queued_command(nats_url: str) -> None:

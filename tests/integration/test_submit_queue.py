@@ -20,8 +20,8 @@ from orchestrator.service import Orchestrator
 from schemas import OfferReply, PipelineSpec, SubmitReply, SubmitRequest, TaskOffer, subjects
 from schemas.codec import RemoteError, decode_reply, encode, headers_for
 from schemas.failover import OWNERS_BUCKET
-from schemas.rpc import request
 from tests.harness import RecordingAgent, agent_config
+from transport.rpc import request
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from edge_agent import builtin_tasks, values
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
 from schemas import PipelineSpec
-from schemas.rpc import ServiceError
+from schemas.errors import ServiceError
 from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from schemas.rpc import nats_error_logger
+from transport.rpc import nats_error_logger
 
 
 async def test_other_connection_errors_are_warnings_without_a_traceback(

@@ -8,7 +8,7 @@ from nats.errors import NoRespondersError
 from schemas.api import StatusReply, StatusRequest
 from schemas.codec import decode, encode
 from schemas.errors import ErrorEnvelope
-from schemas.rpc import handle
+from transport.rpc import handle
 
 
 @pytest.mark.parametrize(

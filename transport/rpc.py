@@ -26,7 +26,7 @@ from schemas.codec import (
     error_reply,
     headers_for,
 )
-from schemas.errors import ErrorCode
+from schemas.errors import ServiceError
 from schemas.wire import WIRE_LEVEL, level_of
 
 log = logging.getLogger("mars.rpc")
@@ -37,16 +37,6 @@ __all__ = [
 
 Req = TypeVar("Req", bound=WireModel)
 Rep = TypeVar("Rep", bound=WireModel)
-
-
-class ServiceError(Exception):
-    """Raised by a handler to answer with a specific error code."""
-
-    def __init__(self, code: ErrorCode, message: str, details: dict[str, str] | None = None):
-        super().__init__(message)
-        self.code: ErrorCode = code
-        self.message = message
-        self.details = details or {}
 
 
 async def _answer(

@@ -1,0 +1,2 @@
+"""The bus between MARS's processes: request/reply over NATS with models in and out, errors as
+envelopes. `schemas/` holds the contract and no I/O; this is where the messages are sent."""
