@@ -78,7 +78,7 @@ from typing import Any
 
 import networkx as nx
 
-PRODUCT_PACKAGES = ("orchestrator", "edge_agent", "schemas", "sim", "cli")
+PRODUCT_PACKAGES = ("orchestrator", "edge_agent", "schemas", "sim", "console", "transport", "cli")
 EXCLUDED_DIRS = frozenset({"tools", "tests", "benchmarks", "__pycache__"})
 #: namedtuple's public API, underscored so as not to clash with field names.
 PUBLIC_UNDERSCORED = frozenset({"_replace", "_asdict", "_fields", "_make", "_field_defaults"})
@@ -442,9 +442,15 @@ def rule_violations(edges: list[ImportEdge], modules: dict[str, Module]) -> dict
 
     for e in sorted(edges, key=lambda e: (e.src, e.line, e.dst)):
         if _in(e.src, "schemas") and any(
-            _in(e.dst, p) for p in ("orchestrator", "edge_agent", "sim")
+            _in(e.dst, p) for p in ("orchestrator", "edge_agent", "sim", "console", "transport")
         ):
             add(e, "schemas imports a service/sim module")
+        if _in(e.src, "schemas") and _in(e.dst, "nats"):
+            add(e, "schemas does bus I/O")
+        if _in(e.src, "orchestrator.placement") and _in(e.dst, "orchestrator.reliability"):
+            add(e, "placement imports reliability")
+        if not _in(e.src, "console") and _in(e.dst, "console"):
+            add(e, "product code imports the console")
         if _in(e.src, "orchestrator.predictor"):
             if _in(e.dst, "edge_agent"):
                 add(e, "predictor imports edge_agent")
@@ -455,6 +461,8 @@ def rule_violations(edges: list[ImportEdge], modules: dict[str, Module]) -> dict
         console = any(_in(e.src, p) for p in ("orchestrator.cli", "orchestrator.console"))
         if _in(e.src, "orchestrator") and not console and _in(e.dst, "sim"):
             add(e, "orchestrator imports sim")
+        if any(_in(e.src, p) for p in ("edge_agent", "transport")) and _in(e.dst, "sim"):
+            add(e, "a service imports sim")
     importers: dict[str, set[str]] = {}
     for e in edges:
         if e.dst == "orchestrator.service":
