@@ -31,11 +31,11 @@ from orchestrator.scheduling.model import Cluster, TaskGraph
 from orchestrator.scheduling.plan import Placement, Plan
 
 if TYPE_CHECKING:
-    from orchestrator.scheduling.engine import ListScheduler
+    from orchestrator.scheduling.runstate import RunState
     from orchestrator.scheduling.timeline import ClusterSlots
     from orchestrator.scheduling.transfer import Dense
 
-Runner = Callable[["ListScheduler", Sequence[int], str, "Dense"], Plan]
+Runner = Callable[["RunState", Sequence[int], str, "Dense"], Plan]
 
 _module: Any = None
 _loaded = False
@@ -74,7 +74,7 @@ def runner() -> Runner | None:
     return run_compiled if _get() is not None else None
 
 
-def run_compiled(sched: ListScheduler, keys: Sequence[int], algorithm: str, dense: Dense) -> Plan:
+def run_compiled(sched: RunState, keys: Sequence[int], algorithm: str, dense: Dense) -> Plan:
     """`smallrun.run_small` through the compiled kernel (the scheduler is used up by it).
 
     The kernel gets the edges as index arrays, the compute-time matrix, the dense latency and
@@ -202,7 +202,12 @@ _warm = False
 def warm_up() -> bool:
     """Compile (or load from the disk cache) now, once per process; True if the compiled
     loop is in use. Loading takes ~1.5 s, compiling ~10 s: time-budgeted callers (the
-    portfolio) call this before starting their clock."""
+    portfolio) call this before starting their clock.
+
+    It plans a two-task HEFT request through `heft_direct`, the path `heft.heft` takes for
+    it (nothing fixed, a batch cost model, every task eligible everywhere), without
+    importing `heft`, which imports this module.
+    """
     global _warm
     if runner() is None:
         return False
@@ -210,10 +215,10 @@ def warm_up() -> bool:
         return True
     _warm = True
     from orchestrator.scheduling.cost import MatrixCostModel
-    from orchestrator.scheduling.heft import heft
     from orchestrator.scheduling.model import Device, Task
 
     graph = TaskGraph([Task("a"), Task("b")], {("a", "b"): 1.0})
     cluster = Cluster([Device("x", "a", "s"), Device("y", "a", "s")])
-    heft(graph, cluster, MatrixCostModel({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 1.0, "y": 1.0}}))
+    cost = MatrixCostModel({"a": {"x": 1.0, "y": 2.0}, "b": {"x": 1.0, "y": 1.0}})
+    heft_direct(graph, cluster, cost, 0.0, True)
     return True

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 from orchestrator.scheduling.plan import Placement, Plan
 
 if TYPE_CHECKING:
-    from orchestrator.scheduling.engine import ListScheduler
+    from orchestrator.scheduling.runstate import RunState
     from orchestrator.scheduling.transfer import Lists
 
 
-def run_small(sched: ListScheduler, keys: Sequence[int], algorithm: str, lists: Lists) -> Plan:
+def run_small(sched: RunState, keys: Sequence[int], algorithm: str, lists: Lists) -> Plan:
     """`ListScheduler.run` with the default rule, list arithmetic instead of numpy."""
     prep = sched.prep
     graph = prep.graph
