@@ -34,6 +34,7 @@ from orchestrator.api.submissions import (
 )
 from orchestrator.infra import eventloop
 from orchestrator.infra.eventloop import Pacer
+from orchestrator.infra.kvwatch import all_keys
 from orchestrator.placement.commits import AGENT_ENCODING, OFFER_TIMEOUT_S, Commits
 from orchestrator.placement.placer import Placer
 from orchestrator.placement.planning import PLAN_BUDGET_S
@@ -235,7 +236,7 @@ class Orchestrator:
             js, key_max_bytes=key_limit(self.booking_key_max_bytes, nc.max_payload)
         )
         await self.store.start()
-        self.history = History(js, self.predictor.corrections)
+        self.history = History(js, self.predictor.corrections, list_keys=all_keys)
         try:
             loaded = await self.history.start()
             log.info("predictor: %d correction tracks loaded", loaded)

@@ -12,6 +12,9 @@ new work (each task's parameters a little different) every finished task used to
 KV write for a single, noisy sample; now a restart forgets at most a track's last small
 drift, or a track seen once. The bucket's entries expire KEEP_S after their last write, and a
 track still observed is written again within REFRESH_S: what nobody runs any more goes.
+
+The shell that builds a History hands it the way to list the bucket's keys (`list_keys`, the
+orchestrator's `infra.kvwatch.all_keys`): the predictor imports no orchestrator shell module.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.js.errors import BucketNotFoundError
 
-from orchestrator.infra.kvwatch import all_keys
 from orchestrator.predictor.correction import Corrections, Track
 from schemas.codec import DecodeError, decode, encode
 from schemas.predictor import CorrectionRecord, CorrectionTrack
@@ -49,6 +52,8 @@ REFRESH_S = KEEP_S / 3
 
 #: A track's (observation count, log factor, time of its last observation) when last written.
 Saved = tuple[int, float, float]
+#: Every key of a KV bucket, or None when it holds values but listing them kept failing.
+KeyLister = Callable[[Any], Awaitable[list[str] | None]]
 
 
 def due(track: Track, last: Saved | None, final: bool = False) -> bool:
@@ -74,10 +79,13 @@ def kv_key(sig: str, device: str) -> str:
 
 
 class History:
-    def __init__(self, js: Any, corrections: Corrections, bucket: str = BUCKET) -> None:
+    def __init__(
+        self, js: Any, corrections: Corrections, bucket: str = BUCKET, *, list_keys: KeyLister
+    ) -> None:
         self.js = js
         self.corrections = corrections
         self.bucket = bucket
+        self.list_keys = list_keys
         self.kv: Any = None
         self.writes = 0
         #: tracks changed since the last flush: a busy orchestrator sees the same (task,
@@ -159,7 +167,7 @@ class History:
         return len(held)
 
     async def _keys(self) -> list[str]:
-        keys = await all_keys(self.kv)
+        keys = await self.list_keys(self.kv)
         if keys is None:
             log.warning("correction history: the bucket has values but listing its keys failed")
             return []

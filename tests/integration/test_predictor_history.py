@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orchestrator.infra.kvwatch import all_keys
 from orchestrator.predictor.history import BUCKET, History, kv_key
 from orchestrator.predictor.model import task_signature
 from orchestrator.service import Orchestrator
@@ -104,7 +105,8 @@ async def test_a_single_sample_is_not_written_and_a_second_one_is(nats_url: str)
     a = Orchestrator(nats_url, name="orch-a")
     await a.start()
     try:
-        hist = History(a.js, a.predictor.corrections)  # no flush loop: flushed here only
+        # no flush loop: flushed here only
+        hist = History(a.js, a.predictor.corrections, list_keys=all_keys)
         await hist.start()
         task, dev = SPEC.tasks[0], ADVERT.devices[0]
         changed = a.predictor.observe(task, "a1:cpu", dev, 0.05, 0.0)

@@ -123,6 +123,7 @@ def test_tracks_loaded_past_the_bound_keep_the_most_recently_updated() -> None:
 async def test_history_bookkeeping_follows_the_tracks_it_may_still_write() -> None:
     """What was written of each track is kept only while the track is held: with ever new
     task signatures it would otherwise grow without bound (the tracks themselves are)."""
+    from orchestrator.infra.kvwatch import all_keys
     from orchestrator.predictor.correction import Corrections
     from orchestrator.predictor.history import History
 
@@ -135,7 +136,7 @@ async def test_history_bookkeeping_follows_the_tracks_it_may_still_write() -> No
             return self.puts
 
     c = Corrections(max_tracks=16)
-    h = History(js=None, corrections=c)
+    h = History(js=None, corrections=c, list_keys=all_keys)
     h.kv = bucket = Bucket()
     for i in range(200):
         sig = f"s{i}"
