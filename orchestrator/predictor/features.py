@@ -301,25 +301,3 @@ def write_book(models: Sequence[tuple[str, Path]], out: Path = FEATURES_FILE) ->
         book.add(name, base, per, hashlib.sha256(path.read_bytes()).hexdigest())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(book.dump(), indent=1, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m orchestrator.predictor.features`: refresh the shipped features file from the
-    built-in models (run after tools/build_models.py)."""
-    import argparse
-
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("models", nargs="*", help="extra NAME=PATH.onnx pairs")
-    p.add_argument("--out", type=Path, default=FEATURES_FILE)
-    args = p.parse_args(argv)
-    from edge_agent.executors import BUILTIN_MODELS
-
-    pairs = [(f.stem, f) for f in sorted(BUILTIN_MODELS.glob("*.onnx"))]
-    pairs += [(s.split("=", 1)[0], Path(s.split("=", 1)[1])) for s in args.models]
-    write_book(pairs, args.out)
-    print(f"wrote {args.out} ({len(pairs)} models)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Measure the corpus with ONNX Runtime on this host: the predictor's training data.
 
-    python -m orchestrator.predictor.profile --corpus out/predictor/corpus \
+    python -m tools.predictor_profile --corpus out/predictor/corpus \
         --out orchestrator/predictor/data
 
 Each device configuration is a (provider, intra-op threads) pair; on a CPU-only host the

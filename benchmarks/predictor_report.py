@@ -1,7 +1,7 @@
 """Accuracy of the shipped predictor on held-out measurements (test models: never trained on),
 and the cost of scoring.
 
-    python -m orchestrator.predictor.report
+    python -m benchmarks.predictor_report [--split test|val]
 
 Per device configuration: % of predictions within ±10% of the measured median, MAPE, Spearman
 rank correlation, and how often the predicted fastest configuration is the measured fastest for
