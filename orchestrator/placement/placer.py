@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from orchestrator.placement.planning import MIN_TASK_S, plan_pipeline
+from orchestrator.placement.planning import MIN_TASK_S, Planned, plan_pipeline
 from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key, device_of_key
 from orchestrator.scheduling import Placement, Unschedulable
@@ -92,6 +92,32 @@ class Round:
     #: so a task this replica holds as waiting may be running or have run; its end is on
     #: its way).
     kept: set[str] = field(default_factory=set)
+    #: The claim on the pipeline, awaited before anything is booked or offered (once).
+    gate: Awaitable[object] | None = None
+    #: Why each device was left out or lost (what a failed placement reports).
+    reasons: dict[str, str] = field(default_factory=dict)
+    #: Seconds spent per step over the rounds (`PipelineRun.step_s`).
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Attempt:
+    """One round of a placement: its plan, and what its phases made of it."""
+
+    rnd: int
+    now: float
+    planned: Planned
+    #: the tasks this round places (the plan's, less those held fixed), and every placement
+    todo: dict[str, Placement]
+    placements: dict[str, Placement]
+    order: dict[str, int]
+    #: the windows it books, by device key
+    by_key: dict[str, list[BookingWindow]]
+    #: its offers, and (a first placement's, sent with its bookings) their answers
+    offers: dict[str, TaskOffer] = field(default_factory=dict)
+    offered: asyncio.Future[list[OfferReply]] | None = None
+    #: keys whose CAS it lost
+    bad: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -168,9 +194,9 @@ class Placer:
         gate: Awaitable[object] | None,
         asked: Asked,
     ) -> None:
-        o = self.o
-        spec = run.spec
-        st = Round(t0=run.t0 if run.t0 else o.wall())
+        """The retry driver: rounds of reserve, permit and bind, until one binds; what a
+        round loses is unreserved by the phase that found it and planned again."""
+        st = Round(t0=run.t0 if run.t0 else self.o.wall(), gate=gate)
         st.excluded.update(exclude or ())
         run.t0 = st.t0
         if only is not None:
@@ -180,298 +206,334 @@ class Placer:
                 t: (run.placements[t], tr.token, tr.agent_id) for t in only
                 if t in run.placements and (tr := run.tasks[t]).token and tr.agent_id
             }  # fmt: skip
-        reasons: dict[str, str] = {}
-        steps = run.step_s = {
+        st.steps = run.step_s = {
             "claim": 0.0, "plan": 0.0, "send": 0.0, "book": 0.0, "offer": 0.0, "budget": 0.0
         }  # fmt: skip
-        clock = time.perf_counter
         for rnd in range(MAX_ROUNDS):
             if only is not None and run.terminal:
                 raise PlacementFailed(f"the pipeline has ended ({run.state})", {})
-            now = o.wall()
-            eff = effective_priority(spec.priority, run.submitted_wall, now)
-            async with self._booking:
-                budget = steps["budget"] = self.budget_s()
-                t_plan = clock()
-                excluded = st.excluded
-                # the windows of tasks held where they are stay, and the write would refuse
-                # a plan through them (a producer placed again beside its own booked consumer
-                # lost every round to that window: booking_stress seed 401)
-                blocks = Blocking(run.pipeline_id, eff, now, frozenset(st.fixed))
-                if o.store.full:  # devices whose queue of booked windows is as deep as allowed
-                    full = o.store.full_devices(now, room=blocks)
-                    st.full.update(full)
-                    excluded = excluded | {(t.id, d) for d in full for t in spec.tasks}
-                try:
-                    planned = plan_pipeline(
-                        spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
-                        blocks=blocks, excluded=excluded,
-                        fixed=st.fixed,
-                        rel_now=max(0.0, now - st.t0), budget_s=budget,
-                        predictor=o.predictor, measured=run.measured_bytes(), reads=run.reads,
-                    )  # fmt: skip
-                except Unschedulable as exc:
-                    if st.full:  # say which of the refusals were full devices
-                        exc = Unschedulable({
-                            t: {d: st.full.get(d, why) if why == NO_COMPUTE_TIME else why
-                                for d, why in per.items()}
-                            for t, per in exc.reasons.items()
-                        })  # fmt: skip
-                    details = {
-                        f"{t}@{d}": why for t, per in exc.reasons.items() for d, why in per.items()
-                    }
-                    details.update(reasons)
-                    raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
-                plan = planned.plan
-                steps["plan"] += clock() - t_plan
-                t_build = clock()
-                todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
-                placements = {**st.fixed, **todo}
-                # 1. book every involved device by CAS
-                by_key: dict[str, list[BookingWindow]] = {}
-                ends = window_ends(plan.placements, todo)
-                for tid, p in todo.items():
-                    agent_id, dev_id = p.device_id.split(":", 1)
-                    by_key.setdefault(device_key(agent_id, dev_id), []).append(BookingWindow(
-                        pipeline_id=run.pipeline_id, task_id=tid, slot=p.slot,
-                        start=st.t0 + p.start, end=st.t0 + ends[tid],
-                        expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
-                        preemptible=spec.preemptible, submitted=run.submitted_wall,
-                        evictions=run.evictions.get(tid, 0),
-                    ))  # fmt: skip
-                # A first placement is offered while its bookings are written (token 0, the
-                # commit brings each task's token): admission and CAS in one round trip. Any
-                # later round books first and offers with the token. The offers go out first:
-                # an agent's answer takes longer than a CAS (another process decides it).
-                provisional = rnd == 0 and only is None and not st.fixed
-                order = plan_order(placements)
-                offered: asyncio.Future[list[OfferReply]] | None = None
-                offers: dict[str, TaskOffer] = {}
-                if provisional:
-                    offers = {
-                        tid: self._offer(run, tid, placements, st, order, provisional=True)
-                        for tid in todo
-                    }  # fmt: skip
-                # each key's new value, encoded, while the claim may still be on its way
-                # (written as is unless the key moved meanwhile)
-                evictable = blocks.evictable
-                keys = sorted(by_key)
-                # tasks placed again: their old windows go from every key written, or a task
-                # moving onto a slot another one of them leaves would lose its CAS to it
-                moving = [(run.pipeline_id, t) for t in todo] if only is not None else []
-                ready = [
-                    o.store.prepare(k, o.store.booking(by_key[k], now, evictable, moving))
-                    for k in keys
-                ]
-                steps["send"] += clock() - t_build
-                if gate is not None:
-                    # our claim on the pipeline: nothing is offered or booked before it (what
-                    # they carry is built already, while its answer may still be on its way)
-                    t_gate = clock()
-                    await gate
-                    gate = None
-                    steps["claim"] = clock() - t_gate
-                t_book = clock()
-                if provisional:
-                    offered = self._ask(asked, list(offers.values()))
-                    await let_sends_out()  # on the wire before the CAS writes are made
-                    t_sent = clock()
-                    steps["send"] += t_sent - t_book
-                    t_book = t_sent
-                booking = asyncio.gather(*(
-                    o.store.book(k, by_key[k], now, evictable, prepared, moving)
-                    for k, prepared in zip(keys, ready, strict=True)
-                ))  # fmt: skip
-                results: list[BookResult] = await booking
-                steps["book"] += clock() - t_book
-            run.cas_retries += sum(r.cas_retries for r in results)
-            bad = {r.key for r in results if not r.ok}
-            for r in results:
-                if r.ok:
-                    for w in by_key[r.key]:
-                        st.tokens[w.task_id] = r.token
-                        run.windows[w.task_id] = (r.key, w.start, w.end)
-                    if r.evicted:
-                        await o.displaced.notify_evicted(r.key, r.evicted, run.pipeline_id)
-                elif r.full:  # booking more there would pass the key's limit: plan elsewhere
-                    dev = device_of_key(r.key)
-                    st.full[dev] = r.full
-                    st.excluded.update((t.id, dev) for t in spec.tasks)
-                    run.note(f"round {rnd}: {r.key} refused it ({r.full}); re-planning elsewhere")
-                    reasons[f"full@{r.key}"] = r.full
-                else:
-                    run.conflicts += 1
-                    who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))
-                    run.note(f"round {rnd}: conflict on {r.key} with {who}; re-planning")
-                    reasons[f"conflict@{r.key}"] = f"round {rnd}: lost to {who}"[:2048]
+            att = await self._reserve(run, st, rnd, only, asked)
             if only is not None and run.terminal:
                 # it ended while this round booked (its last task's end heard meanwhile: the
                 # end gave back what it held then, not this): nothing is offered, and what
                 # was booked goes back now, not when its lease runs out
-                for key in sorted(r.key for r in results if r.ok):
-                    o.store.defer_release(key, run.pipeline_id, o.wall())
+                for key in sorted(k for k in att.by_key if k not in att.bad):
+                    self.o.store.defer_release(key, run.pipeline_id, self.o.wall())
                 raise PlacementFailed(f"the pipeline ended while placed ({run.state})", {})
-            # 2. offer every new placement to its agent (admission), unless already offered
-            t_offer = clock()
-            if offered is None:
-                if bad:
-                    replies: list[OfferReply] = []
-                else:
-                    offers = {
-                        tid: self._offer(run, tid, placements, st, order) for tid in todo
-                    }  # fmt: skip
-                    replies = await self._ask(asked, list(offers.values()))
-            else:
-                replies = await offered
-            steps["offer"] += clock() - t_offer
-            rejected = [rep for rep in replies if not rep.accepted]
-            for rep in replies:
-                if rep.accepted:
-                    st.sent[rep.task_id] = offers[rep.task_id]
-            started = {
-                rep.task_id: rep.code for rep in rejected
-                if rep.code in STARTED and offers[rep.task_id].replaces
-            }  # fmt: skip
-            for t, code in sorted(started.items()):
-                did = "already ran" if code == "already_ran" else "is running"
-                run.note(f"round {rnd}: {t} {did} on {st.prior[t][2]}; kept as it was")
-            ran = set(started)
-            # A task that has started had every input: what feeds it has ended, and is kept
-            # as it was wherever this round placed it (an offer to another agent cannot be
-            # told it ran already). Not when this round's offer took its place: accepted by
-            # the agent of its last placement, it replaced that job, and once withdrawn
-            # nothing would be left to run or end under the kept placement; it runs again
-            # where the round put it.
-            for t in sorted(ancestors(run, started) & set(todo) - ran):
-                if t not in st.prior:
-                    continue
-                if t in st.sent and offers[t].agent_id == st.prior[t][2]:
-                    run.note(
-                        f"round {rnd}: {t} has ended (what it feeds started), but this round's "
-                        f"offer took its place on {offers[t].agent_id}: it runs there again"
-                    )
-                    continue
-                ran.add(t)
-                run.note(f"round {rnd}: {t} has ended (what it feeds started); kept as it was")
-            rejected = [rep for rep in rejected if rep.task_id not in ran]
-            for rep in rejected:
-                run.rejections += 1
-                dev = todo[rep.task_id].device_id
-                st.excluded.add((rep.task_id, dev))
-                if rep.code in DEVICE_WIDE:
-                    st.excluded.update((t.id, dev) for t in spec.tasks)
-                msg = f"{rep.code}: {rep.reason}"
-                reasons[f"{rep.task_id}@{dev}"] = msg
-                run.note(
-                    f"round {rnd}: {rep.agent_id} rejected {rep.task_id} ({msg}); "
-                    "re-planning elsewhere"
-                )
-            if bad or rejected or ran:
-                moved = {w.task_id for k in bad for w in by_key[k]}
-                moved |= {rep.task_id for rep in rejected} | ran
-                affected = descendants(run, moved) & set(todo)
-                await self._release(run, by_key, affected, bad)
-                withdrawn = {t: todo[t] for t in affected if t in st.sent}
-                if withdrawn:
-                    await o.cancel_tasks(
-                        run, withdrawn,
-                        "re-planned after a " + ("rejection" if rejected else "conflict"),
-                        max_token=max(st.sent[t].token for t in withdrawn),
-                    )  # fmt: skip
-                for t in affected:
-                    st.sent.pop(t, None)
-                for tid, p in todo.items():
-                    if tid not in affected:
-                        st.fixed[tid] = p
-                for t in ran:  # as before this placement: its consumers fetch its output
-                    st.fixed[t], st.tokens[t], _ = st.prior[t]
-                    st.kept.add(t)
-                    st.ended.add(t)
-                    o.displaced.started_unheard(run.pipeline_id, t, st.tokens[t])
+            if not await self._permit(run, st, att, asked):
                 continue
-            # 3. routing may have changed for tasks accepted earlier: re-send what differs
-            if only is None and not st.fixed:
-                final = offers  # every task was offered in this round, as planned: none differs
-            else:
-                if only is None:
-                    final_ids = set(placements)
-                else:
-                    final_ids = set(only) | {
-                        d for t in only for d in spec.tasks[run.index[t]].deps
-                        if run.tasks[d].state in ("offered", "accepted")
-                    }  # fmt: skip
-                final = {
-                    tid: self._offer(run, tid, placements, st, order)
-                    for tid in final_ids - st.kept
-                }  # fmt: skip
-            stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
-            stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
-            if stale:
-                t_offer = clock()
-                again = await self._ask(asked, stale)
-                # A producer placed before this placement that cannot be told where its
-                # consumers went: it ended (or started) at its agent before its end was heard
-                # here (`duplicate`: it sent its output to where they were), or its agent
-                # began draining, restarted, or does not answer. Re-planning would change
-                # none of that. Their new offers say its output is ready, so their agents
-                # fetch it at commit: sent at once if it is there, pushed when the producer
-                # ends if it has not, reported gone if nobody holds it.
-                refusals = {
-                    rep.task_id: rep for rep in again
-                    if not rep.accepted and rep.task_id not in todo and rep.task_id not in st.sent
-                }  # fmt: skip
-                ended = set(refusals)
-                if ended:
-                    st.ended |= ended
-                    done = sorted(t for t, rep in refusals.items() if rep.code == "duplicate")
-                    if done:
-                        run.note(
-                            f"round {rnd}: {', '.join(done)} already ended or running on "
-                            "their agents; their consumers fetch the output"
-                        )
-                    for t, rep in sorted(refusals.items()):
-                        if rep.code != "duplicate":
-                            run.note(
-                                f"round {rnd}: {t} on {rep.agent_id} was not told where its "
-                                f"consumers went ({rep.code}: {rep.reason[:200]}); they fetch "
-                                "its output"
-                            )
-                    fed = {c for d in ended for c in run.children[d] if c in final and c in todo}
-                    final.update({c: self._offer(run, c, placements, st, order) for c in fed})
-                    again = [r for r in again if r.task_id not in ended]
-                    told = await self._ask(asked, [final[c] for c in sorted(fed)])
-                    st.sent.update({r.task_id: final[r.task_id] for r in told if r.accepted})
-                    again += told
-                steps["offer"] += clock() - t_offer
-                refused = [r for r in again if not r.accepted]
-                if refused:
-                    for rep in again:
-                        if rep.accepted and rep.task_id in st.sent:
-                            st.sent[rep.task_id] = final[rep.task_id]
-                    placed_here = set(placements) if only is None else set(only)
-                    await self._unplace_refused(
-                        run, st, refused, todo, placements, placed_here, rnd, reasons
-                    )
-                    continue
-            if only is not None:
-                await self._tell_consumers(run, only, placements, st, order, rnd)
-            run.placements = placements
-            run.plan = planned_view(placements)
-            run.algorithm = plan.algorithm
-            run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
-            for tid, x in final.items():
-                if only is not None and tid not in only:
-                    # a producer only told where its consumers went: where and how it runs
-                    # is as before, and its state is its events' (it may have ended meanwhile)
-                    continue
-                tr = run.tasks[tid]
-                tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, st.tokens[tid]
-                p = placements[tid]
-                tr.predicted_s = p.finish - p.start
-                tr.base_s = planned.cost.base(tid, p.device_id)
-                tr.state = "accepted"
+            if not await self._bind(run, st, att, only, asked):
+                continue
             return
-        raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", reasons)
+        raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", st.reasons)
+
+    def _plan(self, run: PipelineRun, st: Round, now: float, blocks: Blocking) -> Planned:
+        """Plan the round on the cached view and reservations (under the booking lock)."""
+        o, spec = self.o, run.spec
+        excluded = st.excluded
+        if o.store.full:  # devices whose queue of booked windows is as deep as allowed
+            full = o.store.full_devices(now, room=blocks)
+            st.full.update(full)
+            excluded = excluded | {(t.id, d) for d in full for t in spec.tasks}
+        try:
+            return plan_pipeline(
+                spec, o.view, o.mono(), bookings=o.store.snapshot(), t0=st.t0,
+                blocks=blocks, excluded=excluded,
+                fixed=st.fixed,
+                rel_now=max(0.0, now - st.t0), budget_s=st.steps["budget"],
+                predictor=o.predictor, measured=run.measured_bytes(), reads=run.reads,
+            )  # fmt: skip
+        except Unschedulable as exc:
+            if st.full:  # say which of the refusals were full devices
+                exc = Unschedulable({
+                    t: {d: st.full.get(d, why) if why == NO_COMPUTE_TIME else why
+                        for d, why in per.items()}
+                    for t, per in exc.reasons.items()
+                })  # fmt: skip
+            details = {f"{t}@{d}": why for t, per in exc.reasons.items() for d, why in per.items()}
+            details.update(st.reasons)
+            raise PlacementFailed(str(exc), dict(list(details.items())[:500])) from exc
+
+    async def _reserve(
+        self, run: PipelineRun, st: Round, rnd: int, only: set[str] | None, asked: Asked
+    ) -> Attempt:
+        """Reserve: plan, then book every involved device by CAS (a first placement's offers
+        go out with its bookings). What each key said is applied: tokens and windows where
+        it was won, the key left out where it is full, a conflict noted where it was lost."""
+        o, spec, steps, clock = self.o, run.spec, st.steps, time.perf_counter
+        now = o.wall()
+        eff = effective_priority(spec.priority, run.submitted_wall, now)
+        async with self._booking:
+            steps["budget"] = self.budget_s()
+            t_plan = clock()
+            # the windows of tasks held where they are stay, and the write would refuse
+            # a plan through them (a producer placed again beside its own booked consumer
+            # lost every round to that window)
+            blocks = Blocking(run.pipeline_id, eff, now, frozenset(st.fixed))
+            planned = self._plan(run, st, now, blocks)
+            plan = planned.plan
+            steps["plan"] += clock() - t_plan
+            t_build = clock()
+            todo = {t: p for t, p in plan.placements.items() if t not in st.fixed}
+            placements = {**st.fixed, **todo}
+            by_key: dict[str, list[BookingWindow]] = {}
+            ends = window_ends(plan.placements, todo)
+            for tid, p in todo.items():
+                agent_id, dev_id = p.device_id.split(":", 1)
+                by_key.setdefault(device_key(agent_id, dev_id), []).append(BookingWindow(
+                    pipeline_id=run.pipeline_id, task_id=tid, slot=p.slot,
+                    start=st.t0 + p.start, end=st.t0 + ends[tid],
+                    expires=now + o.lease_s, owner=o.owner, priority=spec.priority,
+                    preemptible=spec.preemptible, submitted=run.submitted_wall,
+                    evictions=run.evictions.get(tid, 0),
+                ))  # fmt: skip
+            att = Attempt(rnd, now, planned, todo, placements, plan_order(placements), by_key)
+            # A first placement is offered while its bookings are written (token 0, the
+            # commit brings each task's token): admission and CAS in one round trip. Any
+            # later round books first and offers with the token. The offers go out first:
+            # an agent's answer takes longer than a CAS (another process decides it).
+            provisional = rnd == 0 and only is None and not st.fixed
+            if provisional:
+                att.offers = {
+                    tid: self._offer(run, tid, placements, st, att.order, provisional=True)
+                    for tid in todo
+                }  # fmt: skip
+            # each key's new value, encoded, while the claim may still be on its way
+            # (written as is unless the key moved meanwhile)
+            evictable = blocks.evictable
+            keys = sorted(by_key)
+            # tasks placed again: their old windows go from every key written, or a task
+            # moving onto a slot another one of them leaves would lose its CAS to it
+            moving = [(run.pipeline_id, t) for t in todo] if only is not None else []
+            ready = [
+                o.store.prepare(k, o.store.booking(by_key[k], now, evictable, moving)) for k in keys
+            ]
+            steps["send"] += clock() - t_build
+            if st.gate is not None:
+                # our claim on the pipeline: nothing is offered or booked before it (what
+                # they carry is built already, while its answer may still be on its way)
+                t_gate = clock()
+                await st.gate
+                st.gate = None
+                steps["claim"] = clock() - t_gate
+            t_book = clock()
+            if provisional:
+                att.offered = self._ask(asked, list(att.offers.values()))
+                await let_sends_out()  # on the wire before the CAS writes are made
+                t_sent = clock()
+                steps["send"] += t_sent - t_book
+                t_book = t_sent
+            booking = asyncio.gather(*(
+                o.store.book(k, by_key[k], now, evictable, prepared, moving)
+                for k, prepared in zip(keys, ready, strict=True)
+            ))  # fmt: skip
+            results: list[BookResult] = await booking
+            steps["book"] += clock() - t_book
+        run.cas_retries += sum(r.cas_retries for r in results)
+        att.bad = {r.key for r in results if not r.ok}
+        for r in results:
+            if r.ok:
+                for w in by_key[r.key]:
+                    st.tokens[w.task_id] = r.token
+                    run.windows[w.task_id] = (r.key, w.start, w.end)
+                if r.evicted:
+                    await o.displaced.notify_evicted(r.key, r.evicted, run.pipeline_id)
+            elif r.full:  # booking more there would pass the key's limit: plan elsewhere
+                dev = device_of_key(r.key)
+                st.full[dev] = r.full
+                st.excluded.update((t.id, dev) for t in spec.tasks)
+                run.note(f"round {rnd}: {r.key} refused it ({r.full}); re-planning elsewhere")
+                st.reasons[f"full@{r.key}"] = r.full
+            else:
+                run.conflicts += 1
+                who = ", ".join(sorted({f"{w.pipeline_id}/{w.task_id}" for w in r.conflicts}))
+                run.note(f"round {rnd}: conflict on {r.key} with {who}; re-planning")
+                st.reasons[f"conflict@{r.key}"] = f"round {rnd}: lost to {who}"[:2048]
+        return att
+
+    async def _permit(self, run: PipelineRun, st: Round, att: Attempt, asked: Asked) -> bool:
+        """Permit: every new placement offered to its agent (admission), unless offered with
+        its bookings already. False when the round must be planned again: a key was lost, an
+        agent said no, or a task being placed again had started where it was (kept there);
+        what that affects is unreserved first."""
+        rnd, todo, spec, clock = att.rnd, att.todo, run.spec, time.perf_counter
+        t_offer = clock()
+        if att.offered is None:
+            if att.bad:
+                replies: list[OfferReply] = []
+            else:
+                att.offers = {
+                    tid: self._offer(run, tid, att.placements, st, att.order) for tid in todo
+                }  # fmt: skip
+                replies = await self._ask(asked, list(att.offers.values()))
+        else:
+            replies = await att.offered
+        st.steps["offer"] += clock() - t_offer
+        offers = att.offers
+        rejected = [rep for rep in replies if not rep.accepted]
+        for rep in replies:
+            if rep.accepted:
+                st.sent[rep.task_id] = offers[rep.task_id]
+        started = {
+            rep.task_id: rep.code for rep in rejected
+            if rep.code in STARTED and offers[rep.task_id].replaces
+        }  # fmt: skip
+        for t, code in sorted(started.items()):
+            did = "already ran" if code == "already_ran" else "is running"
+            run.note(f"round {rnd}: {t} {did} on {st.prior[t][2]}; kept as it was")
+        ran = set(started)
+        # A task that has started had every input: what feeds it has ended, and is kept
+        # as it was wherever this round placed it (an offer to another agent cannot be
+        # told it ran already). Not when this round's offer took its place: accepted by
+        # the agent of its last placement, it replaced that job, and once withdrawn
+        # nothing would be left to run or end under the kept placement; it runs again
+        # where the round put it.
+        for t in sorted(ancestors(run, started) & set(todo) - ran):
+            if t not in st.prior:
+                continue
+            if t in st.sent and offers[t].agent_id == st.prior[t][2]:
+                run.note(
+                    f"round {rnd}: {t} has ended (what it feeds started), but this round's "
+                    f"offer took its place on {offers[t].agent_id}: it runs there again"
+                )
+                continue
+            ran.add(t)
+            run.note(f"round {rnd}: {t} has ended (what it feeds started); kept as it was")
+        rejected = [rep for rep in rejected if rep.task_id not in ran]
+        for rep in rejected:
+            run.rejections += 1
+            dev = todo[rep.task_id].device_id
+            st.excluded.add((rep.task_id, dev))
+            if rep.code in DEVICE_WIDE:
+                st.excluded.update((t.id, dev) for t in spec.tasks)
+            msg = f"{rep.code}: {rep.reason}"
+            st.reasons[f"{rep.task_id}@{dev}"] = msg
+            run.note(
+                f"round {rnd}: {rep.agent_id} rejected {rep.task_id} ({msg}); re-planning elsewhere"
+            )
+        if not (att.bad or rejected or ran):
+            return True
+        moved = {w.task_id for k in att.bad for w in att.by_key[k]}
+        moved |= {rep.task_id for rep in rejected} | ran
+        await self._unreserve(
+            run, st, att, moved, "re-planned after a " + ("rejection" if rejected else "conflict")
+        )
+        for t in ran:  # as before this placement: its consumers fetch its output
+            st.fixed[t], st.tokens[t], _ = st.prior[t]
+            st.kept.add(t)
+            st.ended.add(t)
+            self.o.displaced.started_unheard(run.pipeline_id, t, st.tokens[t])
+        return False
+
+    async def _unreserve(
+        self, run: PipelineRun, st: Round, att: Attempt, moved: set[str], why: str
+    ) -> None:
+        """Unreserve: the tasks `moved` and what they feed give their windows of this round
+        back and have their offers withdrawn; the rest of the round is held for the next."""
+        todo = att.todo
+        affected = descendants(run, moved) & set(todo)
+        await self._release(run, att.by_key, affected, att.bad)
+        withdrawn = {t: todo[t] for t in affected if t in st.sent}
+        if withdrawn:
+            await self.o.cancel_tasks(
+                run, withdrawn, why, max_token=max(st.sent[t].token for t in withdrawn)
+            )
+        for t in affected:
+            st.sent.pop(t, None)
+        for tid, p in todo.items():
+            if tid not in affected:
+                st.fixed[tid] = p
+
+    async def _bind(
+        self, run: PipelineRun, st: Round, att: Attempt, only: set[str] | None, asked: Asked
+    ) -> bool:
+        """Bind: offers whose routing changed since they were accepted are sent again, and
+        the round becomes the pipeline's placement. False when an agent refused such an
+        offer: that task and what it feeds are unplaced, and the round planned again."""
+        rnd, todo, placements, spec = att.rnd, att.todo, att.placements, run.spec
+        order, clock = att.order, time.perf_counter
+        if only is None and not st.fixed:
+            final = att.offers  # every task was offered in this round, as planned: none differs
+        else:
+            if only is None:
+                final_ids = set(placements)
+            else:
+                final_ids = set(only) | {
+                    d for t in only for d in spec.tasks[run.index[t]].deps
+                    if run.tasks[d].state in ("offered", "accepted")
+                }  # fmt: skip
+            final = {
+                tid: self._offer(run, tid, placements, st, order)
+                for tid in final_ids - st.kept
+            }  # fmt: skip
+        stale = [x for tid, x in final.items() if tid in st.sent and st.sent[tid] != x]
+        stale += [x for tid, x in final.items() if tid not in st.sent and tid not in todo]
+        if stale:
+            t_offer = clock()
+            again = await self._ask(asked, stale)
+            # A producer placed before this placement that cannot be told where its
+            # consumers went: it ended (or started) at its agent before its end was heard
+            # here (`duplicate`: it sent its output to where they were), or its agent
+            # began draining, restarted, or does not answer. Re-planning would change
+            # none of that. Their new offers say its output is ready, so their agents
+            # fetch it at commit: sent at once if it is there, pushed when the producer
+            # ends if it has not, reported gone if nobody holds it.
+            refusals = {
+                rep.task_id: rep for rep in again
+                if not rep.accepted and rep.task_id not in todo and rep.task_id not in st.sent
+            }  # fmt: skip
+            ended = set(refusals)
+            if ended:
+                st.ended |= ended
+                done = sorted(t for t, rep in refusals.items() if rep.code == "duplicate")
+                if done:
+                    run.note(
+                        f"round {rnd}: {', '.join(done)} already ended or running on "
+                        "their agents; their consumers fetch the output"
+                    )
+                for t, rep in sorted(refusals.items()):
+                    if rep.code != "duplicate":
+                        run.note(
+                            f"round {rnd}: {t} on {rep.agent_id} was not told where its "
+                            f"consumers went ({rep.code}: {rep.reason[:200]}); they fetch "
+                            "its output"
+                        )
+                fed = {c for d in ended for c in run.children[d] if c in final and c in todo}
+                final.update({c: self._offer(run, c, placements, st, order) for c in fed})
+                again = [r for r in again if r.task_id not in ended]
+                told = await self._ask(asked, [final[c] for c in sorted(fed)])
+                st.sent.update({r.task_id: final[r.task_id] for r in told if r.accepted})
+                again += told
+            st.steps["offer"] += clock() - t_offer
+            refused = [r for r in again if not r.accepted]
+            if refused:
+                for rep in again:
+                    if rep.accepted and rep.task_id in st.sent:
+                        st.sent[rep.task_id] = final[rep.task_id]
+                placed_here = set(placements) if only is None else set(only)
+                await self._unplace_refused(
+                    run, st, refused, todo, placements, placed_here, rnd, st.reasons
+                )
+                return False
+        if only is not None:
+            await self._tell_consumers(run, only, placements, st, order, rnd)
+        plan = att.planned.plan
+        run.placements = placements
+        run.plan = planned_view(placements)
+        run.algorithm = plan.algorithm
+        run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
+        for tid, x in final.items():
+            if only is not None and tid not in only:
+                # a producer only told where its consumers went: where and how it runs
+                # is as before, and its state is its events' (it may have ended meanwhile)
+                continue
+            tr = run.tasks[tid]
+            tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, st.tokens[tid]
+            p = placements[tid]
+            tr.predicted_s = p.finish - p.start
+            tr.base_s = att.planned.cost.base(tid, p.device_id)
+            tr.state = "accepted"
+        return True
 
     async def _unplace_refused(
         self,
