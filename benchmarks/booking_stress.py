@@ -116,7 +116,6 @@ from nats.js.api import KeyValueConfig, StreamConfig, StreamSource
 from nats.js.errors import NoKeysError
 
 from benchmarks.common import pct, progress, table
-from console.client import Client
 from orchestrator.infra import eventloop
 from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.infra.procs import spawn, stop_all, terminate_as_interrupt
@@ -139,6 +138,7 @@ from schemas.events import PipelineEvent, TaskEvent
 from schemas.pipeline import PipelineSpec
 from schemas.recovery import ClusterEvent, TaskResult, TaskResults
 from sim.fleet import synthetic_pipeline
+from transport.client import Client
 
 BOOKINGS_HISTORY = 8
 ORIGIN_STREAM = f"KV_{BUCKET}"

@@ -66,7 +66,6 @@ from benchmarks.booking_stress import (
     wait_ready,
 )
 from benchmarks.common import pct, progress, table
-from console.client import Client
 from edge_agent.sharedconn import SHARED_CLIENT_PREFIX
 from orchestrator.infra import eventloop
 from orchestrator.infra.eventloop import GC_PAUSE_LOGGED_S
@@ -77,6 +76,7 @@ from schemas.codec import RemoteError
 from schemas.events import PipelineEvent
 from schemas.pipeline import PipelineSpec
 from sim.fleet import synthetic_pipeline
+from transport.client import Client
 
 SPEC_POOL = 256
 #: Issue 4's latency goal, and the P99 the agent-based seed reports (docs/placement-latency.md).

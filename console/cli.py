@@ -220,7 +220,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
 
 
 async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
-    from console.client import Client
+    from transport.client import Client
 
     client = await Client.connect(url)
     try:

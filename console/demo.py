@@ -24,7 +24,6 @@ import numpy as np
 import yaml
 
 from console import inputs
-from console.client import Client
 from console.fetch import fetch, find
 from console.pipeline_files import load_pipeline
 from console.report import plan_table, timeline_table
@@ -34,6 +33,7 @@ from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.infra.procs import spawn, stop_all, terminate_as_interrupt
 from schemas.api import StatusReply
 from schemas.pipeline import PipelineInput
+from transport.client import Client
 
 # Declared link costs between the demo's sites (EdgeCloudSim-style defaults: WAN 100 ms,
 # 25 Mbps; these are configuration, not measurements).

@@ -281,7 +281,7 @@ def _start(
 
 
 async def _wait_for_agents(state: SimState, n: int, timeout: float) -> int:
-    from console.client import Client
+    from transport.client import Client
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

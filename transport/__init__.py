@@ -1,2 +1,3 @@
 """The bus between MARS's processes: request/reply over NATS with models in and out, errors as
-envelopes. `schemas/` holds the contract and no I/O; this is where the messages are sent."""
+envelopes (`rpc`), and a small client of the API (`client`). `schemas/` holds the contract and
+no I/O; this is where the messages are sent."""

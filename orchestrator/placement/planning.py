@@ -11,7 +11,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.placement.registry import ClusterView
-from orchestrator.placement.store_reads import StoreReads
 from orchestrator.predictor.model import Estimates, Predictor
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import Cached, device_key_of
@@ -28,6 +27,7 @@ from orchestrator.scheduling import (
     Unschedulable,
     portfolio,
 )
+from orchestrator.state.reads import StoreReads
 from schemas.agent import DeviceSpec
 from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
 

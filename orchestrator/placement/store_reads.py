@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
@@ -29,33 +27,6 @@ log = logging.getLogger("mars.orchestrator.store")
 #: Longest wait for the store's answers at submission; past it the pipeline is placed with
 #: its artifacts' sizes unknown (charged nothing), and an agent says what is missing.
 LOOKUP_S = 2.0
-
-
-@dataclass(frozen=True)
-class StoreReads:
-    """Per task: bytes of pipeline inputs it reads, and the artifact it needs (sha256, size)."""
-
-    inputs: Mapping[str, int] = field(default_factory=dict)
-    artifacts: Mapping[str, tuple[str, int]] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.inputs or self.artifacts)
-
-
-def store_reads(spec: PipelineSpec, artifact_sizes: Mapping[str, int]) -> StoreReads:
-    """The reads of `spec`'s tasks; an artifact of unknown size is not charged."""
-    sizes = {i.name: i.size for i in spec.inputs}
-    inputs: dict[str, int] = {}
-    artifacts: dict[str, tuple[str, int]] = {}
-    for t in spec.tasks:
-        names = {b.pipeline_input for b in t.inputs if b.pipeline_input is not None}
-        if total := sum(sizes.get(n, 0) for n in names):
-            inputs[t.id] = total
-        art = artifact_of(t.run)
-        ref = parse_ref(art[0]) if art is not None else None
-        if ref is not None and (size := artifact_sizes.get(ref.sha256)) is not None:
-            artifacts[t.id] = (ref.sha256, size)
-    return StoreReads(inputs, artifacts)
 
 
 class StoreLookup:

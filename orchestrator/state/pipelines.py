@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from orchestrator.placement.store_reads import StoreReads, store_reads
 from orchestrator.scheduling import Placement
+from orchestrator.state.reads import StoreReads, store_reads
 from schemas.api import (
     TASK_ENDED_STATES,
     TERMINAL_STATES,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from console.client import Client
 from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
 from tests.integration.test_recovery import ClusterEvents
+from transport.client import Client
 
 pytestmark = pytest.mark.e2e
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from console.client import Client
 from schemas import PipelineSpec
 from tests.harness import agent_config, start_cluster, stop_cluster
+from transport.client import Client
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,6 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from console.client import Client
 from orchestrator.reservations.store import (
     BUCKET,
     PAYLOAD_HEADROOM,
@@ -24,6 +23,7 @@ from schemas import PipelineSpec
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import RemoteError, encode
 from tests.harness import RecordingAgent, agent_config, stop_cluster
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.placement_latency import handler_spans, held_for_events
-from console.client import Client
 from orchestrator import service
 from schemas import PipelineSpec, subjects
 from tests.harness import agent_config, start_cluster, stop_cluster
+from transport.client import Client
 from transport.rpc import settle
 
 pytestmark = pytest.mark.integration

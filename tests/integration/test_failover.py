@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import nats
 import pytest
 
-from console.client import Client
 from orchestrator import service
 from orchestrator.infra import procs
 from orchestrator.infra.natsserver import EmbeddedNats
@@ -46,6 +45,7 @@ from tests.harness import (
     stop_cluster,
     two_replicas,
 )
+from transport.client import Client
 from transport.rpc import settle
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from console.client import Client
 from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
 from sim.fleet import fleet_configs, run_fleet, synthetic_pipeline
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

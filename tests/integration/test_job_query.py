@@ -17,7 +17,6 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from console.client import Client
 from edge_agent.core import Job
 from edge_agent.executors import Output
 from orchestrator.infra import procs
@@ -39,6 +38,7 @@ from tests.integration.test_failover import EventTap, adopted_after_kill, config
 from tests.integration.test_offline import Proxy
 from tests.integration.test_recovery import start_victim
 from tests.integration.test_stall import one_agent, run_to_end
+from transport.client import Client
 from transport.rpc import settle
 
 pytestmark = pytest.mark.integration

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from console.client import Client
 from orchestrator.service import MAX_PIPELINES_KEPT, TRIM_STEP, Orchestrator
 from schemas import PipelineSpec
 from schemas.api import ListReply
 from tests.harness import agent_config, mars_cli, start_cluster, stop_cluster
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ import gc
 
 import pytest
 
-from console.client import Client
 from orchestrator.service import run_orchestrator
 from schemas import PipelineSpec
 from schemas.codec import RemoteError
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

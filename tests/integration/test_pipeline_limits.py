@@ -12,7 +12,6 @@ from typing import Any
 import nats
 import pytest
 
-from console.client import Client
 from orchestrator.reservations.store import BookingStore
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
@@ -21,6 +20,7 @@ from schemas.errors import ServiceError
 from schemas.limits import MAX_DEPS, MAX_TASKS
 from schemas.placement import MAX_BATCH, DrainCommand, DrainReply
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from transport.client import Client
 from transport.rpc import request
 
 pytestmark = pytest.mark.integration

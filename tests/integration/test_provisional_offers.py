@@ -169,9 +169,9 @@ async def test_a_new_pipeline_s_messages_leave_in_the_order_that_pays(nats_url: 
     trip), then the CAS bookings; the reply before the commits and the pipeline's record, and
     after its spec (begun once the claim is won: an adopter that finds the spec and no record
     knows the pipeline was answered). The client's submit and the offers travel as JSON."""
-    from console.client import Client
     from orchestrator.reservations.store import BUCKET
     from schemas.failover import OWNERS_BUCKET, RUNS_BUCKET
+    from transport.client import Client
 
     configs = {name: agent_config("s", "edge", cpu_slots=1) for name in ("a", "b")}
     orch, agents = await start_cluster(nats_url, configs)

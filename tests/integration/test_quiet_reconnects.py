@@ -10,9 +10,9 @@ import logging
 
 import pytest
 
-from console.client import Client
 from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.service import Orchestrator
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

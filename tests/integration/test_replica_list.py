@@ -8,11 +8,11 @@ import asyncio
 
 import pytest
 
-from console.client import Client
 from schemas.api import CancelRequest, ListReply, ListRequest, StatusReply
 from schemas.codec import RemoteError
 from tests.harness import start_cluster, stop_cluster, two_replicas
 from tests.integration.test_failover import chain, configs
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

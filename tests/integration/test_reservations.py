@@ -13,7 +13,6 @@ from typing import Any
 import nats
 import pytest
 
-from console.client import Client
 from console.report import bookings_table
 from edge_agent.config import AgentConfig
 from edge_agent.executors import BUILTIN_MODELS
@@ -29,6 +28,7 @@ from schemas.errors import ServiceError
 from schemas.placement import EvictNotice, InputGone
 from tests.harness import agent_config, start_cluster, stop_cluster
 from tests.integration.test_failover import hold_renewals
+from transport.client import Client
 from transport.rpc import settle
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from console.client import Client
 from orchestrator.api.submissions import SUBMITS_AT_ONCE
 from schemas import OfferReply, PipelineSpec, TaskOffer
 from tests.harness import agent_config, start_cluster, stop_cluster
+from transport.client import Client
 
 pytestmark = pytest.mark.integration
 

@@ -14,13 +14,13 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.errors import KeyNotFoundError
 
-from console.client import Client
 from orchestrator.api.submissions import SUBMITS_AT_ONCE
 from orchestrator.service import Orchestrator
 from schemas import OfferReply, PipelineSpec, SubmitReply, SubmitRequest, TaskOffer, subjects
 from schemas.codec import RemoteError, decode_reply, encode, headers_for
 from schemas.failover import OWNERS_BUCKET
 from tests.harness import RecordingAgent, agent_config
+from transport.client import Client
 from transport.rpc import request
 
 pytestmark = pytest.mark.integration

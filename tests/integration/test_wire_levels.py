@@ -11,13 +11,13 @@ import msgpack
 import nats
 from nats.aio.msg import Msg
 
-from console.client import Client
 from orchestrator.service import Orchestrator
 from schemas import PipelineSpec, subjects
 from schemas.codec import encode, headers_for
 from schemas.placement import FetchRequest
 from schemas.wire import WIRE_HEADER, WIRE_LEVEL
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
+from transport.client import Client
 
 
 class LevelOneAgent(RecordingAgent):

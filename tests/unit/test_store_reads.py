@@ -8,7 +8,7 @@ import pytest
 
 from orchestrator.placement.planning import plan_pipeline, to_graph
 from orchestrator.placement.registry import ClusterView
-from orchestrator.placement.store_reads import StoreReads, store_reads
+from orchestrator.state.reads import StoreReads, store_reads
 from schemas import AgentAdvert, DeviceSpec, PipelineSpec
 from schemas.agent import LinkSpec
 
