@@ -56,7 +56,10 @@ are left out wherever they are. What it reports:
      (`functools.partial(self.submit, ...)`, a callback; a property read too): it is assumed
      to be called;
    - "queue": a method that puts on `self.<q>` (`put`/`put_nowait`) to each method of its
-     class that takes from it (`get`/`get_nowait`), the handoff of a work queue.
+     class that takes from it (`get`/`get_nowait`), the handoff of a work queue;
+   - "port": a call resolved to a method of a `typing.Protocol` class (a port), to the one
+     product class that implements a method of that name (protocols' methods are never
+     by-name targets).
    Missed: dynamic dispatch, callbacks stored in containers, getattr, calls through values
    returned without annotations. The shortest path (by hops) from the entry to a target is
    printed, function by function, with the number of modules the functions reachable from
@@ -433,6 +436,14 @@ def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def _is_protocol(node: ast.ClassDef) -> bool:
+    return any(
+        (isinstance(b, ast.Name) and b.id == "Protocol")
+        or (isinstance(b, ast.Attribute) and b.attr == "Protocol")
+        for b in node.bases
+    )
+
+
 def rule_violations(edges: list[ImportEdge], modules: dict[str, Module]) -> dict[str, Any]:
     violations: list[str] = []
 
@@ -507,8 +518,13 @@ class CallGraph:
             qual = c.key.split(":", 1)[1]
             if "." not in qual:
                 self.top_defs[c.module][qual] = ("class", c.key)
+        #: classes that are typing.Protocols: their methods are declarations (a port), and a
+        #: call through one goes to the one product class that implements that method
+        self.protocols = {k for k, c in self.classes.items() if _is_protocol(c.node)}
         by_name: dict[str, list[str]] = {}
-        for c in self.classes.values():
+        for k, c in self.classes.items():
+            if k in self.protocols:
+                continue
             for name, key in c.methods.items():
                 by_name.setdefault(name, []).append(key)
         self.unique_methods = {
@@ -749,6 +765,12 @@ class CallGraph:
 
         def add(target: str, kind: str) -> None:
             target = self.funcs[target].owner
+            decl = self.funcs[target]
+            if decl.cls in self.protocols:  # through a port: to what implements it
+                impl = self.unique_methods.get(decl.node.name)
+                if impl is None:
+                    return
+                target, kind = self.funcs[impl].owner, "port"
             if target != f.key and (target not in out or kind == "call"):
                 out[target] = kind
 
