@@ -318,8 +318,8 @@ class Submissions:
         level = logging.INFO if isinstance(why, PlacementFailed) else logging.WARNING
         log.log(level, "placing %s given up (%r): nothing of it kept", pid, why)
         # Out of sight before anything is awaited: a resubmit given to another replica asks
-        # the lease's holder, which answered from this run while it was given up ("placing"),
-        # and its client waited for an end that never came (booking_stress seeds 515, 516)
+        # the lease's holder, which would answer from this run while it is given up
+        # ("placing"), and its client would wait for an end that never comes
         o.pipelines.pop(pid, None)
         await o.placer.withdrawn(pid)  # before a resubmit's offers, which it would withdraw
         o.failover.give_back_strays(pid, keep=())

@@ -67,8 +67,8 @@ class Commits:
         """An agent's advert came: it sends one as it connects and again after each
         reconnect, once its subscriptions are back, so commits to it backing off after a
         failure go now. After a server restart an agent comes back up to its reconnect
-        back-off later (`reconnect_max_s`): a commit asked every 2 s reached it up to 2 s
-        after that (booking_stress seeds 611, 631)."""
+        back-off later (`reconnect_max_s`): a commit asked only on its own schedule would
+        reach it up to one interval after that."""
         back = self._back.pop(agent_id, None)
         if back is not None:
             back.set()
@@ -104,7 +104,7 @@ class Commits:
         start for COMMIT_CONFIRM_S and not reported started. An answered commit is looked at
         the same way (`look`; not a commit sent again by a look or the watchdog): an answer
         says the message came, not that the task will start (a re-placed consumer whose input
-        never came waited for the stall watchdog: booking_stress seed 515)."""
+        never came would wait for the stall watchdog)."""
         o = self.o
         per_agent: dict[str, list[str]] = {}
         for tid in sorted(task_ids):
@@ -171,9 +171,8 @@ class Commits:
     def look_sooner(self, run: PipelineRun, producer: str) -> None:
         """Consumers of an ended producer whose commits are looked at with doubling waits
         (found waiting for inputs): looked at COMMIT_CONFIRM_S from now, when they may be
-        free to start, not up to half the stall time later. A commit lost while its agent
-        was away (reconnecting after a server restart) was sent again that much later
-        (booking_stress seed 611: 4.2 s after its input was ready)."""
+        free to start, not up to half the stall time later (a commit lost while its agent
+        was away, reconnecting after a server restart, would be sent again that late)."""
         pid = run.pipeline_id
         for c in run.children[producer]:
             tr = run.tasks[c]
@@ -209,8 +208,7 @@ class Commits:
                 if o.failover.holds(pid):
                     # its lease lapsed here and is still ours (the server away, or JetStream
                     # slow just after it came back): looked at again, acted on once renewed.
-                    # Dropped, a lost commit waited for the watchdog's stall time
-                    # (booking_stress seed 515: a 17.9 s pipeline)
+                    # Dropped, a lost commit would wait for the watchdog's stall time
                     self.look_later(pid, agent_id, tids, wait_s)
                 continue  # (no longer ours to act on: the adopter commits again)
             if o.events_behind():  # what it knows of the tasks is old: look again later
@@ -231,7 +229,7 @@ class Commits:
                 # and whether it holds them at all: a commit for a job it no longer holds (an
                 # offer it gave up uncommitted while the server was away, a process restarted
                 # unseen) starts nothing, and is answered all the same; one it lost is placed
-                # again now, not when the stall watchdog finds it (booking_stress seed 519)
+                # again now, not when the stall watchdog finds it
                 o.spawn(o.watchdog.ask_about(run, sorted(waiting), "unstarted"))
             elif waiting:  # not free to start yet: no sign is missing so far
                 self.look_later(pid, agent_id, tuple(sorted(waiting)), min(2 * wait_s, longest))

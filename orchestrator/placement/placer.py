@@ -551,9 +551,8 @@ class Placer:
         consumers went: it began draining, restarted, or stopped answering since. As for a
         rejection, that (task, device) is ruled out (device-wide for DEVICE_WIDE codes), and
         the task and what it feeds are placed again, their windows given back and their
-        offers withdrawn; the rest of the round stays. Before, the same offer was sent again
-        each round and refused each time, until the rounds ran out and the pipeline failed
-        (`booking_stress` with a fleet restart: "no placement after 8 rounds")."""
+        offers withdrawn; the rest of the round stays (sent again as it was, the same offer
+        would be refused each round until the rounds ran out and the pipeline failed)."""
         o = self.o
         for rep in refused:
             run.rejections += 1

@@ -203,7 +203,7 @@ class Displaced:
         # took it (a lease lapsed in an outage, and a fleet restarted in it): a task left
         # queued where it was, its inputs already on their way, is asked about at once. An
         # agent that lost the job says so and the task is placed again now, not when the
-        # stall watchdog finds it (booking_stress seed 513: a 12.7 s pipeline)
+        # stall watchdog finds it
         waiting = sorted(t for t in queued if run.tasks[t].state == "accepted")
         if waiting:
             self.o.spawn(self.o.watchdog.ask_about(run, waiting, "unbooked"))
@@ -271,8 +271,7 @@ class Displaced:
         async with self.o.recovery.lock(run.pipeline_id):  # not beside a re-run of its producers
             # noted in the order it is handled: a re-placement holding the lock may have
             # booked the very window taken (a dead agent's task placed again), and its note
-            # must come first (noted on arrival, the log read as a firm window taken:
-            # booking_stress seed 519)
+            # must come first (noted on arrival, the log would read as a firm window taken)
             run.note(f"evicted from {note.device}: {', '.join(note.task_ids)} ({note.reason})")
             if run.terminal:
                 return

@@ -207,7 +207,7 @@ class Failover:
             # a submit's answer is a committed plan, and nothing is committed yet: a
             # placement NATS fails part-way is given up with nothing kept (and published:
             # nobody was told of it), and a client told "placing" would wait for its end for
-            # ever (booking_stress seeds 515, 516, 518). Asked again, it gets the outcome
+            # ever. Asked again, it gets the outcome
             raise ServiceError(
                 "conflict", f"pipeline {pid} is being placed by {st.owner or owner}; ask again"
             )
@@ -344,9 +344,8 @@ class Failover:
         """Whether a pipeline nobody holds now exists all the same: its lease lapsed and not
         given up (its owner cut off or dead, an adopter not there yet), or its spec written
         (answered) before any record. A status or cancel of it then says "ask again", not
-        "no such pipeline": before, a client told `not_found` of a live pipeline gave up on
-        it, and it ran to its end (`booking_stress` with the server down longer than a
-        lease, seed 461)."""
+        "no such pipeline": a client told `not_found` of a live pipeline would give up on it
+        while it runs to its end (the server down longer than a lease, say)."""
         got, spec = await asyncio.gather(self.leases.read(pid), self.runs.spec(pid))
         return spec is not None or (got is not None and got[0].expires > 0.0)
 
@@ -617,13 +616,13 @@ class Failover:
             # recorded while it was being placed (its owner back from an outage writes what
             # it holds, `catch_up`) and never since: nothing was committed as far as the
             # record knows, and resuming it as it says would leave it "placing" for good,
-            # every task pending (booking_stress seed 720, a replica killed 1 s after a
-            # server restart). Placed anew, as one answered and never recorded
+            # every task pending (a replica killed just after a server restart, say).
+            # Placed anew, as one answered and never recorded
             found = None
         if found is None and spec is None:
             # claimed, and its owner died before answering (a spec is written before every
             # answer): nobody was told of it, and its id is freed for a submit to claim
-            # again (kept taken, every submit of it was refused as "being placed" for good)
+            # again (kept taken, every submit of it would be refused as "being placed")
             log.warning("adopted %s, claimed by %s and never answered: id freed", pid, lease.owner)
             self.freed += 1
             await self.leases.free(pid)
@@ -680,9 +679,8 @@ class Failover:
         a task's agent, not the incarnation it was placed under, so an agent that restarted
         while the dead owner could not act on it (its recovery held, or NATS away) lost them
         unseen; one it lost is reported cancelled and placed again now, not a stall time
-        later (a started one: when the watchdog found it overdue, far past its prediction,
-        and asked two looks later; a 25.1 s pipeline in `booking_stress --kill-after 10
-        --restart-agents-after 10`, seed 650)."""
+        later (a started one would wait until the watchdog found it overdue, far past its
+        prediction, and asked two looks later)."""
         held = {t: tr for t, tr in run.tasks.items() if tr.agent_id}
         waiting = {t for t, tr in held.items() if tr.state == "accepted"}
         started = {t for t, tr in held.items() if tr.state == "started"}

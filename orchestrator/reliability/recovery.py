@@ -161,8 +161,8 @@ class Recovery:
         self._apply(self.health.join(adv.agent_id, adv.incarnation, adv.heartbeat_interval_s, now))
         if joined:
             # room: what waits for some is tried again now, not at its next periodic retry
-            # (a restarted fleet's tasks waited up to STUCK_RETRY_S, and with a server outage
-            # in between, for the stall watchdog: booking_stress seed 515, 12.7 s)
+            # (else a restarted fleet's tasks wait up to STUCK_RETRY_S, or, with a server
+            # outage in between, for the stall watchdog)
             soon = now - STUCK_RETRY_S + JOIN_SETTLE_S
             for st in self._stuck.values():
                 st.tried = min(st.tried, soon)
@@ -393,9 +393,9 @@ class Recovery:
             if not run.terminal and self.o.failover.holds(pid) and not self.o.failover.may_act(pid):
                 # its lease lapsed here and is still ours (cut off from JetStream, e.g. the
                 # server away): renewed once it is back, so this waits and is retried like a
-                # re-placement that found no room. Dropped, nothing asked again: a fleet
-                # restarted during a server outage left its tasks lost until the watchdog
-                # (booking_stress seeds 421/431/481, 13.7-14.2 s pipelines).
+                # re-placement that found no room. Dropped, nothing would ask again: a fleet
+                # restarted during a server outage would leave its tasks lost until the
+                # stall watchdog.
                 named = seeds if seeds is not None else starved or lost or {
                     t for t, tr in run.tasks.items()
                     if tr.agent_id in gone and tr.state in UNFINISHED
@@ -467,8 +467,8 @@ class Recovery:
                 if run.settle(self.o.mono()):
                     # a finished producer it was to run again, and what waited for it ended
                     # meanwhile (its input had reached it): nothing is left to run. Put back
-                    # as succeeded, no event would end the pipeline any more (booking_stress
-                    # seeds 602/604: every task succeeded, the pipeline running for good)
+                    # as succeeded, no event would end the pipeline any more: every task
+                    # succeeded, and the pipeline would run for good
                     run.note(f"{why}: every task has succeeded meanwhile; nothing to re-run")
                     await self.o.finished(run)
                     await self.o.publish_pipeline(run)
