@@ -5,8 +5,8 @@ Objects are written and read in the JetStream object store's own format (chunks 
 client reads them (`nats object get`), but not with nats-py's `ObjectStore.put`/`get`, which
 are slow for outputs of many chunks: `put` waits for the server's acknowledgement of each chunk
 before it sends the next and hashes the bytes again, `get` joins the chunks by concatenation
-(quadratic: a 100 MB object in 128 KiB chunks took 15-20 s of CPU) and answers the server's
-flow control only every 0.25 s (a stall per window).
+(quadratic in the number of chunks) and answers the server's flow control only every 0.25 s
+(a stall per window).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ BUCKET = subjects.DATA_BUCKET
 #: The thread that hashes the chunks of objects being read, as they arrive, off the event loop
 #: (hashlib lets go of the GIL): in order, one at a time.
 HASHER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mars-sha256")
-#: Bytes of chunks handed to it at once (one hand-over per chunk of 128 KiB cost more than
-#: it saved).
+#: Bytes of chunks handed to it at once (one hand-over per chunk of 128 KiB costs more than
+#: it saves).
 HASH_BATCH = 4 << 20
 STREAM = OBJ_STREAM_TEMPLATE.format(bucket=BUCKET)
 

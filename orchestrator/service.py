@@ -100,10 +100,8 @@ LEASE_S = 15.0
 RENEW_SLICE_TASKS = 2000
 #: Finished pipelines kept in memory (`list` shows the live ones and these; `status` of any
 #: other is rebuilt from its record in KV). Every object kept is visited by each full garbage
-#: collection, which stops the orchestrator: with 2,000 kept one took 80-300 ms; measured in
-#: one process after 300 pipelines, 250 kept made ~140 of a 270 ms collection. The young ones
-#: are visited by each young collection too: 64 kept (with the predictor's task memo, since
-#: gone) made its longest pauses 33-48 ms in a placement benchmark run, 16 made them 26-32.
+#: collection, which stops the orchestrator, and the young ones by each young collection
+#: too: every pipeline kept lengthens those pauses, so only a few are.
 MAX_PIPELINES_KEPT = 16
 #: ... trimmed back to that many each time this many more have come in.
 TRIM_STEP = 16
@@ -610,7 +608,7 @@ class Orchestrator:
     ) -> M:  # fmt: skip
         """A request to one agent, written at the wire level it reads. Every message this
         process sends to an agent goes through here or `tell_agent`, so none can forget the
-        level (tests/unit/test_agent_sends.py holds the package to that)."""
+        level."""
         assert self.nc is not None
         return await request(
             self.nc, subject_of(agent_id), msg, reply_model,

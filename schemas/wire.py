@@ -37,7 +37,7 @@ WIRE_HEADER = "Mars-Wire"
 WIRE_LEVEL = 4
 
 #: Fields added after level 1, by model: the level that added each. A field named here
-#: must have a default (`tests/unit/test_wire_levels.py` holds it to that).
+#: must have a default, so a message from an older sender still reads.
 ADDED: dict[type[WireModel], dict[str, int]] = {
     # level 2 (2026-12-02): output fencing, ONNX time limits, `list` over every replica,
     # each agent's level in `mars agents`

@@ -114,7 +114,7 @@ class PacedGc:
     async def run(self, tick_s: float = GC_TICK_S) -> None:
         """`start` (unless started), then `step` every `tick_s` until cancelled. The collector
         stays off until `stop`: turned back on, its first young collection visits everything
-        made since `start` (~90 ms for the benchmark's orchestrator), so a service stops
+        made since `start` (a long pause for a busy orchestrator), so a service stops
         serving first."""
         if not self._on:
             self.start()
@@ -164,10 +164,10 @@ class Pacer:
     """Gives the event loop a turn while a handler drains queued work.
 
     nats-py hands a subscription's queued messages to its callback one after another without
-    returning to the loop while its queue is not empty, so the 40 task events of pipelines that
-    ended together ran as one step of several milliseconds, and a placement whose reply had
-    already arrived waited behind all of them (on the 2-core reference machine, ~85 such steps
-    over 2 ms in a 600-submission run). Pacing costs one loop turn per `turn_s` of drain."""
+    returning to the loop while its queue is not empty, so the task events of pipelines that
+    end together would run as one step of several milliseconds, and a placement whose reply
+    had already arrived would wait behind all of them. Pacing costs one loop turn per `turn_s`
+    of drain."""
 
     def __init__(self, turn_s: float = PACE_TURN_S) -> None:
         self.turn_s = turn_s

@@ -5,11 +5,10 @@ Not every change is written: a track is first written once it has MIN_SAVE_N obs
 then again when its observation count has doubled, or its factor has moved by MIN_SAVE_SHIFT
 (in log terms) since a write at least MIN_SHIFT_GAP_S old, and at stop whatever changed. On
 noisy work each observation moves the factor by more than MIN_SAVE_SHIFT (the EWMA takes 30%
-of every accepted sample), so without the gap a busy track was written at nearly every flush
-(a track seen 10 times a second with a log-noise of 0.2: 398 writes in 10 minutes, 17 with
-the gap), for a restart to remember a second's drift. On a fleet running ever
-new work (each task's parameters a little different) every finished task used to cost one
-KV write for a single, noisy sample; now a restart forgets at most a track's last small
+of every accepted sample), so without the gap a busy track would be written at nearly every
+flush, for a restart to remember a second's drift. On a fleet running ever new work (each
+task's parameters a little different) writing every track would cost a KV write per finished
+task for a single, noisy sample; this way a restart forgets at most a track's last small
 drift, or a track seen once. The bucket's entries expire KEEP_S after their last write, and a
 track still observed is written again within REFRESH_S: what nobody runs any more goes.
 

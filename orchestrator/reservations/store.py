@@ -286,8 +286,8 @@ class BookingStore:
 
     async def rewatch(self) -> None:
         """Watch again after a reconnect. The watch's ordered consumer finds out by itself
-        that a restarted server lost it, but only after ~20 s of missed heartbeats (measured
-        against the embedded nats-server), and meanwhile other replicas' bookings would go
+        that a restarted server lost it, but only after tens of seconds of missed heartbeats,
+        and meanwhile other replicas' bookings would go
         unseen (CAS still refuses what overlaps them; planning would run into it)."""
         if self.kv is None:
             return
