@@ -3,8 +3,8 @@
     python -m benchmarks.agent_queue [--depths 10,100,1000,5000] [--tasks 1000]
 
 An agent looks for jobs it may start after every input that arrives, every commit and every
-task that ends. It used to look at every job it held (`scan`, kept here as the reference);
-it now keeps, per device, the jobs that became ready (`AgentCore.take_ready`). Each depth
+task that ends. It keeps, per device, the jobs that became ready (`AgentCore.take_ready`);
+`scan`, kept here as the reference, looks at every job it holds instead. Each depth
 holds that many committed jobs waiting for an input; then, `--tasks` times, one job's input
 arrives, it starts, it ends, and a new job is offered and committed in its place, so the
 queue stays that deep. Both ways run the same steps on their own agent core (the state

@@ -7,10 +7,9 @@ renews its live pipelines' windows on each key; a key's releases not written yet
 windows of tasks that ended) are applied to it for every plan that reads it after it moved,
 and at its next write. Each row: a key of `--windows` windows, one per pipeline and task
 (the worst case: as many live pipelines as windows), renewed for every pipeline, and every
-window released by its own exact release; each done in one pass over the windows (how
-the orchestrator does it now: `book.renew`, `book.release`) and one pipeline or release at a
-time (the reference, `renew_one` / `release_one`: how it was done), which must give the same
-key. Best of
+window released by its own exact release; each done in one pass over the windows (as the
+orchestrator does it: `book.renew`, `book.release`) and one pipeline or release at a time
+(the reference, `renew_one` / `release_one`), which must give the same key. Best of
 `--repeat` runs, milliseconds, no NATS.
 """
 

@@ -24,7 +24,7 @@ processes through this server, and a bound for anything built on it.
 
 Each figure is the median of `--repeat` runs (best also shown), with the CPU seconds each
 process spent over the run (A, B, nats-server), and where a MARS transfer's time went, step
-by step; goal (issue 42): MARS >= 0.5 of plain NATS.
+by step; goal: MARS >= 0.5 of plain NATS.
 """
 
 from __future__ import annotations

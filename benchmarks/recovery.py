@@ -15,7 +15,7 @@ monotonic clock:
 
 After each trial the pipeline must succeed with each task's result committed exactly once in
 `MARS_RESULTS`: a task with no committed result is *lost*, one with more than one is
-*duplicated*. Goals (issue 8): crash recovery P99 <= 300 ms; partition recovery P99 <=
+*duplicated*. Goals: crash recovery P99 <= 300 ms; partition recovery P99 <=
 interval x misses + 100 ms; zero lost or duplicated.
 """
 

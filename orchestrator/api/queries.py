@@ -4,8 +4,8 @@ Each replica holds its own pipelines in memory: it answers for what it holds, pa
 request about another's pipeline on to the holder of its lease (never on again: no request
 goes round in circles), and reads the record in KV of a pipeline nobody holds now. `list`
 reads every pipeline's record in KV (`listing.py`) and asks every replica heard from lately
-for what it holds, newer than its records. Split from the service shell
-(orchestrator/service.py), which registers these as endpoints."""
+for what it holds, newer than its records. The service shell (orchestrator/service.py)
+registers these as endpoints."""
 
 from __future__ import annotations
 

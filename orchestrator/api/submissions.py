@@ -3,8 +3,8 @@
 Submissions wait in the replica's own queue with when they arrived (a client's deadline is
 judged against it), SUBMITS_AT_ONCE are served at once, and each new pipeline is claimed,
 planned, booked, offered and committed (`Placer`) before its answer. A pipeline adopted
-from a replica that died before recording it is placed anew here too. Split from the
-service shell (orchestrator/service.py), which owns the connection and the pipelines."""
+from a replica that died before recording it is placed anew here too. The service shell
+(orchestrator/service.py) owns the connection and the pipelines."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ A new plan's commits go out as plain messages (two messages fewer per agent of e
 the tasks' events say they arrived. Each is looked at COMMIT_CONFIRM_S later: an agent with a
 task of it free to start for that long and not reported started is asked again by request, and
 asked whether it holds the job at all. Commits are idempotent on the agent, so asking again is
-always safe. Split from the service shell (orchestrator/service.py), which owns the connection
-and the pipelines."""
+always safe. The service shell (orchestrator/service.py) owns the connection and the
+pipelines."""
 
 from __future__ import annotations
 
