@@ -588,8 +588,8 @@ class Orchestrator:
         if len(self.pipelines) > self._trim_at:
             # in steps, not on every submission: finding the finished ones visits them all.
             # One whose end is not recorded yet stays (its lease lapsed as it ended: the end
-            # is written once the lease is renewed, from this run; dropped, the lease was
-            # renewed for ever over a record saying running, and the pipeline never ended)
+            # is written once the lease is renewed, from this run; dropped, the lease would be
+            # renewed for ever over a record saying running, and the pipeline never end)
             held = self.failover.holds
             for pid in [p for p, r in self.pipelines.items() if r.terminal and not held(p)][
                 : len(self.pipelines) - MAX_PIPELINES_KEPT

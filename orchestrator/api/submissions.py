@@ -41,8 +41,8 @@ TIMING_LINE = (
 )
 #: Submissions one process serves at once. The planner stays one at a time (`Placer`); the
 #: next submission's claim, and its wait for the planner, overlap the one before's offers,
-#: commit and reply. Four at once shortened the wait of random arrivals when the host was
-#: fast and lengthened their placements when it was slow (docs/placement-latency.md).
+#: commit and reply. Four at once shorten the wait of random arrivals when the host is fast
+#: and lengthen their placements when it is slow (docs/placement-latency.md).
 SUBMITS_AT_ONCE = 2
 #: Submissions waiting for one of those at most; one more is answered `unavailable` at once
 #: (the client hears "busy, try again", not a timeout).
