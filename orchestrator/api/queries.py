@@ -43,7 +43,7 @@ from schemas.failover import RUNS_BUCKET
 from transport.rpc import request, respond
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import QueriesDoor
     from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.orchestrator")
@@ -60,7 +60,7 @@ M = TypeVar("M", bound=WireModel)
 class Queries:
     """One replica's answers to `status`, `list`, `cancel` and `agents`."""
 
-    def __init__(self, o: Shell) -> None:
+    def __init__(self, o: QueriesDoor) -> None:
         self.o = o
         #: How long a `list` waits for each other replica's part.
         self.list_wait_s = LIST_WAIT_S

@@ -29,7 +29,7 @@ from schemas.pipeline import PipelineSpec
 from transport.rpc import handle, let_sends_out
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import SubmissionsDoor
 
 log = logging.getLogger("mars.orchestrator")
 #: One debug record per placement with the time of each step (MARS_DEBUG=mars.timing).
@@ -58,7 +58,7 @@ class Submissions:
     """One replica's submissions: the queue, its workers (started by the shell) and the
     placement of each new pipeline."""
 
-    def __init__(self, o: Shell, max_queued: int = MAX_QUEUED_SUBMITS) -> None:
+    def __init__(self, o: SubmissionsDoor, max_queued: int = MAX_QUEUED_SUBMITS) -> None:
         self.o = o
         #: Submissions waiting to be served, each with when it arrived (monotonic clock); at
         #: most `max_queued` beyond those the idle workers are about to take.

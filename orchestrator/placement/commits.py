@@ -22,7 +22,7 @@ from schemas.codec import Encoding
 from schemas.placement import CommitCommand
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import CommitsDoor
     from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.orchestrator")
@@ -46,7 +46,7 @@ COMMIT_CONFIRM_S = 1.0
 class Commits:
     """One replica's commits and their looks (`confirm_loop` runs while it serves)."""
 
-    def __init__(self, o: Shell) -> None:
+    def __init__(self, o: CommitsDoor) -> None:
         self.o = o
         #: New plans' commits asked again by request (no sign of them after COMMIT_CONFIRM_S).
         self.resent = 0

@@ -32,7 +32,7 @@ from schemas.placement import CancelCommand, ConsumerRef, InputRef, OfferReply, 
 from transport.rpc import let_sends_out
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import PlacerDoor
 
 log = logging.getLogger("mars.placement")
 MAX_ROUNDS = 8
@@ -133,7 +133,7 @@ class Asked:
 
 
 class Placer:
-    def __init__(self, orch: Shell) -> None:
+    def __init__(self, orch: PlacerDoor) -> None:
         self.o = orch
         # Plan-and-book is serialised inside one process (it takes milliseconds): placements
         # of one replica then never race each other, and CAS only arbitrates between replicas.

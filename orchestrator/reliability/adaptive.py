@@ -53,7 +53,7 @@ from schemas.placement import EvictNotice
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
 
-    from orchestrator.ports import Shell
+    from orchestrator.ports import AdaptiveDoor
 
 log = logging.getLogger("mars.adaptive")
 GAIN_FACTOR = 2.0
@@ -378,7 +378,7 @@ class _Model:
 class Adaptive:
     def __init__(
         self,
-        orch: Shell,
+        orch: AdaptiveDoor,
         *,
         late_threshold: float = LATE_THRESHOLD,
         drift_threshold: float = DRIFT_THRESHOLD,

@@ -23,7 +23,7 @@ from schemas.codec import DecodeError, decode, encode
 from schemas.placement import DataTransfer, EvictNotice, FetchRequest, InputGone
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import DisplacedDoor
     from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.orchestrator")
@@ -61,7 +61,7 @@ class Displaced:
     """One replica's handling of displaced tasks (`Orchestrator.displaced`): acts only on
     pipelines whose ownership lease it holds, each under the pipeline's recovery lock."""
 
-    def __init__(self, orch: Shell) -> None:
+    def __init__(self, orch: DisplacedDoor) -> None:
         self.o = orch
         self.evictions_seen = 0
         #: Producers run again because an agent reported their output gone, and the reports

@@ -46,7 +46,7 @@ from schemas.failover import spec_key
 from schemas.pipeline import PipelineSpec
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import FailoverDoor
 
 log = logging.getLogger("mars.failover")
 #: A record write that loses its CAS is read back and tried again this many times in all.
@@ -81,7 +81,7 @@ MAX_SWEPT = 256
 class Failover:
     def __init__(
         self,
-        orch: Shell,
+        orch: FailoverDoor,
         *,
         lease_s: float = OWNER_LEASE_S,
         renew_s: float = OWNER_RENEW_S,

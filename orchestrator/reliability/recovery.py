@@ -47,7 +47,7 @@ from schemas.placement import CancelCommand, DataTransfer, FetchRequest
 from schemas.recovery import ClusterEvent, ClusterEventKind
 
 if TYPE_CHECKING:
-    from orchestrator.ports import Shell
+    from orchestrator.ports import RecoveryDoor
     from orchestrator.state.pipelines import PipelineRun
 
 log = logging.getLogger("mars.recovery")
@@ -106,7 +106,7 @@ class LeaseLapsed(Exception):
 class Recovery:
     def __init__(
         self,
-        orch: Shell,
+        orch: RecoveryDoor,
         *,
         flood_fraction: float = DEFAULT_FLOOD_FRACTION,
         flood_min: int = DEFAULT_FLOOD_MIN,

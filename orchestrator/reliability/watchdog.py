@@ -29,7 +29,7 @@ from collections.abc import Iterator
 
 import nats.errors
 
-from orchestrator.ports import AskKind, Shell
+from orchestrator.ports import AskKind, WatchdogDoor
 from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import TASK_ENDED_STATES
@@ -80,7 +80,7 @@ SLICE_TASKS = 1000
 
 
 class Watchdog:
-    def __init__(self, orch: Shell, stall_s: float = STALL_S) -> None:
+    def __init__(self, orch: WatchdogDoor, stall_s: float = STALL_S) -> None:
         self.o = orch
         self.stall_s = stall_s
         #: (pipeline, task, token, kind) already reported
