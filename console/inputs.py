@@ -5,6 +5,7 @@ again), described in the spec by name, digest, size and media type."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,21 @@ def describe(name: str, path: Path) -> PipelineInput:
     )  # fmt: skip
 
 
-async def put(js: Any, given: PipelineInput, path: Path) -> bool:
-    """Store the file under its digest unless it is there; True if it was sent."""
+async def put(js: Any, given: PipelineInput, path: Path, now: datetime | None = None) -> bool:
+    """Store the file under its digest unless it is there, and fresh; True if it was sent.
+
+    A copy is kept for the bucket's age limit from when it was stored, not from when a
+    pipeline names it: one past half its age limit is stored again, so that a pipeline
+    submitted now does not lose its input midway (`now`: the clock, for tests)."""
     b = await bucket(js)
     try:
         info = await b.get_info(given.sha256)
         if info.size == given.size and not info.deleted:
-            return False
+            keep_s = (await b.status()).stream_info.config.max_age or 0.0
+            stored = datetime.fromisoformat(info.mtime) if info.mtime else None
+            age = ((now or datetime.now(UTC)) - stored).total_seconds() if stored else 0.0
+            if not keep_s or age < keep_s / 2:
+                return False
     except NotFoundError:
         pass
     opts = ObjectMetaOptions(max_chunk_size=CHUNK_BYTES)
