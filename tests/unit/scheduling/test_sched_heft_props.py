@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -20,6 +22,13 @@ from .sched_problems import (
 )
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _needs_compiled_loop() -> None:
+    """Skip unless the compiled loop can run here: numba installed and not turned off."""
+    pytest.importorskip("numba")
+    if os.environ.get("MARS_JIT", "1") == "0":
+        pytest.skip("MARS_JIT=0 turns the compiled loop off")
 
 
 def _plan_or_unschedulable(pb: Problem, insertion: bool = True) -> Plan | None:
@@ -119,7 +128,7 @@ def test_compiled_loop_matches_list_loop(
 ) -> None:
     """The numba loop makes exactly the plain-float loop's decisions, fixed tasks and busy
     windows included (numba is in the test extra, so this runs in CI)."""
-    pytest.importorskip("numba")
+    _needs_compiled_loop()
     from orchestrator.scheduling import compiled
     from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
@@ -144,7 +153,7 @@ def test_compiled_loop_matches_numpy_loop_on_larger_clusters(
     pb: Problem, insertion: bool, seed: int
 ) -> None:
     """Above 32 devices the compiled loop replaces the numpy one (up to 256 devices)."""
-    pytest.importorskip("numba")
+    _needs_compiled_loop()
     from orchestrator.scheduling import compiled
     from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
@@ -167,7 +176,7 @@ def test_requests_too_large_for_the_compiled_loop_plan_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Over `compiled.MAX_CELLS` the Python loops plan, and plan the same."""
-    pytest.importorskip("numba")
+    _needs_compiled_loop()
     from orchestrator.scheduling import LinkCostModel, compiled
     from sim.workloads import random_cluster, random_dag
 
@@ -197,7 +206,7 @@ def test_requests_too_large_for_the_compiled_loop_plan_the_same(
 def test_direct_heft_matches_the_general_path(pb: Problem, insertion: bool) -> None:
     """`compiled.heft_direct` (ranks, keys and loop compiled, no set-up objects) makes the
     plan of the general path: upward ranks and keys in Python, the Python or numpy loop."""
-    pytest.importorskip("numba")
+    _needs_compiled_loop()
     from orchestrator.scheduling import compiled
     from orchestrator.scheduling.engine import ListScheduler
     from orchestrator.scheduling.ranks import priority_keys
