@@ -17,7 +17,7 @@ import contextlib
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -40,6 +40,7 @@ from orchestrator.reservations.store import device_key_of
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
+from schemas.api import TaskState
 from schemas.bookings import DeviceBookings
 from schemas.codec import DecodeError, RemoteError, decode, encode
 from schemas.events import TaskEvent
@@ -90,6 +91,19 @@ class Stuck:
     tried: float
     #: A starved re-placement's tasks (`Recovery.rerun_starved`), or producers to run again
     #: (`Recovery.rerun_lost`): retried as such.
+    starved: frozenset[str] | None = None
+    lost: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What one recovery was asked to do: its kind, the agents gone (with their dead
+    incarnations where known), why, and the tasks of a starved or lost re-placement."""
+
+    kind: StuckKind
+    gone: set[str]
+    why: str
+    incarnations: dict[str, str]
     starved: frozenset[str] | None = None
     lost: frozenset[str] | None = None
 
@@ -382,153 +396,191 @@ class Recovery:
         When nothing can take them, the tasks stay where they were (an agent that comes back,
         or a new incarnation replaying its journal, may still finish them) and the attempt is
         repeated now and then."""
-        kind: StuckKind = (
-            "starved" if starved is not None
+        ask = _Ask(
+            kind="starved" if starved is not None
             else "lost" if lost is not None
             else "gone" if seeds is None
-            else "cancelled"
+            else "cancelled",
+            gone=gone, why=why, incarnations=dict(incarnations or {}),
+            starved=frozenset(starved) if starved is not None else None,
+            lost=frozenset(lost) if lost is not None else None,
         )  # fmt: skip
         async with self.lock(run.pipeline_id):
-            pid = run.pipeline_id
-            if not run.terminal and self.o.failover.holds(pid) and not self.o.failover.may_act(pid):
-                # its lease lapsed here and is still ours (cut off from JetStream, e.g. the
-                # server away): renewed once it is back, so this waits and is retried like a
-                # re-placement that found no room. Dropped, nothing would ask again: a fleet
-                # restarted during a server outage would leave its tasks lost until the
-                # stall watchdog.
-                named = seeds if seeds is not None else starved or lost or {
-                    t for t, tr in run.tasks.items()
-                    if tr.agent_id in gone and tr.state in UNFINISHED
-                }  # fmt: skip
-                self._wait_for_capacity(
-                    run, set(named), kind, gone, why, dict(incarnations or {}),
-                    LeaseLapsed("this replica's lease on it lapsed; retried once renewed"),
-                    frozenset(starved) if starved is not None else None,
-                    frozenset(lost) if lost is not None else None,
-                )  # fmt: skip
+            if not self._may_recover(run, ask, seeds, still):
                 return
-            if run.terminal or not self.o.failover.may_act(run.pipeline_id):
-                for k in [k for k in self._stuck if k[0] == run.pipeline_id]:
-                    del self._stuck[k]
-                return  # finished, or another replica owns it now
-            if still is not None and not still():
-                return  # what asked for it is out of date (a re-placement came first)
-            if starved is not None:
-                seeds = {t for t in starved if run.tasks[t].state in ("offered", "accepted")}
-            elif lost is not None:
-                seeds = {t for t in lost if run.tasks[t].state == "succeeded"}
-            elif seeds is None:
-                seeds = {
-                    t
-                    for t, tr in run.tasks.items()
-                    if tr.agent_id in gone and tr.state in UNFINISHED
-                }
-            else:  # every task its agent gave up so far, in one re-plan
-                seeds = {t for t, tr in run.tasks.items() if tr.state == "cancelled"}
-            waiting: set[str] = set()
-            if lost is not None:
-                # their waiting consumers are in it too, so every producer of theirs that no
-                # longer holds its output runs again in this one re-placement (not one per
-                # report); they stay on their devices, only later: booked again after the
-                # re-runs (their old windows, before them, would refuse those)
-                redo = await self._closure(run, seeds | self._waiting(run, seeds), gone)
-                waiting = {t for t in redo if run.tasks[t].state in ("offered", "accepted")}
-                waiting |= self._waiting(run, redo)
-                redo |= waiting
-            else:
-                redo = await self._closure(run, seeds, gone)
+            seeds = self._seeds(run, ask, seeds)
+            redo, waiting = await self._redo(run, ask, seeds)
             if not redo:
-                self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
+                self._done_waiting(run.pipeline_id, ask.kind, gone, starved, lost)
                 return
-            exclude = self.o.view.only_on({c: run.placements[c].device_id for c in waiting})
-            saved = {
-                t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo
-            }
-            was = {t: run.placements[t] for t in redo if t in run.placements}
-            booked = {t: run.windows[t] for t in redo if t in run.windows}
-            for t in redo:
-                tr = run.tasks[t]
-                run.detached[t] = (tr.agent_id, tr.token)  # its events kept, should this fail
-                tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
-            try:
-                await self.o.placer.place(run, only=redo, exclude=exclude)
-            except Exception as exc:  # PlacementFailed, or nothing left to plan on at all
-                for t, (state, agent, token) in saved.items():
-                    tr = run.tasks[t]
-                    tr.state, tr.agent_id, tr.token = state, agent, token
-                # what their agents said of them meanwhile is about the placements put back:
-                # heard again once this is done (an end dropped as stale left its task waiting
-                # on a placement that had ended, for the retry to run it again or the stall
-                # watchdog to ask)
-                kept = self._undetach(run, redo)
-                if kept and not run.terminal:
-                    run.stale_events = max(0, run.stale_events - len(kept))
-                    self.o.spawn(self._hear_again(kept))
-                if run.settle(self.o.mono()):
-                    # a finished producer it was to run again, and what waited for it ended
-                    # meanwhile (its input had reached it): nothing is left to run. Put back
-                    # as succeeded, no event would end the pipeline any more: every task
-                    # succeeded, and the pipeline would run for good
-                    run.note(f"{why}: every task has succeeded meanwhile; nothing to re-run")
-                    await self.o.finished(run)
-                    await self.o.publish_pipeline(run)
-                if run.terminal:  # it ended meanwhile (the placer gave back what it booked)
-                    self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
-                    return
-                self._wait_for_capacity(
-                    run, redo, kind, gone, why, dict(incarnations or {}), exc,
-                    frozenset(starved) if starved is not None else None,
-                    frozenset(lost) if lost is not None else None,
-                )  # fmt: skip
-            except BaseException:
-                self._undetach(run, redo)  # cancelled (the replica stopping): nothing kept
-                raise
-            else:
-                self._undetach(run, redo)  # placed anew: their old placements' events are stale
-                self._done_waiting(run.pipeline_id, kind, gone, starved, lost)
-                for agent in gone:
-                    incarnation = (incarnations or {}).get(agent)
-                    if incarnation is not None:
-                        moved = self.moved.setdefault((agent, incarnation), {})
-                        moved.setdefault(run.pipeline_id, set()).update(
-                            t for t, (_, a, _) in saved.items() if a == agent
-                        )
-                if starved is not None:  # their agents are alive: withdraw what moved away
-                    now = self.o.wall()
-                    for t, p in was.items():
-                        agent, token = saved[t][1], saved[t][2]
-                        if agent and agent != run.tasks[t].agent_id:
-                            await self.o.cancel_tasks(run, {t: p}, why, max_token=token)
-                        old = booked.get(t)
-                        if old is not None and old[0] != run.windows.get(t, old)[0]:
-                            # and give back the window it leaves (else it holds that device
-                            # until it expires: nothing renews or releases it there any more)
-                            key, start, end = old
-                            self.o.store.defer_release(
-                                key, run.pipeline_id, now, exact=[(t, start, end)]
-                            )
-                await self.o.commits.commit_all(run, redo)
-                # a producer still running was told where these consumers were: tell it where
-                # they are now, or it sends to the dead agent and they wait for a fetch
-                await self.o.displaced.reroute_producers(
-                    run, {t: run.placements[t] for t in redo if t in run.placements}
-                )
-                run.recoveries += 1
-                self.stats["tasks_replaced"] += len(redo)
-                reruns = sorted(t for t in redo if t not in seeds)
-                if lost is not None:
-                    run.note(
-                        f"{why}: re-running {', '.join(sorted(redo - waiting))} (outputs lost)"
-                        + (f"; {', '.join(sorted(waiting))} booked again after" if waiting else "")
-                    )
-                else:
-                    did = [f"re-placed {', '.join(sorted(seeds))}"] if seeds else []
-                    if reruns:  # (none of its own tasks left: only outputs it held)
-                        did.append(f"re-running {', '.join(reruns)} (outputs lost)")
-                    run.note(f"{why}: {'; '.join(did)}")
-                log.info("%s: %s re-placed %s", run.pipeline_id, why, sorted(redo))
+            if not await self._re_place(run, ask, seeds, redo, waiting):
+                return
         await self.o.persist(run)
         await self.o.notify_changed()
+
+    def _may_recover(
+        self, run: PipelineRun, ask: _Ask, seeds: set[str] | None, still: Callable[[], bool] | None
+    ) -> bool:
+        """Whether this replica acts on the pipeline now. Its lease lapsed here and still
+        ours (cut off from JetStream, e.g. the server away): it is renewed once the server is
+        back, so this waits and is retried like a re-placement that found no room (dropped,
+        nothing would ask again: a fleet restarted during a server outage would leave its
+        tasks lost until the stall watchdog)."""
+        pid = run.pipeline_id
+        if not run.terminal and self.o.failover.holds(pid) and not self.o.failover.may_act(pid):
+            named = seeds if seeds is not None else ask.starved or ask.lost or {
+                t for t, tr in run.tasks.items()
+                if tr.agent_id in ask.gone and tr.state in UNFINISHED
+            }  # fmt: skip
+            self._wait_for_capacity(
+                run, set(named), ask.kind, ask.gone, ask.why, ask.incarnations,
+                LeaseLapsed("this replica's lease on it lapsed; retried once renewed"),
+                ask.starved, ask.lost,
+            )  # fmt: skip
+            return False
+        if run.terminal or not self.o.failover.may_act(pid):
+            for k in [k for k in self._stuck if k[0] == pid]:
+                del self._stuck[k]
+            return False  # finished, or another replica owns it now
+        # what asked for it may be out of date (a re-placement came first)
+        return still is None or still()
+
+    @staticmethod
+    def _seeds(run: PipelineRun, ask: _Ask, seeds: set[str] | None) -> set[str]:
+        """The tasks this recovery is about, as they stand now."""
+        if ask.starved is not None:
+            return {t for t in ask.starved if run.tasks[t].state in ("offered", "accepted")}
+        if ask.lost is not None:
+            return {t for t in ask.lost if run.tasks[t].state == "succeeded"}
+        if seeds is None:
+            return {
+                t for t, tr in run.tasks.items()
+                if tr.agent_id in ask.gone and tr.state in UNFINISHED
+            }  # fmt: skip
+        # every task its agent gave up so far, in one re-plan
+        return {t for t, tr in run.tasks.items() if tr.state == "cancelled"}
+
+    async def _redo(
+        self, run: PipelineRun, ask: _Ask, seeds: set[str]
+    ) -> tuple[set[str], set[str]]:
+        """What runs again (the seeds and whatever must run again to feed them), and of it
+        the consumers that only wait (booked again after the re-runs, where they are)."""
+        if ask.lost is None:
+            return await self._closure(run, seeds, ask.gone), set()
+        # their waiting consumers are in it too, so every producer of theirs that no longer
+        # holds its output runs again in this one re-placement (not one per report); they
+        # stay on their devices, only later: booked again after the re-runs (their old
+        # windows, before them, would refuse those)
+        redo = await self._closure(run, seeds | self._waiting(run, seeds), ask.gone)
+        waiting = {t for t in redo if run.tasks[t].state in ("offered", "accepted")}
+        waiting |= self._waiting(run, redo)
+        return redo | waiting, waiting
+
+    async def _re_place(
+        self, run: PipelineRun, ask: _Ask, seeds: set[str], redo: set[str], waiting: set[str]
+    ) -> bool:
+        """Detach `redo` from its placements and place it anew; put back as it was when that
+        fails. False when the pipeline ended meanwhile (nothing more to record here)."""
+        exclude = self.o.view.only_on({c: run.placements[c].device_id for c in waiting})
+        saved = {t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo}
+        was = {t: run.placements[t] for t in redo if t in run.placements}
+        booked = {t: run.windows[t] for t in redo if t in run.windows}
+        for t in redo:
+            tr = run.tasks[t]
+            run.detached[t] = (tr.agent_id, tr.token)  # its events kept, should this fail
+            tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
+        try:
+            await self.o.placer.place(run, only=redo, exclude=exclude)
+        except Exception as exc:  # PlacementFailed, or nothing left to plan on at all
+            return await self._put_back(run, ask, redo, saved, exc)
+        except BaseException:
+            self._undetach(run, redo)  # cancelled (the replica stopping): nothing kept
+            raise
+        self._undetach(run, redo)  # placed anew: their old placements' events are stale
+        self._done_waiting(run.pipeline_id, ask.kind, ask.gone, ask.starved, ask.lost)
+        for agent in ask.gone:
+            incarnation = ask.incarnations.get(agent)
+            if incarnation is not None:
+                moved = self.moved.setdefault((agent, incarnation), {})
+                moved.setdefault(run.pipeline_id, set()).update(
+                    t for t, (_, a, _) in saved.items() if a == agent
+                )
+        if ask.starved is not None:  # their agents are alive: withdraw what moved away
+            now = self.o.wall()
+            for t, p in was.items():
+                holder, token = saved[t][1], saved[t][2]
+                if holder and holder != run.tasks[t].agent_id:
+                    await self.o.cancel_tasks(run, {t: p}, ask.why, max_token=token)
+                old = booked.get(t)
+                if old is not None and old[0] != run.windows.get(t, old)[0]:
+                    # and give back the window it leaves (else it holds that device until
+                    # it expires: nothing renews or releases it there any more)
+                    key, start, end = old
+                    self.o.store.defer_release(key, run.pipeline_id, now, exact=[(t, start, end)])
+        await self.o.commits.commit_all(run, redo)
+        # a producer still running was told where these consumers were: tell it where
+        # they are now, or it sends to the dead agent and they wait for a fetch
+        await self.o.displaced.reroute_producers(
+            run, {t: run.placements[t] for t in redo if t in run.placements}
+        )
+        run.recoveries += 1
+        self.stats["tasks_replaced"] += len(redo)
+        self._note(run, ask, seeds, redo, waiting)
+        return True
+
+    async def _put_back(
+        self,
+        run: PipelineRun,
+        ask: _Ask,
+        redo: set[str],
+        saved: Mapping[str, tuple[TaskState, str | None, int]],
+        exc: Exception,
+    ) -> bool:
+        """A re-placement that failed: its tasks as they were, waiting for room to try again.
+        False when the pipeline ended meanwhile."""
+        for t, (state, agent, token) in saved.items():
+            tr = run.tasks[t]
+            tr.state, tr.agent_id, tr.token = state, agent, token
+        # what their agents said of them meanwhile is about the placements put back: heard
+        # again once this is done (an end dropped as stale left its task waiting on a
+        # placement that had ended, for the retry to run it again or the stall watchdog to ask)
+        kept = self._undetach(run, redo)
+        if kept and not run.terminal:
+            run.stale_events = max(0, run.stale_events - len(kept))
+            self.o.spawn(self._hear_again(kept))
+        if run.settle(self.o.mono()):
+            # a finished producer it was to run again, and what waited for it ended meanwhile
+            # (its input had reached it): nothing is left to run. Put back as succeeded, no
+            # event would end the pipeline any more: every task succeeded, and the pipeline
+            # would run for good
+            run.note(f"{ask.why}: every task has succeeded meanwhile; nothing to re-run")
+            await self.o.finished(run)
+            await self.o.publish_pipeline(run)
+        if run.terminal:  # it ended meanwhile (the placer gave back what it booked)
+            self._done_waiting(run.pipeline_id, ask.kind, ask.gone, ask.starved, ask.lost)
+            return False
+        self._wait_for_capacity(
+            run, redo, ask.kind, ask.gone, ask.why, ask.incarnations, exc, ask.starved, ask.lost
+        )
+        return True
+
+    @staticmethod
+    def _note(
+        run: PipelineRun, ask: _Ask, seeds: set[str], redo: set[str], waiting: set[str]
+    ) -> None:
+        """Say on the pipeline what this recovery did."""
+        if ask.lost is not None:
+            run.note(
+                f"{ask.why}: re-running {', '.join(sorted(redo - waiting))} (outputs lost)"
+                + (f"; {', '.join(sorted(waiting))} booked again after" if waiting else "")
+            )
+        else:
+            reruns = sorted(t for t in redo if t not in seeds)
+            did = [f"re-placed {', '.join(sorted(seeds))}"] if seeds else []
+            if reruns:  # (none of its own tasks left: only outputs it held)
+                did.append(f"re-running {', '.join(reruns)} (outputs lost)")
+            run.note(f"{ask.why}: {'; '.join(did)}")
+        log.info("%s: %s re-placed %s", run.pipeline_id, ask.why, sorted(redo))
 
     @staticmethod
     def _undetach(run: PipelineRun, tasks: set[str]) -> list[TaskEvent]:
@@ -607,8 +659,8 @@ class Recovery:
         pid: str,
         kind: StuckKind,
         gone: set[str],
-        starved: set[str] | None,
-        lost: set[str] | None,
+        starved: Set[str] | None,
+        lost: Set[str] | None,
     ) -> None:
         """A re-placement of `kind` is done (placed, or nothing left to place): what it
         covered no longer waits. Only that: another dead agent's tasks, or other starved
