@@ -226,62 +226,76 @@ class Submissions:
         if claim is not None:
             await claim  # a plan can fail before the gate: whose pipeline is it?
         if failed is not None:
-            cause = failed.__cause__
-            unsched = isinstance(cause, Unschedulable)
-            if (
-                isinstance(cause, Unschedulable)
-                and cause.no_devices
-                and (anew or claim is not None)
-            ):
-                # no agent up when it was planned (a site restarting, a fleet not back yet;
-                # judged by what the plan saw: one may be back by now): not this pipeline's
-                # fault. A new one's id is left free for a retry (refused as unschedulable, it
-                # was ended, and every resubmit answered with that end); one adopted is left
-                # where it is, under the lease held, and placed anew once an agent is up (ended,
-                # its client was told it failed for the outage; let go, it was adopted again
-                # every few seconds, a warning each time, until one was)
-                if anew:  # (its adopter gives back what the dead owner booked for it)
-                    await o.placer.withdrawn(pid)  # before the next placement's offers
-                    run.note("no agent is up: placed anew once one is")
-                    o.spawn(self._place_once_an_agent_is_up(run))
-                    await o.notify_changed()
-                    return self.reply(run)
-                await self._abandon(run, False, failed)
-                raise ServiceError(
-                    "unavailable",
-                    "no agent is up: nothing was placed, and the pipeline id is free; "
-                    "submit it again once agents are back",
-                ) from failed
-            # a pipeline that does not fit the fleet is the submitter's news (info); one lost
-            # to conflicts or rejections round after round is the operator's (warning)
-            log.log(
-                logging.INFO if unsched else logging.WARNING,
-                "pipeline %s not placed: %s (%s)", pid, failed,
-                "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
-            )  # fmt: skip
-            await o.placer.withdrawn(pid)  # its offers are withdrawn before its client is told
-            run.finish("unschedulable" if unsched else "failed", str(failed), o.mono())
-            await o.finished(run)
-            await o.publish_pipeline(run)
-            raise ServiceError(
-                "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
-            ) from failed
+            return await self._not_placed(run, failed, claim is not None, anew)
         if not anew and not await o.failover.spec_written(run):
-            # answered without its spec on the bucket, it could be adopted as never answered
-            # (no spec, no record yet) and its id freed while its client waits for its end
-            # (JetStream is slow for a few seconds after a server restart): not committed,
-            # what it booked and was offered goes back, and its client asks again
-            unwritten = ServiceError(
+            await self._spec_unwritten(run)
+        return await self._committed(run, t_in, t0)
+
+    async def _not_placed(
+        self, run: PipelineRun, failed: PlacementFailed, claimed: bool, anew: bool
+    ) -> SubmitReply:
+        """A placement that failed: answered as the pipeline's end (unschedulable, or
+        failed), or, when no agent was up, put off (adopted) or refused with its id left
+        free (new); raises the error its client is answered with."""
+        pid, o = run.pipeline_id, self.o
+        cause = failed.__cause__
+        unsched = isinstance(cause, Unschedulable)
+        if isinstance(cause, Unschedulable) and cause.no_devices and (anew or claimed):
+            # no agent up when it was planned (a site restarting, a fleet not back yet;
+            # judged by what the plan saw: one may be back by now): not this pipeline's
+            # fault. A new one's id is left free for a retry (refused as unschedulable, it
+            # was ended, and every resubmit answered with that end); one adopted is left
+            # where it is, under the lease held, and placed anew once an agent is up (ended,
+            # its client was told it failed for the outage; let go, it was adopted again
+            # every few seconds, a warning each time, until one was)
+            if anew:  # (its adopter gives back what the dead owner booked for it)
+                await o.placer.withdrawn(pid)  # before the next placement's offers
+                run.note("no agent is up: placed anew once one is")
+                o.spawn(self._place_once_an_agent_is_up(run))
+                await o.notify_changed()
+                return self.reply(run)
+            await self._abandon(run, False, failed)
+            raise ServiceError(
                 "unavailable",
-                f"placing {pid}: its spec could not be written; nothing of it was kept: "
-                "submit it again",
-            )
-            await o.cancel_tasks(
-                run, dict(run.placements), "its spec could not be written",
-                max_token=max((tr.token for tr in run.tasks.values()), default=0),
-            )  # fmt: skip
-            await self._abandon(run, False, unwritten)
-            raise unwritten
+                "no agent is up: nothing was placed, and the pipeline id is free; "
+                "submit it again once agents are back",
+            ) from failed
+        # a pipeline that does not fit the fleet is the submitter's news (info); one lost
+        # to conflicts or rejections round after round is the operator's (warning)
+        log.log(
+            logging.INFO if unsched else logging.WARNING,
+            "pipeline %s not placed: %s (%s)", pid, failed,
+            "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
+        )  # fmt: skip
+        await o.placer.withdrawn(pid)  # its offers are withdrawn before its client is told
+        run.finish("unschedulable" if unsched else "failed", str(failed), o.mono())
+        await o.finished(run)
+        await o.publish_pipeline(run)
+        raise ServiceError(
+            "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
+        ) from failed
+
+    async def _spec_unwritten(self, run: PipelineRun) -> None:
+        """Answered without its spec on the bucket, it could be adopted as never answered (no
+        spec, no record yet) and its id freed while its client waits for its end (JetStream
+        is slow for a few seconds after a server restart): not committed, what it booked and
+        was offered goes back, and its client asks again."""
+        pid, o = run.pipeline_id, self.o
+        unwritten = ServiceError(
+            "unavailable",
+            f"placing {pid}: its spec could not be written; nothing of it was kept: "
+            "submit it again",
+        )
+        await o.cancel_tasks(
+            run, dict(run.placements), "its spec could not be written",
+            max_token=max((tr.token for tr in run.tasks.values()), default=0),
+        )  # fmt: skip
+        await self._abandon(run, False, unwritten)
+        raise unwritten
+
+    async def _committed(self, run: PipelineRun, t_in: float, t0: float) -> SubmitReply:
+        """Commit a placed pipeline and answer for it."""
+        pid, o = run.pipeline_id, self.o
         run.committed_at = o.mono()
         run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
