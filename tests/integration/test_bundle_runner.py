@@ -19,6 +19,7 @@ from tests.integration.test_exec_runner import dead
 
 SOURCE = """
 import os
+import socket
 import time
 
 
@@ -26,9 +27,12 @@ def scale(x, by=2):
     return x * by
 
 
-def slow(pid_file):
+def slow(pid_file, port=None):
     with open(pid_file, "w") as fh:
         fh.write(str(os.getpid()))
+    if port is not None:  # and says so to the test listening on it
+        said = socket.create_connection(("127.0.0.1", port))
+        said.sendall(b"%d\\n" % os.getpid())
     time.sleep(30)
 
 
@@ -92,13 +96,19 @@ async def test_past_its_time_limit_the_process_is_killed(bundle: Path, tmp_path:
         await call(bundle, "shipped_ops:slow", timeout_s=1.0, kwargs={"pid_file": str(pid_file)})
     assert dead(int(pid_file.read_text()))
     pid_file.unlink()
-    task = asyncio.ensure_future(
-        call(bundle, "shipped_ops:slow", kwargs={"pid_file": str(pid_file)})
-    )
-    for _ in range(200):
-        await asyncio.sleep(0.05)
-        if pid_file.exists() and pid_file.read_text() and not dead(int(pid_file.read_text()), 0):
-            break
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def hear(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        started.set_result(int(await reader.readline()))  # its pid file written, it sleeps
+        writer.close()
+
+    async with await asyncio.start_server(hear, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        task = asyncio.ensure_future(
+            call(bundle, "shipped_ops:slow", kwargs={"pid_file": str(pid_file), "port": port})
+        )
+        async with asyncio.timeout(20.0):  # as long as the call itself may take
+            await started
     task.cancel()  # withdrawn: killed too
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -5,13 +5,15 @@ shipped file, changed only in its port and store directory."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -26,10 +28,27 @@ pytestmark = pytest.mark.integration
 SHIPPED = REPO / "deploy" / "nats" / "single.conf"
 
 
-@contextlib.contextmanager
-def shipped_server(tmp_path: Path) -> Iterator[str]:
+async def _until_ready(log: asyncio.StreamReader, kept: IO[bytes]) -> None:
+    """Read the server's log (its stderr) into `kept` until it says it is ready."""
+    said = b""
+    while b"Server is ready" not in (line := await log.readline()):
+        assert line, f"nats-server exited: {said[-2000:].decode(errors='replace')}"
+        said += line
+        kept.write(line)
+    kept.write(line)
+
+
+async def _drain(log: asyncio.StreamReader, kept: IO[bytes]) -> None:
+    """Read the rest of the server's log into `kept`, so that a full pipe never stops it."""
+    while chunk := await log.read(1 << 16):
+        kept.write(chunk)
+
+
+@contextlib.asynccontextmanager
+async def shipped_server(tmp_path: Path) -> AsyncIterator[str]:
     """A nats-server on the shipped config, listening on a free port and storing under
-    `tmp_path`; its URL."""
+    `tmp_path`; its URL once its log (stderr: the config names no log file) says it is
+    ready."""
     text = SHIPPED.read_text()
     port = free_port()
     for was, now in (
@@ -40,21 +59,29 @@ def shipped_server(tmp_path: Path) -> Iterator[str]:
         text = text.replace(was, now)
     conf, log = tmp_path / "single.conf", tmp_path / "nats-server.log"
     conf.write_text(text)
-    proc = subprocess.Popen(
-        [find_binary(), "-c", str(conf), "-l", str(log)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = await asyncio.create_subprocess_exec(
+        find_binary(), "-c", str(conf),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env=server_env(), preexec_fn=tied_to_caller(),
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 10.0
-        while "Server is ready" not in (log.read_text() if log.exists() else ""):
-            assert proc.poll() is None, f"nats-server exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, "nats-server not ready"
-            time.sleep(0.02)  # polling the log of a child that says nothing else
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    assert proc.stderr is not None
+    drain: asyncio.Task[None] | None = None
+    with log.open("wb", buffering=0) as kept:
+        try:
+            try:
+                async with asyncio.timeout(10.0):
+                    await _until_ready(proc.stderr, kept)
+            except TimeoutError:
+                raise AssertionError("nats-server not ready") from None
+            drain = asyncio.create_task(_drain(proc.stderr, kept))
+            yield f"nats://127.0.0.1:{port}"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            async with asyncio.timeout(10.0):
+                await proc.wait()
+                if drain is not None:
+                    await drain  # ends with the server: its stderr closed
 
 
 async def test_an_agents_crash_is_seen_through_the_shipped_servers_advisory(
@@ -64,7 +91,7 @@ async def test_an_agents_crash_is_seen_through_the_shipped_servers_advisory(
     (`cause: disconnect`), not by its heartbeats (1.5 s of silence). Before, the shipped
     config had no system account: no advisory reached the orchestrator, and only the
     heartbeats found the crash."""
-    with shipped_server(tmp_path) as url:
+    async with shipped_server(tmp_path) as url:
         orch = Orchestrator(url)
         await orch.start()
         events = ClusterEvents()
