@@ -28,7 +28,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any, Required, TypedDict, Unpack, cast, get_args
 
 from edge_agent.allowlist import bundle_problem
 from edge_agent.executors import ExecutionError, Output
@@ -109,13 +109,25 @@ def _exit_error(code: int, said: str, cpu_s: int) -> ExecutionError:
     return ExecutionError(why)
 
 
+class CallArgs(TypedDict, total=False):
+    """The keywords of `run_child` beyond where the module is found, which `run_bundle` and
+    `run_python` take and hand on as they are (`memory_mb`: `DEFAULT_MEMORY_MB` unless
+    given)."""
+
+    timeout_s: Required[float]
+    max_output_bytes: Required[int]
+    memory_mb: int | None
+    inputs: dict[str, Any] | None
+    declared: MediaType | None
+
+
 async def run_child(
     run: PythonRun,
     where: dict[str, Any],
     *,
     timeout_s: float,
     max_output_bytes: int,
-    memory_mb: int | None,
+    memory_mb: int | None = DEFAULT_MEMORY_MB,
     inputs: dict[str, Any] | None = None,
     declared: MediaType | None = None,
 ) -> Output:
@@ -184,21 +196,9 @@ async def run_child(
 
 
 async def run_bundle(
-    run: PythonRun,
-    bundle: Path,
-    *,
-    allowed: bool,
-    timeout_s: float,
-    max_output_bytes: int,
-    memory_mb: int | None = DEFAULT_MEMORY_MB,
-    inputs: dict[str, Any] | None = None,
-    declared: MediaType | None = None,
+    run: PythonRun, bundle: Path, *, allowed: bool, **call: Unpack[CallArgs]
 ) -> Output:
-    """Call `run.entry` from `bundle` with its kwargs and inputs (decoded) as keywords."""
-    problem = bundle_problem(run.entry, allowed)
-    if problem is not None:
+    """Call `run.entry` from `bundle`, where shipped code is `allowed`."""
+    if (problem := bundle_problem(run.entry, allowed)) is not None:
         raise ExecutionError(f"not allowed: {problem}")
-    return await run_child(
-        run, {"bundle": str(bundle)}, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
-        memory_mb=memory_mb, inputs=inputs, declared=declared,
-    )  # fmt: skip
+    return await run_child(run, {"bundle": str(bundle)}, **call)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Unpack
 
 from edge_agent.allowlist import python_problem
-from edge_agent.bundle_runner import DEFAULT_MEMORY_MB, run_child
+from edge_agent.bundle_runner import CallArgs, run_child
 from edge_agent.executors import ExecutionError, Output
-from schemas.pipeline import MediaType, PythonRun
+from schemas.pipeline import PythonRun
 
 
 def agent_path() -> list[str]:
@@ -30,21 +30,9 @@ def agent_path() -> list[str]:
     return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
 
 
-async def run_python(
-    run: PythonRun,
-    modules: Sequence[str],
-    *,
-    timeout_s: float,
-    max_output_bytes: int,
-    memory_mb: int | None = DEFAULT_MEMORY_MB,
-    inputs: dict[str, Any] | None = None,
-    declared: MediaType | None = None,
-) -> Output:
-    """The call, with its kwargs and its inputs (decoded) as keywords."""
-    problem = python_problem(run.entry, modules)
-    if problem is not None:
+async def run_python(run: PythonRun, modules: Sequence[str], **call: Unpack[CallArgs]) -> Output:
+    """The call, with its kwargs and its inputs (decoded) as keywords, where `modules` allow
+    its module."""
+    if (problem := python_problem(run.entry, modules)) is not None:
         raise ExecutionError(f"not allowlisted: {problem}")
-    return await run_child(
-        run, {"path": agent_path()}, timeout_s=timeout_s, max_output_bytes=max_output_bytes,
-        memory_mb=memory_mb, inputs=inputs, declared=declared,
-    )  # fmt: skip
+    return await run_child(run, {"path": agent_path()}, **call)
