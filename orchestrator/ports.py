@@ -3,7 +3,8 @@
 names exactly what it reaches of the service, and sees its siblings through their ports
 (`CommitsPort`, ...). None imports the service class, each can be driven by a stand-in that
 has just its door's members, and mypy checks that the service opens every door where it
-hands itself over.
+hands itself over. Doors are put together from the small abilities below (a clock, spawning,
+asking an agent, ...), so each ability is declared once.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ if TYPE_CHECKING:
     from orchestrator.reliability.results import ResultLedger
     from orchestrator.reservations.store import BookingStore
     from orchestrator.scheduling import Placement
+    from orchestrator.state.lifecycle import Effect
     from orchestrator.state.pipelines import PipelineRun
     from schemas.api import StatusReply, StatusRequest, SubmitReply
     from schemas.bookings import BookingWindow
     from schemas.codec import Encoding
-    from schemas.events import TaskEvent
     from schemas.pipeline import PipelineSpec
     from schemas.placement import EvictNotice, OfferReply, TaskOffer
 
@@ -126,49 +127,46 @@ class AdaptivePort(Protocol):
     def evicted(self, note: EvictNotice) -> None: ...
 
 
-class AdaptiveDoor(Protocol):
-    """What adaptive re-scheduling reaches of the service."""
+# -- abilities: what a door is made of ----------------------------------------------------------
+
+
+class Clock(Protocol):
+    """Monotonic time for durations; wall time for bookings (shared with other replicas)."""
 
     def mono(self) -> float: ...
     def wall(self) -> float: ...
+
+
+class Spawns(Protocol):
+    """Background work, cancelled when the service stops."""
+
     def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+
+
+class Wakes(Protocol):
+    """Whoever waits on a pipeline's state."""
+
     async def notify_changed(self) -> None: ...
+
+
+class Identity(Protocol):
+    @property
+    def owner(self) -> str: ...
+
+
+class Bus(Protocol):
     @property
     def nc(self) -> NATS | None: ...
-    async def cancel_tasks(
-        self,
-        run: PipelineRun,
-        where: dict[str, Placement],
-        reason: str,
-        max_token: int | None = None,
-    ) -> None: ...
-    @property
-    def pipelines(self) -> dict[str, PipelineRun]: ...
-    async def persist(self, run: PipelineRun) -> None: ...
-    @property
-    def view(self) -> ClusterView: ...
-    @property
-    def store(self) -> BookingStore: ...
-    @property
-    def predictor(self) -> Predictor: ...
-    @property
-    def commits(self) -> CommitsPort: ...
-    @property
-    def displaced(self) -> DisplacedPort: ...
-    @property
-    def failover(self) -> FailoverPort: ...
-    @property
-    def placer(self) -> PlacerPort: ...
-    @property
-    def recovery(self) -> RecoveryPort: ...
 
 
-class CommitsDoor(Protocol):
-    """What commits reaches of the service."""
+class JetStream(Protocol):
+    @property
+    def js(self) -> Any: ...
 
-    def mono(self) -> float: ...
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+
+class AsksAgents(Protocol):
+    """A request to one agent, at the wire level it reads."""
+
     async def ask_agent(
         self,
         subject_of: Callable[[str], str],
@@ -179,6 +177,11 @@ class CommitsDoor(Protocol):
         timeout: float,
         encoding: Encoding = "msgpack",
     ) -> M: ...
+
+
+class TellsAgents(Protocol):
+    """A plain message to one agent, at the wire level it reads."""
+
     async def tell_agent(
         self,
         subject_of: Callable[[str], str],
@@ -187,33 +190,11 @@ class CommitsDoor(Protocol):
         *,
         encoding: Encoding = "msgpack",
     ) -> None: ...
-    @property
-    def pipelines(self) -> dict[str, PipelineRun]: ...
-    def events_behind(self) -> bool: ...
-    @property
-    def failover(self) -> FailoverPort: ...
-    @property
-    def watchdog(self) -> WatchdogPort: ...
 
 
-class DisplacedDoor(Protocol):
-    """What displaced-task handling reaches of the service."""
+class CancelsTasks(Protocol):
+    """Withdraw tasks from where they were placed."""
 
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    async def notify_changed(self) -> None: ...
-    @property
-    def nc(self) -> NATS | None: ...
-    async def ask_agent(
-        self,
-        subject_of: Callable[[str], str],
-        agent_id: str,
-        msg: WireModel,
-        reply_model: type[M],
-        *,
-        timeout: float,
-        encoding: Encoding = "msgpack",
-    ) -> M: ...
     async def cancel_tasks(
         self,
         run: PipelineRun,
@@ -221,259 +202,188 @@ class DisplacedDoor(Protocol):
         reason: str,
         max_token: int | None = None,
     ) -> None: ...
+
+
+class HoldsPipelines(Protocol):
+    """The pipelines this replica holds, and their records."""
+
     @property
     def pipelines(self) -> dict[str, PipelineRun]: ...
     async def persist(self, run: PipelineRun) -> None: ...
+
+
+class CarriesEffects(Protocol):
+    """Carry out what the pipeline state machine (`state.lifecycle`) asked for."""
+
+    async def carry_out(self, run: PipelineRun, effects: Sequence[Effect]) -> None: ...
+
+
+class SeesFleet(Protocol):
     @property
     def view(self) -> ClusterView: ...
+
+
+class Books(Protocol):
     @property
     def store(self) -> BookingStore: ...
+
+
+class HearsEvents(Protocol):
+    """How far behind this replica is on live task events."""
+
+    def events_behind(self) -> bool: ...
+
+
+class Leases(Protocol):
+    @property
+    def lease_s(self) -> float: ...
+
+
+class Keeps(Protocol):
+    """How long a finished pipeline's record is kept."""
+
+    @property
+    def keep_s(self) -> float: ...
+
+
+# -- siblings, as doors hold them ---------------------------------------------------------------
+
+
+class HasCommits(Protocol):
     @property
     def commits(self) -> CommitsPort: ...
+
+
+class HasDisplaced(Protocol):
+    @property
+    def displaced(self) -> DisplacedPort: ...
+
+
+class HasFailover(Protocol):
     @property
     def failover(self) -> FailoverPort: ...
+
+
+class HasPlacer(Protocol):
     @property
     def placer(self) -> PlacerPort: ...
+
+
+class HasRecovery(Protocol):
     @property
     def recovery(self) -> RecoveryPort: ...
+
+
+class HasWatchdog(Protocol):
     @property
     def watchdog(self) -> WatchdogPort: ...
+
+
+class HasPredictor(Protocol):
+    @property
+    def predictor(self) -> Predictor: ...
+
+
+# -- the doors ----------------------------------------------------------------------------------
+
+
+class AdaptiveDoor(
+    Clock, Spawns, Wakes, Bus, CancelsTasks, HoldsPipelines, SeesFleet, Books, HasPredictor,
+    HasCommits, HasDisplaced, HasFailover, HasPlacer, HasRecovery, Protocol,
+):  # fmt: skip
+    """What adaptive re-scheduling reaches of the service."""
+
+
+class CommitsDoor(
+    Clock, Spawns, AsksAgents, TellsAgents, HearsEvents, HasFailover, HasWatchdog, Protocol
+):
+    """What commits reaches of the service."""
+
+    @property
+    def pipelines(self) -> dict[str, PipelineRun]: ...
+
+
+class DisplacedDoor(
+    Clock, Spawns, Wakes, Bus, AsksAgents, CancelsTasks, HoldsPipelines, SeesFleet, Books,
+    HasCommits, HasFailover, HasPlacer, HasRecovery, HasWatchdog, Protocol,
+):  # fmt: skip
+    """What displaced-task handling reaches of the service."""
+
     @property
     def adaptive(self) -> AdaptivePort: ...
 
 
-class FailoverDoor(Protocol):
+class FailoverDoor(
+    Clock, Spawns, Wakes, Identity, Leases, Keeps, Bus, JetStream, HoldsPipelines, SeesFleet,
+    Books, HasCommits, HasDisplaced, HasRecovery, HasWatchdog, Protocol,
+):  # fmt: skip
     """What fail-over reaches of the service."""
 
-    def mono(self) -> float: ...
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    async def notify_changed(self) -> None: ...
-    @property
-    def owner(self) -> str: ...
-    @property
-    def lease_s(self) -> float: ...
-    @property
-    def keep_s(self) -> float: ...
-    @property
-    def nc(self) -> NATS | None: ...
-    @property
-    def js(self) -> Any: ...
-    @property
-    def pipelines(self) -> dict[str, PipelineRun]: ...
-    async def persist(self, run: PipelineRun) -> None: ...
     async def publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None: ...
     def remember(self, run: PipelineRun) -> None: ...
     async def on_task_event(self, msg: Msg) -> None: ...
     @property
-    def view(self) -> ClusterView: ...
-    @property
-    def store(self) -> BookingStore: ...
-    @property
-    def commits(self) -> CommitsPort: ...
-    @property
-    def displaced(self) -> DisplacedPort: ...
-    @property
     def queries(self) -> QueriesPort: ...
     @property
-    def recovery(self) -> RecoveryPort: ...
-    @property
     def submissions(self) -> SubmissionsPort: ...
-    @property
-    def watchdog(self) -> WatchdogPort: ...
 
 
-class PlacerDoor(Protocol):
+class PlacerDoor(
+    Clock, Spawns, Identity, Leases, TellsAgents, CancelsTasks, SeesFleet, Books, HasPredictor,
+    HasDisplaced, Protocol,
+):  # fmt: skip
     """What placement reaches of the service."""
 
-    def mono(self) -> float: ...
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    @property
-    def owner(self) -> str: ...
-    @property
-    def lease_s(self) -> float: ...
     @property
     def plan_budget_s(self) -> float: ...
-    async def tell_agent(
-        self,
-        subject_of: Callable[[str], str],
-        agent_id: str,
-        msg: WireModel,
-        *,
-        encoding: Encoding = "msgpack",
-    ) -> None: ...
     def wire_of(self, agent_id: str) -> int: ...
     async def offer_many(self, offers: Sequence[TaskOffer]) -> list[OfferReply]: ...
     def start_offers(self, offers: Sequence[TaskOffer]) -> asyncio.Future[list[OfferReply]]: ...
-    async def cancel_tasks(
-        self,
-        run: PipelineRun,
-        where: dict[str, Placement],
-        reason: str,
-        max_token: int | None = None,
-    ) -> None: ...
-    @property
-    def view(self) -> ClusterView: ...
-    @property
-    def store(self) -> BookingStore: ...
-    @property
-    def predictor(self) -> Predictor: ...
-    @property
-    def displaced(self) -> DisplacedPort: ...
 
 
-class QueriesDoor(Protocol):
+class QueriesDoor(
+    Clock, Spawns, Identity, Bus, JetStream, CarriesEffects, SeesFleet, Books, HasFailover,
+    Protocol,
+):  # fmt: skip
     """What the API's queries reaches of the service."""
 
-    def mono(self) -> float: ...
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    @property
-    def owner(self) -> str: ...
-    @property
-    def nc(self) -> NATS | None: ...
-    @property
-    def js(self) -> Any: ...
-    async def cancel_on_agents(self, run: PipelineRun, reason: str) -> None: ...
     @property
     def pipelines(self) -> dict[str, PipelineRun]: ...
-    async def publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None: ...
-    async def finished(self, run: PipelineRun) -> None: ...
-    @property
-    def view(self) -> ClusterView: ...
-    @property
-    def store(self) -> BookingStore: ...
-    @property
-    def failover(self) -> FailoverPort: ...
     @property
     def replicas(self) -> ReplicasPort: ...
 
 
-class RecoveryDoor(Protocol):
+class RecoveryDoor(
+    Clock, Spawns, Wakes, Identity, Keeps, Bus, JetStream, AsksAgents, TellsAgents,
+    CancelsTasks, HoldsPipelines, CarriesEffects, SeesFleet, Books, HasCommits, HasDisplaced,
+    HasFailover, HasPlacer, Protocol,
+):  # fmt: skip
     """What recovery reaches of the service."""
 
-    def mono(self) -> float: ...
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    async def notify_changed(self) -> None: ...
-    @property
-    def owner(self) -> str: ...
-    @property
-    def keep_s(self) -> float: ...
-    @property
-    def nc(self) -> NATS | None: ...
-    @property
-    def js(self) -> Any: ...
-    async def ask_agent(
-        self,
-        subject_of: Callable[[str], str],
-        agent_id: str,
-        msg: WireModel,
-        reply_model: type[M],
-        *,
-        timeout: float,
-        encoding: Encoding = "msgpack",
-    ) -> M: ...
-    async def tell_agent(
-        self,
-        subject_of: Callable[[str], str],
-        agent_id: str,
-        msg: WireModel,
-        *,
-        encoding: Encoding = "msgpack",
-    ) -> None: ...
-    async def cancel_tasks(
-        self,
-        run: PipelineRun,
-        where: dict[str, Placement],
-        reason: str,
-        max_token: int | None = None,
-    ) -> None: ...
-    async def cancel_on_agents(self, run: PipelineRun, reason: str) -> None: ...
-    @property
-    def pipelines(self) -> dict[str, PipelineRun]: ...
-    async def persist(self, run: PipelineRun) -> None: ...
-    async def publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None: ...
-    async def finished(self, run: PipelineRun) -> None: ...
-    async def apply_event(self, ev: TaskEvent) -> None: ...
     @property
     def cluster_changed(self) -> asyncio.Event: ...
-    @property
-    def view(self) -> ClusterView: ...
-    @property
-    def store(self) -> BookingStore: ...
-    @property
-    def commits(self) -> CommitsPort: ...
-    @property
-    def displaced(self) -> DisplacedPort: ...
-    @property
-    def failover(self) -> FailoverPort: ...
-    @property
-    def placer(self) -> PlacerPort: ...
 
 
-class SubmissionsDoor(Protocol):
+class SubmissionsDoor(
+    Clock, Spawns, Wakes, Identity, CancelsTasks, HoldsPipelines, CarriesEffects, SeesFleet,
+    HasCommits, HasFailover, HasPlacer, Protocol,
+):  # fmt: skip
     """What submissions reaches of the service."""
 
-    def mono(self) -> float: ...
-    def wall(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    async def notify_changed(self) -> None: ...
-    @property
-    def owner(self) -> str: ...
-    async def cancel_tasks(
-        self,
-        run: PipelineRun,
-        where: dict[str, Placement],
-        reason: str,
-        max_token: int | None = None,
-    ) -> None: ...
-    @property
-    def pipelines(self) -> dict[str, PipelineRun]: ...
-    async def persist(self, run: PipelineRun) -> None: ...
-    async def publish_pipeline(self, run: PipelineRun, recorded: bool = True) -> None: ...
     def remember(self, run: PipelineRun) -> None: ...
-    async def finished(self, run: PipelineRun) -> None: ...
     async def catch_up_events(self) -> bool: ...
     @property
     def cluster_changed(self) -> asyncio.Event: ...
     @property
-    def view(self) -> ClusterView: ...
-    @property
     def stored(self) -> StoreLookup: ...
-    @property
-    def commits(self) -> CommitsPort: ...
-    @property
-    def failover(self) -> FailoverPort: ...
-    @property
-    def placer(self) -> PlacerPort: ...
 
 
-class WatchdogDoor(Protocol):
+class WatchdogDoor(
+    Spawns, Bus, AsksAgents, HearsEvents, HasCommits, HasFailover, HasRecovery, Protocol
+):
     """What the watchdog reaches of the service."""
 
     def mono(self) -> float: ...
-    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
-    @property
-    def nc(self) -> NATS | None: ...
-    async def ask_agent(
-        self,
-        subject_of: Callable[[str], str],
-        agent_id: str,
-        msg: WireModel,
-        reply_model: type[M],
-        *,
-        timeout: float,
-        encoding: Encoding = "msgpack",
-    ) -> M: ...
     @property
     def pipelines(self) -> dict[str, PipelineRun]: ...
-    def events_behind(self) -> bool: ...
     def events_backlog(self) -> int: ...
-    @property
-    def commits(self) -> CommitsPort: ...
-    @property
-    def failover(self) -> FailoverPort: ...
-    @property
-    def recovery(self) -> RecoveryPort: ...

@@ -56,6 +56,7 @@ from orchestrator.reservations.store import (
     key_limit,
 )
 from orchestrator.scheduling import Placement, compiled
+from orchestrator.state import lifecycle
 from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.agent import AgentAdvert, Heartbeat
@@ -509,37 +510,51 @@ class Orchestrator:
         run = self.pipelines.get(ev.pipeline_id)
         if run is None or not self.failover.may_act(run.pipeline_id):
             return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
-        if ev.state == "succeeded" and ev.input_tokens is not None:
-            superseded = run.superseded_inputs(ev)
-            if superseded and run.void(ev, superseded, self.mono()):
-                # its inputs were not its producers' committed outputs: never committed,
-                # run again on them (placed like a task its agent gave up)
-                log.info("%s/%s: %s", run.pipeline_id, ev.task_id, run.tasks[ev.task_id].error)
-                self._give_back_later(run, ev.task_id)
-                self.recovery.rerun_voided(run, ev.task_id)
-                return
-        ignored = run.duplicate_events + run.stale_events
-        new_state = run.apply(ev, self.mono())
-        if ev.state in TASK_ENDED_STATES and new_state is None:
-            self._give_back_later(run, ev.task_id)
-        fresh = run.duplicate_events + run.stale_events == ignored
-        await self.recovery.after_event(run, ev, fresh)
-        if ev.state == "succeeded" and fresh:
-            self._learn(run, ev)
-            await self.displaced.producer_ended(run, ev.task_id)
-            if self.commits.awaited:
-                self.commits.look_sooner(run, ev.task_id)
-        elif ev.state == "started" and fresh:
-            self.spawn(self.displaced.hold_started(run, ev.task_id, ev.token))
-        if new_state is not None:
-            if new_state == "failed":
-                await self.cancel_on_agents(run, run.reason)
-            if run.terminal:
-                await self.finished(run)  # persisted before anyone hears it ended
-            await self.publish_pipeline(run)
-        elif ev.state == "succeeded":
-            self.failover.progress(run)  # a finished task: what a new owner resumes from
-        await self.notify_changed()
+        await self.carry_out(run, lifecycle.step(run, lifecycle.Heard(ev), self.mono()))
+
+    async def carry_out(self, run: PipelineRun, effects: Sequence[lifecycle.Effect]) -> None:
+        """Do what the pipeline's state machine asked for, in its order."""
+        for e in effects:
+            match e:
+                case lifecycle.GiveBack(task_id):
+                    self._give_back_later(run, task_id)
+                case lifecycle.RunAgain(task_id, why):
+                    self.recovery.run_again(run, task_id, why)
+                case lifecycle.CommitResult(ev):
+                    self.recovery.commit_result(run, ev)
+                case lifecycle.SettleResults():
+                    await self.recovery.settle(run.pipeline_id)
+                case lifecycle.Learn(ev):
+                    self._learn(run, ev)
+                case lifecycle.ProducerEnded(task_id):
+                    await self.displaced.producer_ended(run, task_id)
+                    if self.commits.awaited:
+                        self.commits.look_sooner(run, task_id)
+                case lifecycle.HoldStarted(task_id, token):
+                    self.spawn(self.displaced.hold_started(run, task_id, token))
+                case lifecycle.CancelOnAgents(reason):
+                    await self.cancel_on_agents(run, reason)
+                case lifecycle.Close():
+                    await self.finished(run)  # persisted before anyone hears it ended
+                    await self.publish_pipeline(run)
+                case lifecycle.Publish():
+                    await self.publish_pipeline(run)
+                case lifecycle.Record():
+                    await self.persist(run)
+                case lifecycle.Progress():
+                    self.failover.progress(run)  # a finished task: what a new owner resumes from
+                case lifecycle.HearAgain(events):
+                    self.spawn(self._hear_again(events))
+                case lifecycle.CommitTasks(tasks):
+                    await self.commits.commit_all(run, set(tasks))
+                case lifecycle.Changed():
+                    await self.notify_changed()
+
+    async def _hear_again(self, events: Sequence[TaskEvent]) -> None:
+        """Events kept while their placements were detached, through the normal event path
+        (out of the pipeline's recovery lock: an end may start another recovery)."""
+        for ev in events:
+            await self.apply_event(ev)
 
     def _learn(self, run: PipelineRun, ev: TaskEvent) -> None:
         """Feed a measured duration to the predictor; its track is persisted off this path."""

@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 
 from orchestrator.api.listing import recorded
 from orchestrator.reservations.store import Cached, device_key
+from orchestrator.state import lifecycle
 from schemas import subjects
 from schemas.agent import DeviceSpec
 from schemas.api import (
@@ -267,11 +268,8 @@ class Queries:
         log.warning("cancel of %s not passed on to its new owner: %s", run.pipeline_id, why)
 
     async def cancel_run(self, run: PipelineRun, reason: str) -> CancelReply:
-        if not run.terminal:
-            run.finish("cancelled", reason or "cancelled by request", self.o.mono())
-            await self.o.cancel_on_agents(run, run.reason)
-            await self.o.finished(run)  # persisted before anyone hears it ended
-            await self.o.publish_pipeline(run)
+        asked = lifecycle.CancelAsked(reason)
+        await self.o.carry_out(run, lifecycle.step(run, asked, self.o.mono()))
         return CancelReply(pipeline_id=run.pipeline_id, state=run.state)
 
     async def agents(self, req: AgentsRequest) -> AgentsReply:

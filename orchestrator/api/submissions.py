@@ -21,6 +21,7 @@ from nats.micro.request import Request
 
 from orchestrator.placement.placer import PlacementFailed
 from orchestrator.scheduling import Unschedulable
+from orchestrator.state import lifecycle
 from orchestrator.state.pipelines import PipelineRun
 from schemas.api import SubmitReply, SubmitRequest
 from schemas.codec import encoding_of, error_reply
@@ -149,7 +150,7 @@ class Submissions:
             pid, req.pipeline, self.o.mono(), submitted_wall=self.o.wall(), owner=self.o.owner,
             artifact_sizes=sizes,
         )  # fmt: skip
-        run.state = "placing"
+        lifecycle.step(run, lifecycle.Placing(), self.o.mono())
         # The ownership claim goes out first and is awaited only before booking, so its
         # round trip overlaps planning; the run is remembered once the claim is ours.
         claim = asyncio.ensure_future(self.own(run))
@@ -168,8 +169,7 @@ class Submissions:
         published, as a submission's)."""
         t, o = time.perf_counter(), self.o
         run = PipelineRun(pid, spec, o.mono(), submitted_wall=o.wall(), owner=o.owner)
-        run.state = "placing"
-        run.note(why)
+        lifecycle.step(run, lifecycle.Placing(why), o.mono())
         self.o.remember(run)
         try:
             await self._place_new(run, None, t, t, anew=True)
@@ -268,9 +268,8 @@ class Submissions:
             "; ".join(f"{k}: {v}" for k, v in list(failed.details.items())[:8]),
         )  # fmt: skip
         await o.placer.withdrawn(pid)  # its offers are withdrawn before its client is told
-        run.finish("unschedulable" if unsched else "failed", str(failed), o.mono())
-        await o.finished(run)
-        await o.publish_pipeline(run)
+        ended = lifecycle.step(run, lifecycle.NotPlaced(unsched, str(failed)), o.mono())
+        await o.carry_out(run, ended)
         raise ServiceError(
             "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
         ) from failed
@@ -296,15 +295,17 @@ class Submissions:
     async def _committed(self, run: PipelineRun, t_in: float, t0: float) -> SubmitReply:
         """Commit a placed pipeline and answer for it."""
         pid, o = run.pipeline_id, self.o
-        run.committed_at = o.mono()
-        run.state = "running"
         # The plan is committed once booked and accepted: starting the tasks (the commit
         # messages, looked after until each agent shows it has them) and the record are off
         # the reply's path, and begin once the reply is written (tasks spawned now would run
-        # before it).
-        o.spawn(after_reply(o.commits.commit_all(run, set(run.tasks), unanswered=True)))
-        await o.publish_pipeline(run)
-        o.spawn(after_reply(o.persist(run)))  # status falls back to memory meanwhile
+        # before it); status falls back to memory meanwhile.
+        for e in lifecycle.step(run, lifecycle.Committed(), o.mono()):
+            if isinstance(e, lifecycle.CommitTasks):
+                o.spawn(after_reply(o.commits.commit_all(run, set(e.tasks), unanswered=True)))
+            elif isinstance(e, lifecycle.Record):
+                o.spawn(after_reply(o.persist(run)))
+            else:
+                await o.carry_out(run, [e])
         # (its spec is on the bucket before anyone is told of it, above: begun with the claim,
         # long written by now; an adopter that finds no record places it anew)
         reply = self.reply(run)

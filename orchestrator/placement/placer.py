@@ -24,6 +24,7 @@ from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key, device_of_key
 from orchestrator.scheduling import Placement, Unschedulable
 from orchestrator.scheduling.engine import NO_COMPUTE_TIME
+from orchestrator.state import lifecycle
 from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import PlannedTask
@@ -517,22 +518,25 @@ class Placer:
                 return False
         if only is not None:
             await self._tell_consumers(run, only, placements, st, order, rnd)
+        bound = {
+            tid: lifecycle.BoundTask(
+                x.agent_id,
+                x.device_id,
+                st.tokens[tid],
+                predicted_s=placements[tid].finish - placements[tid].start,
+                base_s=att.planned.cost.base(tid, placements[tid].device_id),
+            )
+            for tid, x in final.items()
+            # a producer only told where its consumers went: where and how it runs is as
+            # before, and its state is its events' (it may have ended meanwhile)
+            if only is None or tid in only
+        }
         plan = att.planned.plan
-        run.placements = placements
-        run.plan = planned_view(placements)
-        run.algorithm = plan.algorithm
-        run.planned_makespan_s = max((p.finish for p in placements.values()), default=0.0)
-        for tid, x in final.items():
-            if only is not None and tid not in only:
-                # a producer only told where its consumers went: where and how it runs
-                # is as before, and its state is its events' (it may have ended meanwhile)
-                continue
-            tr = run.tasks[tid]
-            tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, st.tokens[tid]
-            p = placements[tid]
-            tr.predicted_s = p.finish - p.start
-            tr.base_s = att.planned.cost.base(tid, p.device_id)
-            tr.state = "accepted"
+        lifecycle.step(
+            run,
+            lifecycle.Bound(placements, planned_view(placements), plan.algorithm, bound),
+            self.o.mono(),
+        )
         return True
 
     async def _unplace_refused(

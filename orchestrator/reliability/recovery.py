@@ -37,6 +37,7 @@ from orchestrator.reliability.health import (
 from orchestrator.reliability.results import RETRY_FOR_S, Outcome, ResultLedger
 from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key_of
+from orchestrator.state import lifecycle
 from schemas import subjects
 from schemas.advisories import ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
@@ -222,25 +223,20 @@ class Recovery:
         self.stats["disconnect_advisories"] += 1
         self._apply(self.health.disconnected(agent_id, None, self.o.mono()))
 
-    async def after_event(self, run: PipelineRun, ev: TaskEvent, applied: bool) -> None:
-        """Called for every task event once the pipeline state machine has seen it."""
-        if applied and ev.state == "succeeded" and self.ledger is not None:
-            asked = self.ledger.ask(ev, run.index[ev.task_id])  # gathered now: settle writes it
-            asked.add_done_callback(lambda f: self._committed(run, ev, f.result()))
-            pending = self._commits.setdefault(run.pipeline_id, set())
-            pending.add(asked)
-            asked.add_done_callback(pending.discard)
-        elif applied and ev.state == "cancelled" and not run.terminal:
-            # the agent gave the task up on its own (drain deadline, shutdown): run it elsewhere
-            why = f"{ev.agent_id} cancelled {ev.task_id} itself ({ev.error or 'no reason'})"
-            self.o.spawn(self.recover_run(run, {ev.task_id}, set(), why))
-        if run.terminal:
-            await self.settle(run.pipeline_id)
+    def commit_result(self, run: PipelineRun, ev: TaskEvent) -> None:
+        """A success applied: record it as the task's result, exactly once (gathered now,
+        written by the ledger's next flush or by `settle`)."""
+        if self.ledger is None:
+            return
+        asked = self.ledger.ask(ev, run.index[ev.task_id])
+        asked.add_done_callback(lambda f: self._committed(run, ev, f.result()))
+        pending = self._commits.setdefault(run.pipeline_id, set())
+        pending.add(asked)
+        asked.add_done_callback(pending.discard)
 
-    def rerun_voided(self, run: PipelineRun, task_id: str) -> None:
-        """A task whose result was refused (`PipelineRun.void`): placed again, like one its
-        agent gave up, with whatever must run again to feed it."""
-        why = f"{task_id} ran on a superseded input"
+    def run_again(self, run: PipelineRun, task_id: str, why: str) -> None:
+        """A task its agent gave up, or whose result was refused: placed again, with whatever
+        must run again to feed it."""
         self.o.spawn(self.recover_run(run, {task_id}, set(), why))
 
     async def settle(self, pipeline_id: str) -> None:
@@ -485,18 +481,16 @@ class Recovery:
         saved = {t: (run.tasks[t].state, run.tasks[t].agent_id, run.tasks[t].token) for t in redo}
         was = {t: run.placements[t] for t in redo if t in run.placements}
         booked = {t: run.windows[t] for t in redo if t in run.windows}
-        for t in redo:
-            tr = run.tasks[t]
-            run.detached[t] = (tr.agent_id, tr.token)  # its events kept, should this fail
-            tr.state, tr.agent_id, tr.token = "pending", None, 0  # its old events are stale
+        lifecycle.step(run, lifecycle.Detached(frozenset(redo)), self.o.mono())
         try:
             await self.o.placer.place(run, only=redo, exclude=exclude)
         except Exception as exc:  # PlacementFailed, or nothing left to plan on at all
             return await self._put_back(run, ask, redo, saved, exc)
-        except BaseException:
-            self._undetach(run, redo)  # cancelled (the replica stopping): nothing kept
+        except BaseException:  # cancelled (the replica stopping): nothing kept
+            lifecycle.step(run, lifecycle.Replaced(frozenset(redo)), self.o.mono())
             raise
-        self._undetach(run, redo)  # placed anew: their old placements' events are stale
+        # placed anew: their old placements' events are stale
+        lifecycle.step(run, lifecycle.Replaced(frozenset(redo)), self.o.mono())
         self._done_waiting(run.pipeline_id, ask.kind, ask.gone, ask.starved, ask.lost)
         for agent in ask.gone:
             incarnation = ask.incarnations.get(agent)
@@ -538,24 +532,8 @@ class Recovery:
     ) -> bool:
         """A re-placement that failed: its tasks as they were, waiting for room to try again.
         False when the pipeline ended meanwhile."""
-        for t, (state, agent, token) in saved.items():
-            tr = run.tasks[t]
-            tr.state, tr.agent_id, tr.token = state, agent, token
-        # what their agents said of them meanwhile is about the placements put back: heard
-        # again once this is done (an end dropped as stale left its task waiting on a
-        # placement that had ended, for the retry to run it again or the stall watchdog to ask)
-        kept = self._undetach(run, redo)
-        if kept and not run.terminal:
-            run.stale_events = max(0, run.stale_events - len(kept))
-            self.o.spawn(self._hear_again(kept))
-        if run.settle(self.o.mono()):
-            # a finished producer it was to run again, and what waited for it ended meanwhile
-            # (its input had reached it): nothing is left to run. Put back as succeeded, no
-            # event would end the pipeline any more: every task succeeded, and the pipeline
-            # would run for good
-            run.note(f"{ask.why}: every task has succeeded meanwhile; nothing to re-run")
-            await self.o.finished(run)
-            await self.o.publish_pipeline(run)
+        put_back = lifecycle.PutBack(dict(saved), ask.why)
+        await self.o.carry_out(run, lifecycle.step(run, put_back, self.o.mono()))
         if run.terminal:  # it ended meanwhile (the placer gave back what it booked)
             self._done_waiting(run.pipeline_id, ask.kind, ask.gone, ask.starved, ask.lost)
             return False
@@ -581,22 +559,6 @@ class Recovery:
                 did.append(f"re-running {', '.join(reruns)} (outputs lost)")
             run.note(f"{ask.why}: {'; '.join(did)}")
         log.info("%s: %s re-placed %s", run.pipeline_id, ask.why, sorted(redo))
-
-    @staticmethod
-    def _undetach(run: PipelineRun, tasks: set[str]) -> list[TaskEvent]:
-        """The re-placement of `tasks` is over: stop keeping their old placements' events;
-        returns those kept."""
-        for t in tasks:
-            run.detached.pop(t, None)
-        kept = [ev for ev in run.parked if ev.task_id in tasks]
-        run.parked = [ev for ev in run.parked if ev.task_id not in tasks]
-        return kept
-
-    async def _hear_again(self, events: list[TaskEvent]) -> None:
-        """Events kept while their placements were detached, through the normal event path
-        (out of the pipeline's recovery lock: an end may start another recovery)."""
-        for ev in events:
-            await self.o.apply_event(ev)
 
     async def rerun_starved(self, run: PipelineRun, tasks: set[str]) -> None:
         """Tasks free to start that did not start even after being asked again: an input they
@@ -729,12 +691,7 @@ class Recovery:
         return due
 
     async def _fail(self, run: PipelineRun, reason: str) -> None:
-        o = self.o
-        run.finish("failed", reason, o.mono())
-        await o.cancel_on_agents(run, reason)
-        await o.finished(run)
-        await o.publish_pipeline(run)
-        await o.notify_changed()
+        await self.o.carry_out(run, lifecycle.step(run, lifecycle.GaveUp(reason), self.o.mono()))
 
     def _gone(self, agent_id: str | None, gone: set[str]) -> bool:
         return agent_id is None or agent_id in gone or self.health.is_dead(agent_id)
