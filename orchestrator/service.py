@@ -113,6 +113,8 @@ DEPARTED_SWEEP_S = 600.0
 #: are learned again, a replica adopting the pipelines commits results from their events,
 #: bookings expire).
 FINAL_WRITES_S = 10.0
+#: How long stopping waits for its spawned tasks to end once cancelled.
+STOP_TASKS_S = 5.0
 #: Live task events waiting to be handled at which a new submission waits for them first
 #: (EVENTS_CAUGHT_UP), at most EVENTS_WAIT_S. Without it, an orchestrator placing flat out
 #: fell further behind its events by the second: releases come from them, so every plan
@@ -198,8 +200,8 @@ class Orchestrator:
         #: Task events queued behind each other give the loop turns (placements first).
         self.event_pacer = Pacer()
         #: Set while the live task events are caught up (EVENTS_CAUGHT_UP or fewer waiting).
-        self._events_caught_up = asyncio.Event()
-        self._events_caught_up.set()
+        self.events_caught_up = asyncio.Event()
+        self.events_caught_up.set()
         #: Submissions that waited for the task events first (a gauge of overload).
         self.held_submissions = 0
         #: Commits to agents, and the looks that make sure they were heard (commits.py).
@@ -256,7 +258,7 @@ class Orchestrator:
         await self.recovery.start()
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
-        self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self._on_live_task_event)
+        self._events_sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=self.on_live_task_event)
         await nc.subscribe(subjects.ALL_EVICTIONS, cb=self.displaced.on_evict)
         await nc.subscribe(subjects.ALL_INPUTS_GONE, cb=self.displaced.on_input_gone)
         await self.queries.subscribe()
@@ -346,12 +348,7 @@ class Orchestrator:
                     )  # fmt: skip
             except Exception as exc:
                 log.warning("stopping: learned corrections not written: %s", exc)
-        while left := [t for t in self._tasks if not t.done()]:  # clean-ups may spawn more
-            for t in left:
-                t.cancel()
-            for t in left:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+        await self._cancel_spawned(STOP_TASKS_S)
         if self.recovery.ledger is not None:
             await self.recovery.ledger.stop(deadline)  # results still gathered are written
         if self.store is not None:
@@ -386,6 +383,27 @@ class Orchestrator:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
         self.nc = None
+
+    async def _cancel_spawned(self, within_s: float) -> None:
+        """Cancel what this service spawned, and what those spawn as they end, for at most
+        `within_s`: a task that does not end when cancelled (one that swallows it) is named
+        in the log and left, not waited on for good."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + within_s
+        while left := [t for t in self._tasks if not t.done()]:
+            for t in left:
+                t.cancel()
+            done, pending = await asyncio.wait(left, timeout=max(0.0, until - loop.time()))
+            for t in done:  # retrieved: an error while stopping is no news
+                if not t.cancelled():
+                    t.exception()
+            if pending:
+                names = sorted({getattr(t.get_coro(), "__qualname__", "?") for t in pending})
+                log.warning(
+                    "stopping: %d tasks did not end %.0f s after being cancelled: %s",
+                    len(pending), within_s, ", ".join(names[:10]),
+                )  # fmt: skip
+                return
 
     def _ep(
         self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
@@ -459,9 +477,10 @@ class Orchestrator:
         return len(self.view.alive(self.mono()))
 
     # -- events ---------------------------------------------------------------------------------
-    async def _on_live_task_event(self, msg: Msg) -> None:
-        # every replica hears every task event: those of pipelines it does not hold are left
-        # undecoded (a replica adopting a pipeline reads its events from the stream)
+    async def on_live_task_event(self, msg: Msg) -> None:
+        """A task event as it is published (the live subscription's handler). Every replica
+        hears every one: those of pipelines it does not hold are left undecoded (a replica
+        adopting a pipeline reads its events from the stream)."""
         pid = subjects.pipeline_of_task_event(msg.subject)
         if pid is not None and pid in self.pipelines:
             try:
@@ -472,7 +491,7 @@ class Orchestrator:
                 self.adaptive.task_event(ev)  # lateness timers follow live events, not replays
                 await self.apply_event(ev)
         if self.events_backlog() <= EVENTS_CAUGHT_UP:
-            self._events_caught_up.set()
+            self.events_caught_up.set()
         await self.event_pacer.pace(self.events_backlog() > 0)
 
     def events_backlog(self) -> int:
@@ -491,9 +510,9 @@ class Orchestrator:
         if not self.events_behind():
             return False
         self.held_submissions += 1
-        self._events_caught_up.clear()
+        self.events_caught_up.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._events_caught_up.wait(), EVENTS_WAIT_S)
+            await asyncio.wait_for(self.events_caught_up.wait(), EVENTS_WAIT_S)
         return True
 
     async def on_task_event(self, msg: Msg) -> None:
@@ -601,16 +620,19 @@ class Orchestrator:
     def remember(self, run: PipelineRun) -> None:
         self.pipelines[run.pipeline_id] = run
         if len(self.pipelines) > self._trim_at:
-            # in steps, not on every submission: finding the finished ones visits them all.
-            # One whose end is not recorded yet stays (its lease lapsed as it ended: the end
-            # is written once the lease is renewed, from this run; dropped, the lease would be
-            # renewed for ever over a record saying running, and the pipeline never end)
-            held = self.failover.holds
-            for pid in [p for p, r in self.pipelines.items() if r.terminal and not held(p)][
-                : len(self.pipelines) - MAX_PIPELINES_KEPT
-            ]:
-                del self.pipelines[pid]
+            # in steps, not on every submission: finding the finished ones visits them all
+            self.forget_finished(MAX_PIPELINES_KEPT)
             self._trim_at = max(len(self.pipelines), MAX_PIPELINES_KEPT) + TRIM_STEP
+
+    def forget_finished(self, keep: int) -> None:
+        """Drop finished pipelines down to `keep` held in memory (their records stay). One
+        whose end is not recorded yet stays (its lease lapsed as it ended: the end is written
+        once the lease is renewed, from this run; dropped, the lease would be renewed for
+        ever over a record saying running, and the pipeline never end)."""
+        held = self.failover.holds
+        done = [p for p, r in self.pipelines.items() if r.terminal and not held(p)]
+        for pid in done[: max(0, len(self.pipelines) - keep)]:
+            del self.pipelines[pid]
 
     def wire_of(self, agent_id: str) -> int:
         """The wire level an agent reads (its adverts'; 1 for one not heard)."""

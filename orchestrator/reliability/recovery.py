@@ -614,7 +614,13 @@ class Recovery:
                 f"({type(exc).__name__}: {str(exc)[:500]}); they stay put and are retried"
             )
             log.warning("%s: %s; cannot re-place %s: %s", run.pipeline_id, why, sorted(redo), exc)
+            self.o.spawn(self.o.notify_changed())  # its log says so now
         self._wake.set()
+
+    def put_off(self, pipeline_id: str) -> bool:
+        """Whether a re-placement of the pipeline waits to be retried (no room for it, or
+        this replica may not act on it now)."""
+        return any(k[0] == pipeline_id for k in self._stuck)
 
     def _done_waiting(
         self,

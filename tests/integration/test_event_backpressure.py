@@ -60,7 +60,7 @@ async def test_a_submission_waits_while_task_events_are_behind(
     pacer, caught_up = GatedPacer(), WatchedEvent()
     caught_up.set()
     orch.event_pacer = pacer  # type: ignore[assignment]
-    orch._events_caught_up = caught_up
+    orch.events_caught_up = caught_up
     client = await Client.connect(nats_url, timeout=10.0)
     try:
         for i in range(BACKLOG):  # events of a pipeline nobody holds: cheap, but queued

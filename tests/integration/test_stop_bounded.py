@@ -96,3 +96,30 @@ def test_a_second_sigterm_while_stopping_ends_the_process(tmp_path: Path) -> Non
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_task_that_will_not_be_cancelled_does_not_hold_the_stop(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(service, "STOP_TASKS_S", 0.5)
+    orch = Orchestrator(nats_url)
+    await orch.start()
+    running, release = asyncio.Event(), asyncio.Event()
+
+    async def stubborn() -> None:
+        running.set()
+        while not release.is_set():  # swallows every cancellation until released
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+
+    task = orch.spawn(stubborn())
+    await running.wait()
+    try:
+        await asyncio.wait_for(orch.stop(), 10.0)  # returned, though the task still runs
+        assert not task.done()
+        assert "stubborn" in caplog.text  # named as what did not end
+    finally:
+        release.set()
+        await task
