@@ -276,7 +276,7 @@ class _Conn:
     async def run(self) -> None:
         link = self.link
         try:
-            await link._up.wait()
+            await link.wait_up()
             try:
                 u_reader, self.u_writer = await asyncio.open_connection(
                     link.target_host, link.target_port
@@ -351,6 +351,10 @@ class LinkProxy:
     @property
     def is_cut(self) -> bool:
         return not self._up.is_set()
+
+    async def wait_up(self) -> None:
+        """Until the link is not cut."""
+        await self._up.wait()
 
     @property
     def connections(self) -> int:

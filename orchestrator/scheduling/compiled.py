@@ -46,14 +46,14 @@ def _load() -> Any:
     if os.environ.get("MARS_JIT", "1") == "0":
         return None
     try:
-        from orchestrator.scheduling import _kernel as module
+        from orchestrator.scheduling import kernel as module
     except ImportError:
         return None
     return module
 
 
 def _get() -> Any:
-    """The compiled list-scheduling loop (`_kernel.kernel`), or None."""
+    """The compiled list-scheduling loop (`kernel.kernel`), or None."""
     global _module, _loaded
     if not _loaded:
         _module, _loaded = _load(), True
