@@ -12,7 +12,7 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,10 @@ class Agent:
         #: Set while connected to NATS, and while not (tests and operators watch both).
         self.online = asyncio.Event()
         self.offline = asyncio.Event()
+        #: Awaited as each job's run begins, before its task (its start timer set): a hold
+        #: put on runs from outside, to emulate a device slowed or paused (tests, emulated
+        #: fleets). None: tasks run at once.
+        self.before_run: Callable[[Job], Awaitable[None]] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def advert(self) -> AgentAdvert:
@@ -687,12 +691,17 @@ class Agent:
         after = self.config.started_event_after_s
         if after <= 0.0:
             report()
-            return await self._run(job)
+            return await self._held_run(job)
         start = asyncio.get_running_loop().call_later(after, report)
         try:
-            return await self._run(job)
+            return await self._held_run(job)
         finally:
             start.cancel()  # not sent by now: the end event says it all
+
+    async def _held_run(self, job: Job) -> Output:
+        if self.before_run is not None:
+            await self.before_run(job)
+        return await self._run(job)
 
     async def _run(self, job: Job) -> Output:
         """Run the job's task on its inputs: decoded and bound by name for onnx and python

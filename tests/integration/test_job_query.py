@@ -87,16 +87,14 @@ def forget_first_end(agent: RecordingAgent) -> None:
 
 def slow_first_run(agent: RecordingAgent, extra_s: float) -> None:
     """Task t's first run takes `extra_s` longer than its spec says (and than predicted)."""
-    real = agent._run
     runs: list[str] = []
 
-    async def run(job: Job) -> Output:
+    async def slow(job: Job) -> None:
         if job.offer.task.id == "t" and not runs:
             runs.append(job.offer.pipeline_id)
             await asyncio.sleep(extra_s)  # the task's own (emulated) run time, not a wait
-        return await real(job)
 
-    agent._run = run  # type: ignore[method-assign]
+    agent.before_run = slow
 
 
 def lose_jobs_at_first_commit(agent: RecordingAgent) -> dict[str, int]:

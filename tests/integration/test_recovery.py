@@ -470,15 +470,13 @@ async def test_a_re_run_that_fails_after_its_consumer_ended_ends_the_pipeline(
     orch, agents = await start_cluster(nats_url, configs)
     s1 = agents[0]
     entered, gate = asyncio.Event(), asyncio.Event()
-    run_task = s1._run
 
-    async def gated(job: Any) -> Any:
+    async def gated(job: Any) -> None:
         if job.offer.task.id == "c":  # c has its input: it waits here until the test says
             entered.set()
             await gate.wait()
-        return await run_task(job)
 
-    monkeypatch.setattr(s1, "_run", gated)
+    s1.before_run = gated
     proc = start_victim(nats_url, tmp_path, "victim")
     try:
         assert await orch.wait_for_agents(2, timeout=30.0) == 2
