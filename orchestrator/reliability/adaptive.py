@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -76,6 +76,11 @@ LATE_GAP_S = 0.25
 #: longer: what it is modelled to have left (its overrun so far) grows with it, and a move
 #: that did not pay at the first look may pay later.
 LATE_REGROW = 1.5
+
+
+async def one_turn() -> None:
+    """One turn of the event loop."""
+    await asyncio.sleep(0)
 
 
 # -- the rule (pure) ------------------------------------------------------------------------------
@@ -384,10 +389,14 @@ class Adaptive:
         drift_threshold: float = DRIFT_THRESHOLD,
         factor: float = GAIN_FACTOR,
         overhead_s: float = MOVE_OVERHEAD_S,
+        give_turn: Callable[[], Awaitable[None]] = one_turn,
     ) -> None:
         self.o = orch
         self.late_threshold, self.drift_threshold = late_threshold, drift_threshold
         self.factor, self.overhead_s = factor, overhead_s
+        #: Awaited between the steps of a pricing, so that placements waiting on a reply go
+        #: on meanwhile (whatever runs then may change the pipeline being priced).
+        self.give_turn = give_turn
         self.decisions: list[Decision] = []
         self._timers: dict[tuple[str, str, int], asyncio.TimerHandle] = {}
         self._speeds: dict[str, float] = {}
@@ -667,8 +676,9 @@ class Adaptive:
         return d
 
     async def _turn(self, run: PipelineRun) -> bool:
-        """One turn of the event loop; whether `run` is still ours to price after it."""
-        await asyncio.sleep(0)
+        """A turn of the event loop (`give_turn`); whether `run` is still ours to price after
+        it."""
+        await self.give_turn()
         pid, o = run.pipeline_id, self.o
         return not run.terminal and o.pipelines.get(pid) is run and o.failover.may_act(pid)
 

@@ -10,7 +10,6 @@ import pytest
 
 from orchestrator.reliability.adaptive import GAIN_FACTOR, Decision
 from orchestrator.service import Orchestrator
-from orchestrator.state.pipelines import PipelineRun
 from schemas import PipelineSpec
 from schemas.agent import CalibrationDrift
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
@@ -90,14 +89,15 @@ async def run_with_drift(
     by_id = {a.agent_id: a for a in agents}
     tap = EventTap()
     if meanwhile is not None:
-        real, hook = orch.adaptive._turn, meanwhile
+        adaptive, hook = orch.adaptive, meanwhile
+        give_turn = adaptive.give_turn
 
-        async def turn(run: PipelineRun) -> bool:
-            orch.adaptive._turn = real  # type: ignore[method-assign]
+        async def first_turn() -> None:
+            adaptive.give_turn = give_turn
             await hook(orch)
-            return await real(run)
+            await give_turn()
 
-        orch.adaptive._turn = turn  # type: ignore[method-assign]
+        adaptive.give_turn = first_turn
     try:
         await tap.start(nats_url, "p")
         reply = await orch.submit_spec(spec(migratable), "p")
