@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -103,6 +103,8 @@ class ResultLedger:
         self.writes = 0
         #: Writes tried again after one failed.
         self.retries = 0
+        #: Notified after each write tried (`writes`, `retries`): `wait_until` waits on it.
+        self._tried = asyncio.Condition()
 
     async def start(self) -> None:
         # a bucket made by a version that kept every chunk for ever gets the max age
@@ -216,12 +218,24 @@ class ResultLedger:
                     if len(outcome) == len(batch) or loop.time() + wait > give_up:
                         break
                     self.retries += 1
+                    await self._note_tried()
                     await asyncio.sleep(wait)  # a backoff: the server may be coming back
                     wait = min(2 * wait, RETRY_MAX_S)
         finally:  # (cancelled, the replica stopping: said `error`, never left unanswered)
             for i, a in enumerate(batch):
                 if not a.done.done():
                     a.done.set_result((outcome or {}).get(i, "error"))
+        await self._note_tried()
+
+    async def _note_tried(self) -> None:
+        async with self._tried:
+            self._tried.notify_all()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """In-process wait until `predicate` holds, re-checked after each write tried (tests,
+        as `Replicas.wait_until`)."""
+        async with asyncio.timeout(timeout), self._tried:
+            await self._tried.wait_for(predicate)
 
     async def _write_now(
         self, key: str, batch: list[_Ask], *, again: bool = False
