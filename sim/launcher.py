@@ -72,6 +72,17 @@ class SimState:
     #: agent id -> {"site", "port", "url", "profile"}
     links: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def record(self, role: str, name: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+        """Note a process just started as this fleet's (known for ours by its argv, else
+        its start time: `_ours`), and save the state; raises SimError if it is gone."""
+        try:
+            created = psutil.Process(proc.pid).create_time()
+        except psutil.Error as exc:
+            raise SimError(f"{role} {name} exited at start; see {log}") from exc
+        argv = [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
+        self.processes.append(ProcRecord(role, name, proc.pid, created, str(log), argv))
+        self.save()
+
     def save(self) -> None:
         path = Path(self.run_dir) / STATE_FILE
         tmp = path.with_suffix(".tmp")
@@ -95,18 +106,6 @@ def _detached(args: list[str], log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-
-
-def _record(
-    state: SimState, role: str, name: str, proc: subprocess.Popen[bytes], log: Path
-) -> None:
-    try:
-        created = psutil.Process(proc.pid).create_time()
-    except psutil.Error as exc:
-        raise SimError(f"{role} {name} exited at start; see {log}") from exc
-    argv = [str(a) for a in proc.args] if isinstance(proc.args, list) else [str(proc.args)]
-    state.processes.append(ProcRecord(role, name, proc.pid, created, str(log), argv))
-    state.save()
 
 
 def _ours(rec: ProcRecord) -> psutil.Process | None:
@@ -221,7 +220,7 @@ def _start(
         start_new_session=True, env=server_env(),
     )  # fmt: skip
     started.append(proc)
-    _record(state, "nats", "nats-server", proc, nats_log)
+    state.record("nats", "nats-server", proc, nats_log)
     _wait_until(
         lambda: "Server is ready" in _tail(str(nats_log), 1 << 20) and _port_open(port),
         15.0,
@@ -242,7 +241,7 @@ def _start(
         [sys.executable, "-m", "sim.linkemu", "serve", "--spec", str(rd / "linkemu.json")], emu_log
     )
     started.append(proc)
-    _record(state, "linkemu", "linkemu", proc, emu_log)
+    state.record("linkemu", "linkemu", proc, emu_log)
     _wait_until(ready.exists, 15.0, "link emulator", state.processes[-1])
     info = json.loads(ready.read_text())
     state.control_port = int(info["control_port"])
@@ -261,7 +260,7 @@ def _start(
     orch_log = logs / "orchestrator.log"
     proc = _detached(_mars(*vflags, "orchestrator", "--nats", state.nats_url), orch_log)
     started.append(proc)
-    _record(state, "orchestrator", "orchestrator", proc, orch_log)
+    state.record("orchestrator", "orchestrator", proc, orch_log)
 
     for aid, agent in agents:
         cfg = rd / "agents" / f"{aid}.yaml"
@@ -270,7 +269,7 @@ def _start(
         args = ["agent", "--nats", state.links[aid]["url"], "--config", str(cfg), "--id", aid]
         proc = _detached(_mars(*vflags, *args), alog)
         started.append(proc)
-        _record(state, "agent", aid, proc, alog)
+        state.record("agent", aid, proc, alog)
 
     n = len(agents)
     alive = eventloop.run(_wait_for_agents(state, n, timeout))

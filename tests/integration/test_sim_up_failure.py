@@ -37,15 +37,15 @@ def test_a_failed_up_leaves_nothing_running(
     topo.write_text(TOPOLOGY)
     run = tmp_path / "run"
     started: list[subprocess.Popen[bytes]] = []
-    record = launcher._record
+    record = launcher.SimState.record
 
-    def failing(state: Any, role: str, name: str, proc: Any, log: Path) -> None:
+    def failing(state: launcher.SimState, role: str, name: str, proc: Any, log: Path) -> None:
         started.append(proc)
         if role == failing_role:
             raise launcher.SimError(f"injected: {role} {name} not seen")
         record(state, role, name, proc, log)
 
-    monkeypatch.setattr(launcher, "_record", failing)
+    monkeypatch.setattr(launcher.SimState, "record", failing)
     with pytest.raises(launcher.SimError, match="injected"):
         launcher.up(topo, run, timeout=30.0)
     # nats-server, then the link emulator, the orchestrator and the agent
