@@ -130,6 +130,19 @@ class Leases:
         self.seen: dict[str, tuple[OwnerLease, int]] = {}
         self._watcher: Any = None
         self._watch_task: asyncio.Task[None] | None = None
+        #: Set, and replaced by a fresh one, whenever `seen` or `up_at` changes.
+        self._changed = asyncio.Event()
+
+    def _note_change(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> None:
+        """In-process wait until `predicate` holds, re-checked whenever `seen` or `up_at`
+        changes (tests, as `Replicas.wait_until`)."""
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                await self._changed.wait()
 
     async def start(self) -> None:
         self.kv = await open_bucket(self.js, OWNERS_BUCKET, ttl=self.keep_s)
@@ -166,6 +179,7 @@ class Leases:
     def _apply(self, entry: Any) -> None:
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             self.seen.pop(entry.key, None)
+            self._note_change()
             return
         cur = self.seen.get(entry.key)
         if cur is not None and cur[1] >= entry.revision:
@@ -178,6 +192,7 @@ class Leases:
             self.seen.pop(entry.key, None)
         else:
             self.seen[entry.key] = (lease, entry.revision)
+        self._note_change()
 
     def _lease(self, pid: str, epoch: int) -> OwnerLease:
         return OwnerLease(
@@ -255,6 +270,7 @@ class Leases:
         self.up_at[conn] = max(self.up_at.get(conn, -math.inf), sent_wall)
         for old in [c for c in self.up_at if c < conn - 1]:
             del self.up_at[old]
+        self._note_change()
 
     async def _renew(self, pid: str) -> str:
         h = self.held.get(pid)

@@ -403,19 +403,16 @@ async def test_after_a_server_outage_a_lease_that_had_lapsed_before_it_is_adopte
             await second.submit_spec(chain("mine", [8.0]), "mine-1")  # a lease second renews
         await first.submit_spec(chain("frozen", [8.0]), "frozen-1")
         leases, blind = second.failover.leases, [True]
-        expired, was_up = leases.expired, leases._was_up
+        expired = leases.expired
         monkeypatch.setattr(leases, "expired", lambda: [] if blind[0] else expired())
-        up_after_lapse = asyncio.Event()
 
-        def noted(conn: int, sent_wall: float) -> None:
-            was_up(conn, sent_wall)
-            lapsed = leases.seen["frozen-1"][0].expires + leases.grace_s
-            if max(leases.up_at.values(), default=-math.inf) > lapsed:
-                up_after_lapse.set()
+        def up_after_lapse() -> bool:
+            seen = leases.seen.get("frozen-1")
+            lapsed = math.inf if seen is None else seen[0].expires + leases.grace_s
+            return max(leases.up_at.values(), default=-math.inf) > lapsed
 
-        monkeypatch.setattr(leases, "_was_up", noted)
         first.failover.suspend()
-        await asyncio.wait_for(up_after_lapse.wait(), 15.0)
+        await leases.wait_until(up_after_lapse, 15.0)
         assert bool(leases.held) == second_holds
         await asyncio.to_thread(nats_server.stop)  # how long it is away does not matter here:
         await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
@@ -439,20 +436,15 @@ async def test_after_a_server_outage_a_lease_renewed_since_and_lapsed_is_adopted
         # recorded before the outage (else its adopter finds no record and places it anew)
         await kv_until(url, RUNS_BUCKET, run_key("late-1"), PipelineRecord, lambda r: True, 10.0)
         leases, f = second.failover.leases, second.failover
-        apply = leases._apply
-        renewed_since = asyncio.Event()
 
-        def noted(entry: Any) -> None:
-            apply(entry)
+        def renewed_since() -> bool:  # first renewed it since second was back
             seen = leases.seen.get("late-1")
             back = f._back_at  # when second noticed it was back (-inf before the outage)
-            if seen is not None and back > -math.inf and seen[0].expires >= back + f.lease_s:
-                renewed_since.set()  # first renewed it since
+            return seen is not None and back > -math.inf and seen[0].expires >= back + f.lease_s
 
-        monkeypatch.setattr(leases, "_apply", noted)
         await asyncio.to_thread(nats_server.stop)
         await asyncio.to_thread(nats_server.start)  # second's reconnect starts the hold
-        await asyncio.wait_for(renewed_since.wait(), 15.0)
+        await leases.wait_until(renewed_since, 15.0)
         first.failover.suspend()
         await adopted_during_the_hold(second, url, "late-1", 12.0)
 
