@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from edge_agent import dataplane, retention
 from edge_agent.retention import Retained
 from orchestrator.reliability import recovery
+from orchestrator.reliability.displaced import Displaced
 from orchestrator.reservations.store import device_key
 from orchestrator.service import Orchestrator
 from orchestrator.state.pipelines import PipelineRun
@@ -71,12 +72,13 @@ async def one_agent(
 
 
 def silence_input_gone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Agents from before `InputGone`: they say nothing of an input found gone."""
+    """Agents from before `InputGone`: they say nothing of an input found gone (what an
+    orchestrator hears of it, here: nothing)."""
 
-    async def silent(*_a: object) -> None:
+    async def unheard(*_a: object) -> None:
         return None
 
-    monkeypatch.setattr(dataplane.DataPlane, "_input_gone", silent)
+    monkeypatch.setattr(Displaced, "on_input_gone", unheard)
 
 
 @contextlib.asynccontextmanager
@@ -164,16 +166,16 @@ async def test_an_input_lost_on_its_way_is_fetched_when_the_commit_is_sent_again
     agent, committed twice, asks for the missing input at once."""
     monkeypatch.setattr(dataplane, "SWEEP_S", 3600.0)
     async with one_agent(nats_url) as (orch, agent, _):
-        real = agent.data._push
+        real = agent.data.push_all
         lost: list[str] = []
 
-        async def lossy(entry: Retained, consumer: str, agent_id: str) -> None:
-            if not lost:
-                lost.append(consumer)  # the first push goes nowhere
+        async def lossy(entry: Retained) -> None:
+            if entry.unacked() and not lost:
+                lost.extend(entry.unacked())  # the first push goes nowhere
                 return
-            await real(entry, consumer, agent_id)
+            await real(entry)
 
-        agent.data._push = lossy  # type: ignore[method-assign]
+        agent.data.push_all = lossy  # type: ignore[method-assign]
         run = await run_to_end(orch, chain("t", "u"))
         assert lost == ["u"]
         assert any(line.startswith("stalled, commit sent again: u") for line in run.placement_log)
