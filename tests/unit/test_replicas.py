@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -9,20 +10,32 @@ import pytest
 
 from orchestrator.reliability.replicas import HELLO_EVERY_S, MISSED_HELLOS, Replicas
 from orchestrator.service import Orchestrator
+from schemas import subjects
 from schemas.codec import encode
 from schemas.failover import ReplicaHello
 
 
 class Wire:
-    """What the replica publishes (no NATS: the membership rule alone is under test)."""
+    """What the replica publishes, and a way to hand it hellos (no NATS: the membership rule
+    alone is under test)."""
 
     is_connected = True
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes]] = []
+        self.heard: list[Callable[[Any], Awaitable[None]]] = []
 
     async def publish(self, subject: str, data: bytes) -> None:
         self.sent.append((subject, data))
+
+    async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> None:
+        assert subject == subjects.REPLICA_HELLO
+        self.heard.append(cb)
+
+    async def hear(self, msg: Any) -> None:
+        """A hello on the replicas' subject, as the subscription hands it on."""
+        for cb in self.heard:
+            await cb(msg)
 
 
 def raw(data: bytes) -> Any:
@@ -37,13 +50,13 @@ async def test_a_replica_is_up_from_its_hello_until_goodbye_or_silence() -> None
     now = [100.0]
     wire = Wire()
     r = Replicas("me", lambda: now[0])
-    r._nc = wire
-    await r._on_hello(hello(owner="b", answer=True))  # a newcomer: answered with ours
-    await r._on_hello(hello(owner="c"))
-    await r._on_hello(hello(owner="me"))  # our own, heard back
+    await r.start(wire)
+    await wire.hear(hello(owner="b", answer=True))  # a newcomer: answered with ours
+    await wire.hear(hello(owner="c"))
+    await wire.hear(hello(owner="me"))  # our own, heard back
     assert r.up() == ["b", "c"]
     assert len(wire.sent) == 1  # only the newcomer was answered
-    await r._on_hello(hello(owner="c", leaving=True))
+    await wire.hear(hello(owner="c", leaving=True))
     assert r.up() == ["b"]
     now[0] += MISSED_HELLOS * HELLO_EVERY_S - 0.1
     assert r.up() == ["b"]
@@ -53,10 +66,11 @@ async def test_a_replica_is_up_from_its_hello_until_goodbye_or_silence() -> None
 
 async def test_a_malformed_hello_changes_nothing() -> None:
     r = Replicas("me", lambda: 0.0)
-    r._nc = Wire()
-    await r._on_hello(raw(b"\x81\xa5owner\xc0"))
-    await r._on_hello(raw(b"not msgpack at all \xff"))
-    assert r.up() == []
+    wire = Wire()
+    await r.start(wire)
+    await wire.hear(raw(b"\x81\xa5owner\xc0"))
+    await wire.hear(raw(b"not msgpack at all \xff"))
+    assert r.up() == [] and wire.sent == []
 
 
 @pytest.mark.parametrize("name", ["a.b", "a b", "x" * 129, "orch>"])

@@ -12,6 +12,8 @@ import pytest
 
 from benchmarks.watchdog_look import NOW, held, idle_orchestrator
 from orchestrator.reliability import watchdog
+from orchestrator.state.pipelines import PipelineRun
+from tests.unit.test_job_ask import Recorder
 
 
 async def test_a_look_over_many_pipelines_gives_the_loop_turns() -> None:
@@ -92,11 +94,14 @@ async def test_what_a_look_cut_short_counted_stands_at_the_next_look() -> None:
     assert {n for (pid, *_), n in after.items() if pid not in first} == {1}
 
 
-def test_one_look_asks_agents_about_at_most_max_asks_overdue_tasks() -> None:
+async def test_one_look_asks_agents_about_at_most_max_asks_overdue_tasks() -> None:
     """Under overload many started tasks look overdue at once: a look asks their agents
     about MAX_ASKS of them at most (each query is a request); the others wait for a later
-    look."""
+    look. The queries go out on a stand-in connection that answers each `held`."""
     o, _ = idle_orchestrator(100)
+    for run in list(o.pipelines.values()):  # (a stalled task's agent is asked too: not here)
+        if run.stalled(NOW, o.watchdog.stall_s):
+            del o.pipelines[run.pipeline_id]
     overdue = 0
     for run in o.pipelines.values():
         for tr in run.tasks.values():
@@ -104,15 +109,26 @@ def test_one_look_asks_agents_about_at_most_max_asks_overdue_tasks() -> None:
                 tr.started_s = NOW - 1e4  # far past any prediction
                 overdue += 1
     assert overdue > watchdog.MAX_ASKS
-    asked: list[str] = []
+    nc = Recorder()
+    o.nc = nc  # type: ignore[assignment]
+    spawned: list[asyncio.Task[Any]] = []
 
-    def ask(run: object, tids: list[str], kind: str) -> Coroutine[Any, Any, None]:
-        asked.extend(tids)
-        return asyncio.sleep(0)  # closed unrun by the idle orchestrator's spawn
+    def spawn(coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        spawned.append(asyncio.ensure_future(coro))  # replays and queries: run
+        return spawned[-1]
 
-    o.watchdog._ask_agents = ask  # type: ignore[method-assign]
+    async def read_again(run: PipelineRun) -> int:
+        return 0  # the events read again hold nothing new
+
+    o.spawn = spawn  # type: ignore[method-assign]
+    o.failover.replay = read_again  # type: ignore[method-assign]
     for _ in range(watchdog.STARVED_AFTER_LOOKS):
         o.watchdog.check()  # overdue, events read again: not asked yet
-    assert asked == []
+    await asyncio.gather(*spawned)
+    assert nc.asked == [] and o.watchdog.asking == 0
     o.watchdog.check()
-    assert len(asked) == watchdog.MAX_ASKS == o.watchdog.asking  # none answered yet
+    assert o.watchdog.asking == watchdog.MAX_ASKS  # none answered yet
+    await asyncio.gather(*spawned)
+    assert len({(q.pipeline_id, q.task_id) for _, q in nc.asked}) == watchdog.MAX_ASKS
+    assert len(nc.asked) == watchdog.MAX_ASKS == o.watchdog.job_answers["held"]
+    assert o.watchdog.asking == 0  # all answered
