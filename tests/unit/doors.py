@@ -228,11 +228,19 @@ class _Service:
                 t.result()  # an error in one fails the test
 
     async def stop(self) -> None:
-        """Cancel what still runs of what was spawned, as the service does when it stops."""
-        while pending := [t for t in self.spawned if not t.done()]:
+        """Cancel what still runs of what was spawned, as the service does when it stops. A
+        task can drop a cancellation (Python 3.11's `asyncio.wait_for`, when what it waits
+        for is done in the same turn): it is cancelled again, a few turns later, until it
+        ends."""
+        for _ in range(100):
+            pending = [t for t in self.spawned if not t.done()]
+            if not pending:
+                return
             for t in pending:
                 t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            for _ in range(5):
+                await asyncio.sleep(0)
+        raise AssertionError(f"spawned tasks still running after being cancelled: {pending}")
 
     async def ask_agent(
         self,
@@ -366,14 +374,15 @@ class MemoryKV:
 
 
 class MemoryJS:
-    """A JetStream context whose buckets are `MemoryKV`s, each made when first opened."""
+    """A JetStream context whose buckets are `MemoryKV`s, each made when first opened (with
+    this max age and history)."""
 
-    def __init__(self, ttl: float = 0.0) -> None:
-        self.ttl = ttl
+    def __init__(self, ttl: float = 0.0, history: int = 64) -> None:
+        self.ttl, self.history = ttl, history
         self.buckets: dict[str, MemoryKV] = {}
 
     async def key_value(self, bucket: str) -> MemoryKV:
-        return self.buckets.setdefault(bucket, MemoryKV(self.ttl))
+        return self.buckets.setdefault(bucket, MemoryKV(self.ttl, self.history))
 
 
 def store_on(kv: MemoryKV) -> BookingStore:
@@ -556,7 +565,8 @@ class PlacerService(_Service):
 
 
 class _Orchestrating(_Service):
-    """What the recovery's and adaptive's doors share: the fleet (`view`), bookings on an
+    """What the recovery's and adaptive's doors share: `nc` an unconnected client (`bus`:
+    what is subscribed is kept; nothing is published), the fleet (`view`), bookings on an
     in-memory bucket, commits, displaced tasks and placement as stand-in ports; each record
     written (`persisted`), each wake-up (`woken`) and each batch of effects carried out
     (`carried`) kept. The placer binds tasks to `devices`, in that order of preference."""
@@ -566,7 +576,8 @@ class _Orchestrating(_Service):
     ) -> None:
         super().__init__(now, answer)
         self.owner = "orch-1"
-        self.nc: NATS | None = Unconnected()
+        self.bus = Unconnected()
+        self.nc: NATS | None = self.bus
         self.view = ClusterView()
         self.kv = MemoryKV()
         self.store = store_on(self.kv)
@@ -589,8 +600,7 @@ class _Orchestrating(_Service):
 
 class RecoveryService(_Orchestrating):
     """The service as recovery sees it (`RecoveryDoor`); JetStream is in memory (`js`: the
-    result ledger's bucket), and `nc` an unconnected client (what recovery subscribes to is
-    kept; nothing is published)."""
+    result ledger's bucket)."""
 
     def __init__(
         self, now: float = 1000.0, answer: Answer = no_answer, devices: Sequence[str] = ()
