@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import nats
 import pytest
 
-from orchestrator import service
 from orchestrator.infra import procs
 from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.placement.placer import PlacementFailed
@@ -1157,11 +1156,11 @@ async def test_a_pipeline_ended_unrecorded_is_kept_until_its_end_is_written(
         leases.held["kept-1"].valid_until = orch.mono()  # lapsed
         await orch.queries.cancel(CancelRequest(pipeline_id="kept-1", reason="ended while lapsed"))
         assert not orch.failover.end_recorded("kept-1")
-        # the next pipeline remembered drops every finished one
-        monkeypatch.setattr(service, "MAX_PIPELINES_KEPT", 0)
-        orch._trim_at = 0
         await orch.submit_spec(chain("newer", [0.05]), "newer-1")
-        assert "kept-1" in orch.pipelines  # its end not written yet: kept
+        await orch.wait_terminal("newer-1", 10.0)
+        orch.forget_finished(keep=0)  # every finished pipeline dropped from memory...
+        assert "newer-1" not in orch.pipelines
+        assert "kept-1" in orch.pipelines  # ...but one whose end is not written yet
         renewing.set()
         rec = await settled_record(nats_url, "kept-1")
         assert rec.state == "cancelled"
@@ -1217,16 +1216,8 @@ async def test_a_recovery_its_owner_could_not_act_on_waits_for_its_lease(
         doomed = next(a for a in agents if a.agent_id == run.tasks["t"].agent_id)
         orch.failover.leases.held["wait-1"].valid_until = orch.mono()  # lapsed here
         assert orch.failover.holds("wait-1") and not orch.failover.may_act("wait-1")
-        parked, park = asyncio.Event(), orch.recovery._wait_for_capacity
-
-        def parking(*a: Any, **kw: Any) -> None:
-            park(*a, **kw)
-            parked.set()
-
-        monkeypatch.setattr(orch.recovery, "_wait_for_capacity", parking)
         await doomed.stop()
-        async with asyncio.timeout(10):
-            await parked.wait()  # its re-placement put off
+        await orch.wait_for(lambda: orch.recovery.put_off("wait-1"), 10.0)
         assert any("lease on it lapsed" in x for x in run.placement_log), run.placement_log
         assert run.tasks["t"].agent_id == doomed.agent_id  # not moved while it may not act
         renewing.set()

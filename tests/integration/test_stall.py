@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from nats.aio.msg import Msg
@@ -42,25 +43,36 @@ def chain(*tasks: str) -> PipelineSpec:
     ]})  # fmt: skip
 
 
+class LossyOrchestrator(Orchestrator):
+    """One whose live task-event path loses the events `lose` picks (noting their ids): a
+    lossy link between the agents and this replica, while the stream keeps them."""
+
+    def __init__(
+        self, url: str, lose: Callable[[TaskEvent], bool], lost: list[str], **kw: Any
+    ) -> None:
+        super().__init__(url, **kw)
+        self.lose, self.lost = lose, lost
+
+    async def on_live_task_event(self, msg: Msg) -> None:
+        ev = decode(msg.data, TaskEvent)
+        if self.lose(ev):
+            self.lost.append(ev.event_id)
+            return
+        await super().on_live_task_event(msg)
+
+
 @contextlib.asynccontextmanager
 async def one_agent(
     nats_url: str, lose: Callable[[TaskEvent], bool] | None = None, stall_s: float = 0.4
 ) -> AsyncIterator[tuple[Orchestrator, RecordingAgent, list[str]]]:
     """An orchestrator (stall time `stall_s`) whose live task-event path drops the events
     `lose` picks (their ids are listed), and one agent."""
-    orch = Orchestrator(nats_url, stall_s=stall_s)
     lost: list[str] = []
-    if lose is not None:
-        live = orch._on_live_task_event
-
-        async def lossy(msg: Msg) -> None:
-            ev = decode(msg.data, TaskEvent)
-            if lose(ev):
-                lost.append(ev.event_id)
-                return
-            await live(msg)
-
-        orch._on_live_task_event = lossy  # type: ignore[method-assign]  # before start subscribes
+    orch = (
+        Orchestrator(nats_url, stall_s=stall_s)
+        if lose is None
+        else LossyOrchestrator(nats_url, lose, lost, stall_s=stall_s)
+    )
     await orch.start()
     agent = await one_device_agent(nats_url)
     try:
