@@ -472,8 +472,7 @@ class Orchestrator:
             if left <= 0:
                 break
             self.cluster_changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.cluster_changed.wait(), left)
+            await eventloop.wait_event(self.cluster_changed, left)
         return len(self.view.alive(self.mono()))
 
     # -- events ---------------------------------------------------------------------------------

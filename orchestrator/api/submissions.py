@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.micro.request import Request
 
+from orchestrator.infra import eventloop
 from orchestrator.placement.placer import PlacementFailed
 from orchestrator.scheduling import Unschedulable
 from orchestrator.state import lifecycle
@@ -187,8 +188,8 @@ class Submissions:
                 return
             if o.failover.may_act(pid) and o.view.alive(o.mono()):
                 break
-            with contextlib.suppress(TimeoutError):  # the lease is looked at again meanwhile
-                await asyncio.wait_for(o.cluster_changed.wait(), AGENT_WAIT_LOOK_S)
+            # the lease is looked at again meanwhile
+            await eventloop.wait_event(o.cluster_changed, AGENT_WAIT_LOOK_S)
         await self.place_anew(pid, run.spec, "an agent is up: placed anew")
 
     async def _place_new(

@@ -10,6 +10,7 @@ loop, e.g. to rule uvloop out when chasing a bug.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -188,3 +189,16 @@ class Pacer:
             self.turns += 1
             await asyncio.sleep(0)  # a turn for what became ready meanwhile
             self._began = time.perf_counter()
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait for `event` at most `timeout_s`; True if it is set. A cancellation that lands in
+    the same turn as the event is raised, not dropped (`asyncio.wait_for` before Python 3.12
+    returns the result that won the race and drops the cancellation: a loop around it would
+    never end, and whoever cancelled it wait for good)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout_s)
+    me = asyncio.current_task()
+    if me is not None and me.cancelling():
+        raise asyncio.CancelledError
+    return event.is_set()

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import nats
 import nats.errors
 
+from orchestrator.infra import eventloop
+
 #: The first wait before trying again, doubled after each failure up to the last.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
@@ -71,7 +73,6 @@ async def reach(
             raise Unreachable(f"cannot reach NATS at {url}: {why}")
         failed = True
         say(f"cannot reach NATS at {url}: {why}; trying again in {wait:g} s")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), wait)
+        await eventloop.wait_event(stop, wait)
         wait = min(2 * wait, RETRY_MAX_S)
     return False

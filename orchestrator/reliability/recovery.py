@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 import nats
 from nats.aio.msg import Msg
 
+from orchestrator.infra import eventloop
 from orchestrator.reliability.health import (
     DEFAULT_FLOOD_FRACTION,
     DEFAULT_FLOOD_MIN,
@@ -167,8 +168,7 @@ class Recovery:
             due = min(self.health.next_check(), self._retry_stuck(self.o.mono()))
             wait = min(max(due - self.o.mono(), 0.0) + 1e-3, 1.0)
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await eventloop.wait_event(self._wake, wait)
 
     # -- inputs ---------------------------------------------------------------------------------
     def on_advert(self, adv: AgentAdvert, now: float, joined: bool = False) -> None:
