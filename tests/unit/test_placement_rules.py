@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.placement.placer import MIN_WINDOW_S, Placer, ancestors, descendants, window_ends
+from orchestrator.placement.placer import MIN_WINDOW_S, ancestors, descendants, window_ends
 from orchestrator.reservations.book import (
     AGING_PER_S,
     EVICTION_POINTS,
@@ -123,28 +122,3 @@ def test_reserved_windows_are_stretched_but_never_overlap_on_a_slot(
             default=math.inf,
         )
         assert end >= min(p.start + MIN_WINDOW_S, room)
-
-
-async def test_the_portfolio_budget_is_spent_only_when_one_placement_is_under_way() -> None:
-    """Alone, a plan gets the portfolio's extra time; while other placements are under way
-    (queued behind the planner) it gets none, and the count returns to 0 however `place`
-    ends."""
-    from types import SimpleNamespace
-    from typing import Any
-
-    orch: Any = SimpleNamespace(plan_budget_s=0.002)
-    placer = Placer(orch)
-    seen: list[tuple[int, float]] = []
-
-    async def fake(run: object, only: object, exclude: object, gate: object, asked: object) -> None:
-        seen.append((placer.placing, placer.budget_s()))
-        if len(seen) == 1:
-            await placer.place(run)  # type: ignore[arg-type]  # a second one meanwhile
-        else:
-            raise RuntimeError("placement failed")
-
-    placer._place = fake  # type: ignore[method-assign]
-    with pytest.raises(RuntimeError):
-        await placer.place(object())  # type: ignore[arg-type]
-    assert seen == [(1, 0.002), (2, 0.0)]
-    assert placer.placing == 0

@@ -5,6 +5,8 @@ planned a, b on x and c on y."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from orchestrator.placement.placer import PlacementFailed, Placer
@@ -207,3 +209,29 @@ async def test_a_task_no_device_can_run_fails_before_anything_is_booked() -> Non
     await placer.withdrawn(PID)
     await svc.settle()
     assert svc.sent == [] and svc.spawned == []
+
+
+async def test_the_portfolio_budget_is_spent_only_when_one_placement_is_under_way() -> None:
+    """Alone, a plan gets the portfolio's extra time; while another placement is under way
+    (queued behind the planner) it gets none, and the count of placements under way returns
+    to 0 however they end (the first here fails at its ownership gate)."""
+    svc, placer = service()
+    svc.plan_budget_s = 0.002
+    at_gate, release = asyncio.Event(), asyncio.Event()
+
+    async def gate() -> None:
+        at_gate.set()
+        await release.wait()
+        raise RuntimeError("the claim was lost")
+
+    first = asyncio.create_task(placer.place(new_run(svc), gate=gate()))
+    await at_gate.wait()  # planned, holding the booking lock
+    assert (placer.placing, placer.budget_s()) == (1, 0.002)
+    second = asyncio.create_task(placer.place(PipelineRun("p2", spec(), svc.now)))
+    await asyncio.sleep(0)  # one loop turn: the new task takes its first step, then queues
+    assert (placer.placing, placer.budget_s()) == (2, 0.0)
+    release.set()
+    with pytest.raises(RuntimeError, match="claim was lost"):
+        await first
+    await second  # placed once the first let go of the planner
+    assert placer.placing == 0
