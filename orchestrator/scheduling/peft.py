@@ -30,7 +30,8 @@ from orchestrator.scheduling.plan import Placement, Plan
 from orchestrator.scheduling.ranks import priority_keys
 from orchestrator.scheduling.transfer import TransferTable
 
-_CHUNK = 1 << 22  # max edge x device elements materialised at once (32 MiB of float64)
+#: Most edge x device elements materialised at once (32 MiB of float64).
+CHUNK = 1 << 22
 
 
 def _heights(graph: TaskGraph) -> list[list[int]]:
@@ -56,7 +57,7 @@ def oct_array(
         return oct_
     a = w.copy()  # OCT + w, final for every level processed so far (exits: OCT = 0)
     a_min = a.min(axis=1)
-    per_chunk = max(1, _CHUNK // m)
+    per_chunk = max(1, CHUNK // m)
     for level in _heights(graph)[1:]:
         # Most successors first, so the tasks with a p-th successor are a prefix.
         level = sorted(level, key=lambda i: -len(graph.succs[i]))
