@@ -32,6 +32,7 @@ from orchestrator.reliability.ownership import (
     record_fields,
 )
 from orchestrator.reservations.store import device_key_of
+from orchestrator.state import lifecycle
 from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
 from schemas.api import (
@@ -435,10 +436,10 @@ class Failover:
         run = self.o.pipelines.pop(pid, None)
         log.warning("lost pipeline %s to another replica (%s); no longer acting on it", pid, why)
         if run is not None:
-            run.note(f"{self.o.owner} lost the ownership lease ({why})")
-            if run.state == "cancelled" and pid not in self._finished:
-                # cancelled here while the lease had lapsed: the adopter resumed it running
-                self.o.spawn(self.o.queries.cancel_lost(run))
+            lost = lifecycle.LeaseLost(self.o.owner, why, pid in self._finished)
+            for e in lifecycle.step(run, lost, self.o.mono()):
+                if isinstance(e, lifecycle.PassCancel):
+                    self.o.spawn(self.o.queries.cancel_lost(run))
 
     # -- the loop -------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -331,18 +331,17 @@ class Recovery:
     async def recover_agent(self, rec: Recover) -> None:
         """A dead agent: give its reservations back, re-place what it held."""
         self.stats["recoveries"] += 1
-        runs = [
-            r
+        lost = lifecycle.AgentLost(rec.agent_id, rec.incarnation, rec.cause)
+        now = self.o.mono()
+        asks = [
+            (r, e)
             for r in list(self.o.pipelines.values())
-            if not r.terminal and any(tr.agent_id == rec.agent_id for tr in r.tasks.values())
+            for e in lifecycle.step(r, lost, now)
+            if isinstance(e, lifecycle.RePlace)
         ]
-        why = f"agent {rec.agent_id} dead ({rec.cause})"
-        self.o.spawn(self._release_agent(rec.agent_id, runs))
+        self.o.spawn(self._release_agent(rec.agent_id, [r for r, _ in asks]))
         await asyncio.gather(
-            *(
-                self.recover_run(r, None, {rec.agent_id}, why, {rec.agent_id: rec.incarnation})
-                for r in runs
-            )
+            *(self.recover_run(r, None, set(e.gone), e.why, e.incarnations) for r, e in asks)
         )
 
     async def _release_agent(self, agent_id: str, runs: list[PipelineRun]) -> None:

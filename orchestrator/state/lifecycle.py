@@ -104,9 +104,27 @@ class PutBack:
     why: str
 
 
+@dataclass(frozen=True)
+class AgentLost:
+    """An agent was declared dead (this incarnation of it)."""
+
+    agent_id: str
+    incarnation: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class LeaseLost:
+    """Another replica owns the pipeline now; `end_recorded`: its end here was written."""
+
+    owner: str
+    why: str
+    end_recorded: bool
+
+
 Stimulus = (
     Placing | Bound | Committed | NotPlaced | Heard | CancelAsked | GaveUp | Detached
-    | Replaced | PutBack
+    | Replaced | PutBack | AgentLost | LeaseLost
 )  # fmt: skip
 
 # -- effects ------------------------------------------------------------------------------------
@@ -132,6 +150,21 @@ class RunAgain:
 
     task_id: str
     why: str
+
+
+@dataclass(frozen=True)
+class RePlace:
+    """Re-place the unfinished tasks on the `gone` agents, and whatever must run again to
+    feed what still has to run (outputs held there are lost)."""
+
+    gone: frozenset[str]
+    incarnations: Mapping[str, str]
+    why: str
+
+
+@dataclass(frozen=True)
+class PassCancel:
+    """A cancel heard here while the lease had lapsed: pass it to the pipeline's owner."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +237,9 @@ class Changed:
 
 
 Effect = (
-    CommitTasks | GiveBack | RunAgain | CommitResult | Learn | ProducerEnded | HoldStarted
-    | CancelOnAgents | SettleResults | Close | Publish | Record | Progress | HearAgain | Changed
+    CommitTasks | GiveBack | RunAgain | RePlace | PassCancel | CommitResult | Learn
+    | ProducerEnded | HoldStarted | CancelOnAgents | SettleResults | Close | Publish | Record
+    | Progress | HearAgain | Changed
 )  # fmt: skip
 
 
@@ -250,6 +284,17 @@ def step(run: PipelineRun, stimulus: Stimulus, now: float) -> list[Effect]:
             return []
         case PutBack(saved, why):
             return _put_back(run, saved, why, now)
+        case AgentLost(agent, incarnation, cause):
+            # what it ran, or holds outputs of, is placed again; a pipeline with nothing
+            # there (or ended) is not this agent's business
+            if run.terminal or all(tr.agent_id != agent for tr in run.tasks.values()):
+                return []
+            why = f"agent {agent} dead ({cause})"
+            return [RePlace(frozenset({agent}), {agent: incarnation}, why)]
+        case LeaseLost(owner, why, end_recorded):
+            run.note(f"{owner} lost the ownership lease ({why})")
+            # cancelled here while the lease had lapsed: the adopter resumed it running
+            return [PassCancel()] if run.state == "cancelled" and not end_recorded else []
     raise TypeError(f"not a pipeline stimulus: {stimulus!r}")
 
 

@@ -238,3 +238,23 @@ def test_any_stream_of_events_ends_at_most_once_and_commits_each_result_once(
             assert lc.Close() in effects
     assert closes == (1 if r.terminal else 0)
     assert len(results) == len(set(results))
+
+
+def test_an_agent_lost_re_places_only_pipelines_it_ran_or_holds_outputs_of() -> None:
+    r = running()
+    lost = lc.AgentLost("ag", "inc-1", "heartbeats missed")
+    assert lc.step(r, lost, 2.0) == [
+        lc.RePlace(frozenset({"ag"}), {"ag": "inc-1"}, "agent ag dead (heartbeats missed)")
+    ]
+    assert lc.step(r, lc.AgentLost("elsewhere", "i", "gone"), 2.0) == []
+    lc.step(r, lc.CancelAsked("done"), 2.1)
+    assert lc.step(r, lost, 2.2) == []  # ended: nothing to re-place
+
+
+def test_a_lease_lost_passes_on_a_cancel_its_new_owner_has_not_heard() -> None:
+    r = running()
+    assert lc.step(r, lc.LeaseLost("o1", "adopted by o2", end_recorded=False), 2.0) == []
+    assert r.placement_log[-1] == "o1 lost the ownership lease (adopted by o2)"
+    lc.step(r, lc.CancelAsked(""), 2.1)  # while the lease had lapsed
+    assert lc.step(r, lc.LeaseLost("o1", "x", end_recorded=False), 2.2) == [lc.PassCancel()]
+    assert lc.step(r, lc.LeaseLost("o1", "x", end_recorded=True), 2.3) == []
