@@ -92,13 +92,13 @@ async def run_synthetic(run: SyntheticRun, device: DeviceSpec) -> Output:
 
 def resolve_model(name: str, models_dir: str | None) -> Path | None:
     """A model name resolves to a built-in model, then to a file in the agent's models dir."""
-    candidates = [BUILTIN_MODELS / f"{name}.onnx", BUILTIN_MODELS / name]
+    builtin = BUILTIN_MODELS.resolve()
+    looked = [(builtin, builtin / f"{name}.onnx"), (builtin, builtin / name)]
     if models_dir:
         base = Path(models_dir).resolve()
-        for cand in (base / name, base / f"{name}.onnx"):
-            # never leave the models directory
-            if cand.resolve().is_relative_to(base):
-                candidates.append(cand)
+        looked += [(base, base / name), (base, base / f"{name}.onnx")]
+    # never leave the directory (an absolute name or `..` would, joined to it)
+    candidates = [cand for base, cand in looked if cand.resolve().is_relative_to(base)]
     for cand in candidates:
         if cand.is_file():
             return cand

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
@@ -28,6 +28,21 @@ Ident = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=r
 Text = Annotated[str, StringConstraints(max_length=2048)]
 ShortText = Annotated[str, StringConstraints(max_length=256)]
 Path = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
+def _relative_inside(name: str) -> str:
+    """A name that stays inside the directory it is looked up in (no absolute path, drive or
+    `..`): a task names a model, never a file elsewhere on the agent."""
+    parts = name.replace("\\", "/").split("/")
+    if name.startswith(("/", "\\")) or ".." in parts or ":" in parts[0] or "\x00" in name:
+        raise ValueError("must be relative to the agent's models directory, without '..'")
+    return name
+
+
+#: A file named relative to a directory of the agent's, that it cannot leave.
+RelativeName = Annotated[
+    str, StringConstraints(min_length=1, max_length=1024), AfterValidator(_relative_inside)
+]
 LabelKey = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9_./-]+$")
 ]

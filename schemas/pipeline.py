@@ -16,8 +16,8 @@ from schemas.limits import (
     Ident,
     Labels,
     NonNegFloat,
-    Path,
     PosFloat,
+    RelativeName,
     Seconds,
     ShortText,
 )
@@ -50,7 +50,7 @@ class OnnxRun(WireModel):
     directory, or an artifact `name@sha256` (fetched and verified by the agent)."""
 
     kind: Literal["onnx"] = "onnx"
-    model: Path
+    model: RelativeName
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     batch: Annotated[int, Field(ge=1, le=4096)] = 1
     iterations: Annotated[int, Field(ge=1, le=10_000)] = 1
