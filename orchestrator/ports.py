@@ -215,7 +215,9 @@ class HoldsPipelines(Protocol):
 class CarriesEffects(Protocol):
     """Carry out what the pipeline state machine (`state.lifecycle`) asked for."""
 
-    async def carry_out(self, run: PipelineRun, effects: Sequence[Effect]) -> None: ...
+    async def carry_out(
+        self, run: PipelineRun, effects: Sequence[Effect], answering: bool = False
+    ) -> None: ...
 
 
 class SeesFleet(Protocol):

@@ -29,6 +29,7 @@ from orchestrator.api.submissions import (
     MAX_QUEUED_SUBMITS,
     SUBMITS_AT_ONCE,
     Submissions,
+    after_reply,
     refuse,
     timing_log,
 )
@@ -530,8 +531,12 @@ class Orchestrator:
             return  # not ours, or our lease lapsed: fenced (replayed from the stream once back)
         await self.carry_out(run, lifecycle.step(run, lifecycle.Heard(ev), self.mono()))
 
-    async def carry_out(self, run: PipelineRun, effects: Sequence[lifecycle.Effect]) -> None:
-        """Do what the pipeline's state machine asked for, in its order."""
+    async def carry_out(
+        self, run: PipelineRun, effects: Sequence[lifecycle.Effect], answering: bool = False
+    ) -> None:
+        """Do what the pipeline's state machine asked for, in its order. `answering`: inside
+        the API handler answering for the pipeline: the commits and the record begin once the
+        reply is written (tasks spawned now would run before it)."""
         for e in effects:
             match e:
                 case lifecycle.GiveBack(task_id):
@@ -557,12 +562,17 @@ class Orchestrator:
                     await self.publish_pipeline(run)
                 case lifecycle.Publish():
                     await self.publish_pipeline(run)
+                case lifecycle.Record() if answering:
+                    self.spawn(after_reply(self.persist(run)))
                 case lifecycle.Record():
                     await self.persist(run)
                 case lifecycle.Progress():
                     self.failover.progress(run)  # a finished task: what a new owner resumes from
                 case lifecycle.HearAgain(events):
                     self.spawn(self._hear_again(events))
+                case lifecycle.CommitTasks(tasks) if answering:
+                    commit = self.commits.commit_all(run, set(tasks), unanswered=True)
+                    self.spawn(after_reply(commit))
                 case lifecycle.CommitTasks(tasks):
                     await self.commits.commit_all(run, set(tasks))
                 case lifecycle.Changed():

@@ -300,13 +300,8 @@ class Submissions:
         # messages, looked after until each agent shows it has them) and the record are off
         # the reply's path, and begin once the reply is written (tasks spawned now would run
         # before it); status falls back to memory meanwhile.
-        for e in lifecycle.step(run, lifecycle.Committed(), o.mono()):
-            if isinstance(e, lifecycle.CommitTasks):
-                o.spawn(after_reply(o.commits.commit_all(run, set(e.tasks), unanswered=True)))
-            elif isinstance(e, lifecycle.Record):
-                o.spawn(after_reply(o.persist(run)))
-            else:
-                await o.carry_out(run, [e])
+        committed = lifecycle.step(run, lifecycle.Committed(), o.mono())
+        await o.carry_out(run, committed, answering=True)
         # (its spec is on the bucket before anyone is told of it, above: begun with the claim,
         # long written by now; an adopter that finds no record places it anew)
         reply = self.reply(run)

@@ -594,7 +594,9 @@ class _Orchestrating(_Service):
     async def persist(self, run: PipelineRun) -> None:
         self.persisted.append(run.pipeline_id)
 
-    async def carry_out(self, run: PipelineRun, effects: Sequence[lifecycle.Effect]) -> None:
+    async def carry_out(
+        self, run: PipelineRun, effects: Sequence[lifecycle.Effect], answering: bool = False
+    ) -> None:
         self.carried.append((run.pipeline_id, list(effects)))
 
 
