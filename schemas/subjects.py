@@ -171,3 +171,24 @@ ARTIFACT_NAMES_BUCKET = "MARS_ARTIFACT_NAMES"
 def artifact_key(name: str, sha256: str) -> str:
     """The names bucket's key of one name given to one artifact's bytes."""
     return f"{name}.{sha256}"
+
+
+def api_as(subject: str, user: str) -> str:
+    """One of API_SUBJECTS as user `user` asks it (`<subject>.<user>`). The server lets a user
+    publish only on its own (the deploy's permissions), and a replica answers there only
+    about that user's pipelines; the unsuffixed subjects are the admin's (every pipeline)."""
+    return f"{subject}.{user}"
+
+
+def api_users(subject: str) -> str:
+    """Every user's form of one of API_SUBJECTS (what the replicas serve)."""
+    return f"{subject}.*"
+
+
+def api_user(subject: str) -> str | None:
+    """The user token a per-user API subject ends in, unchecked (orchestrator/api/users.py
+    checks it); None for an unsuffixed one."""
+    for base in API_SUBJECTS:
+        if subject.startswith(base + ".") and len(subject) > len(base) + 1:
+            return subject[len(base) + 1 :]
+    return None
