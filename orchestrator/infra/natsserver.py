@@ -23,6 +23,7 @@ from orchestrator.infra.procs import tied_to_caller
 from schemas.advisories import ServerConnections, ServerJetStream
 from schemas.codec import decode
 from schemas.limits import MAX_PAYLOAD_BYTES
+from schemas.presence import PING_CONF
 
 
 class NatsServerError(RuntimeError):
@@ -56,7 +57,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 #: orchestrator sees a crashed agent's connection close at once (see docs/recovery.md).
 #: Messages as large as the wire allows (`MAX_PAYLOAD_BYTES`, as deploy/nats/single.conf):
 #: a pipeline of the most tasks a spec may hold takes more than the server's default 1 MiB.
-ACCOUNTS_CONF = """max_payload: %(max_payload)d
+#: The server pings idle clients (`schemas.presence`): a silent link or a hung agent is closed,
+#: and so reported by a DISCONNECT advisory, as fast as missed 0.5 s heartbeats used to find it.
+ACCOUNTS_CONF = (
+    PING_CONF
+    + """max_payload: %(max_payload)d
 accounts {
   SYS {
     users: [{user: "sys", password: "%(password)s"}]
@@ -71,6 +76,7 @@ accounts {
 system_account: SYS
 no_auth_user: mars
 """
+)
 
 
 def go_procs(cpus: int | None = None) -> int:
