@@ -28,6 +28,7 @@ from schemas import subjects
 from schemas.artifacts import MAX_ARTIFACT_BYTES, ArtifactInfo, ArtifactKind, parse_ref
 from schemas.codec import DecodeError, decode, encode
 from schemas.digests import sha256_file
+from transport import connect
 
 CHUNK_BYTES = 128 * 1024
 KINDS: tuple[ArtifactKind, ...] = get_args(ArtifactKind)
@@ -88,7 +89,9 @@ async def _names(js: Any, create: bool) -> Any:
         if not create:
             return None
     try:
-        return await js.create_key_value(bucket=subjects.ARTIFACT_NAMES_BUCKET, history=1)
+        return await js.create_key_value(
+            bucket=subjects.ARTIFACT_NAMES_BUCKET, history=1, replicas=connect.js_replicas()
+        )
     except Exception:  # another put created it first
         return await js.key_value(subjects.ARTIFACT_NAMES_BUCKET)
 
@@ -99,7 +102,10 @@ async def _objects(js: Any, create: bool) -> Any:
     except BucketNotFoundError:
         if not create:
             return None
-    cfg = ObjectStoreConfig(description="MARS artifacts (models, Python bundles) by sha256")
+    cfg = ObjectStoreConfig(
+        description="MARS artifacts (models, Python bundles) by sha256",
+        replicas=connect.js_replicas(),
+    )
     try:
         return await js.create_object_store(subjects.ARTIFACTS_BUCKET, config=cfg)
     except Exception:

@@ -33,6 +33,7 @@ from orchestrator.infra.natsserver import EmbeddedNats
 from orchestrator.infra.procs import spawn, stop_all, terminate_as_interrupt
 from schemas.api import StatusReply
 from schemas.pipeline import PipelineInput
+from transport import connect
 from transport.client import Client
 
 # Declared link costs between the demo's sites (EdgeCloudSim-style defaults: WAN 100 ms,
@@ -95,7 +96,7 @@ def example_path(name: str = "digits.yaml") -> Path:
 async def _inputs(client: Client) -> list[PipelineInput]:
     """The digits data set the package carries, stored as the pipeline input `digits`."""
     given = await asyncio.to_thread(inputs.describe, "digits", DATA_FILE)
-    await inputs.put(client.nc.jetstream(), given, DATA_FILE)
+    await inputs.put(connect.jetstream(client.nc), given, DATA_FILE)
     print(f"input digits: {DATA_FILE.name}, {given.size} B, sha256 {given.sha256[:16]}...")
     return [given]
 
@@ -107,7 +108,7 @@ async def _score(client: Client, st: StatusReply) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "score.json"
-        await fetch(client.nc.jetstream(), find(st, "score"), str(out))
+        await fetch(connect.jetstream(client.nc), find(st, "score"), str(out))
         result = json.loads(await asyncio.to_thread(out.read_text))
     print(f"\nscore, read back from the cloud step's output: {result['summary']}")
     print(confusion_table(np.array(result["confusion"], dtype=np.int64)))

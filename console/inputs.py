@@ -16,6 +16,7 @@ from orchestrator.reliability import ownership
 from schemas import subjects
 from schemas.digests import sha256_file
 from schemas.pipeline import MediaType, PipelineInput
+from transport import connect
 
 CHUNK_BYTES = 256 << 10
 #: Media types by file suffix; anything else is bytes (`.npy`/`.npz` are known by their bytes).
@@ -26,7 +27,11 @@ async def bucket(js: Any, keep_s: float = ownership.KEEP_S) -> Any:
     try:
         return await js.object_store(subjects.INPUTS_BUCKET)
     except BucketNotFoundError:
-        cfg = ObjectStoreConfig(description="MARS pipeline inputs, by sha256", ttl=keep_s)
+        cfg = ObjectStoreConfig(
+            description="MARS pipeline inputs, by sha256",
+            ttl=keep_s,
+            replicas=connect.js_replicas(),
+        )
         try:
             return await js.create_object_store(subjects.INPUTS_BUCKET, config=cfg)
         except Exception:  # made by another client meanwhile

@@ -36,6 +36,7 @@ from nats.nuid import NUID
 from edge_agent.config import AgentConfig
 from schemas import subjects
 from schemas.limits import MAX_OUTPUT_BYTES
+from transport import connect
 
 #: Chunks of an object being put that may wait for the server's acknowledgement at once.
 PUT_WINDOW = 16
@@ -99,6 +100,7 @@ class Objects:
                     description="MARS task outputs above the inline threshold",
                     ttl=self.config.object_ttl_s,
                     max_bytes=self.config.object_max_bytes,
+                    replicas=connect.js_replicas(),
                 )
                 try:
                     self._bucket = await js.create_object_store(BUCKET, config=cfg)

@@ -26,6 +26,7 @@ from nats.js.errors import NotFoundError
 
 from edge_agent.journal import Journal, JournalFull
 from schemas import subjects
+from transport import connect
 from transport.rpc import nats_error_logger, settle
 
 log = logging.getLogger("mars.agent.outbox")
@@ -67,13 +68,14 @@ async def connect_agent(
     """An agent's connection (or an emulated fleet's shared one): reconnecting for ever with
     jittered back-off, telling `disconnected` / `reconnected` as it goes."""
     return await nats.connect(
-        url,
+        connect.servers(url),
         name=name,
         max_reconnect_attempts=-1,
         disconnected_cb=disconnected,
         reconnected_cb=reconnected,
         error_cb=nats_error_logger(logging.getLogger("mars.agent")),
         **reconnect_options(reconnect_base_s, reconnect_max_s),
+        **connect.options(),
     )
 
 
@@ -105,7 +107,7 @@ class Outbox:
 
     def attach(self, nc: NATS) -> None:
         self.nc = nc
-        self.js = nc.jetstream()
+        self.js = connect.jetstream(nc)
         self._wake.set()
 
     def wake(self) -> None:

@@ -17,6 +17,7 @@ from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
 from nats.js.errors import BucketNotFoundError
 
 from schemas import subjects
+from transport import connect
 
 log = logging.getLogger("mars.agent.outputs")
 #: Chunks of an output in the bucket (a message each; well under the server's max payload).
@@ -36,8 +37,11 @@ async def bucket(js: Any, keep_s: float, create: bool = True) -> Any:
     except BucketNotFoundError:
         if not create:
             raise
-    cfg = ObjectStoreConfig(description="MARS task outputs, for their pipelines' retention",
-                            ttl=keep_s)  # fmt: skip
+    cfg = ObjectStoreConfig(
+        description="MARS task outputs, for their pipelines' retention",
+        ttl=keep_s,
+        replicas=connect.js_replicas(),
+    )
     try:
         return await js.create_object_store(subjects.OUTPUTS_BUCKET, config=cfg)
     except Exception:  # another agent made it first

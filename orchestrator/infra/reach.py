@@ -19,6 +19,7 @@ import nats
 import nats.errors
 
 from orchestrator.infra import eventloop
+from transport import connect
 
 #: The first wait before trying again, doubled after each failure up to the last.
 RETRY_FIRST_S = 0.5
@@ -44,8 +45,10 @@ async def why_not(url: str) -> str | None:
 
     try:  # (nats-py tries a server at least twice, however few attempts it is given)
         nc = await nats.connect(
-            url, name="mars-reach", allow_reconnect=False, max_reconnect_attempts=1,
-            reconnect_time_wait=0, connect_timeout=CONNECT_TIMEOUT_S, error_cb=note,
+            connect.servers(url), name="mars-reach", allow_reconnect=False,
+            max_reconnect_attempts=1, reconnect_time_wait=0,
+            connect_timeout=CONNECT_TIMEOUT_S, error_cb=note,
+            **connect.options(),
         )  # fmt: skip
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         cause = seen[0] if seen else exc

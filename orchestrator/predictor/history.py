@@ -30,6 +30,7 @@ from nats.js.errors import BucketNotFoundError
 from orchestrator.predictor.correction import Corrections, Track
 from schemas.codec import DecodeError, decode, encode
 from schemas.predictor import CorrectionRecord, CorrectionTrack
+from transport import connect
 
 log = logging.getLogger("mars.predictor")
 BUCKET = "MARS_PREDICTOR"
@@ -144,7 +145,9 @@ class History:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
             with contextlib.suppress(Exception):  # another replica may create it first
-                await self.js.create_key_value(bucket=self.bucket, history=1, ttl=KEEP_S)
+                await self.js.create_key_value(
+                    bucket=self.bucket, history=1, ttl=KEEP_S, replicas=connect.js_replicas()
+                )
             self.kv = await self.js.key_value(self.bucket)
         keys = await self._keys()
         read: list[tuple[str, str, Track]] = []

@@ -31,6 +31,7 @@ from orchestrator.infra.kvwatch import follow
 from orchestrator.reservations import book as rules
 from schemas.bookings import BookingWindow, DeviceBookings
 from schemas.codec import DecodeError, decode, encode
+from transport import connect
 
 log = logging.getLogger("mars.reservations")
 BUCKET = "MARS_BOOKINGS"
@@ -257,7 +258,9 @@ class BookingStore:
             self.kv = await self.js.key_value(self.bucket)
         except BucketNotFoundError:
             with contextlib.suppress(Exception):  # a concurrent replica may create it first
-                await self.js.create_key_value(bucket=self.bucket, history=self.history)
+                await self.js.create_key_value(
+                    bucket=self.bucket, history=self.history, replicas=connect.js_replicas()
+                )
             self.kv = await self.js.key_value(self.bucket)
         async with self._rewatching:  # a reconnect meanwhile waits for this watch
             await self._follow_anew()
