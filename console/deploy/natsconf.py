@@ -136,9 +136,11 @@ def leaf(sites: SitesFile, site: Site, tls: Tls, s: Secrets) -> dict[str, Any]:
     conf["accounts"] = _accounts(users, jetstream=False)
     pw = s.leaf_passwords[site.name]
 
+    ends = site.leaf.uplinks or [f"{n.host}:{n.leaf_port}" for n in sites.hub]
+
     def remote(user: str, account: str) -> dict[str, Any]:
         return {
-            "urls": [f"tls://{user}:{pw}@{n.host}:{n.leaf_port}" for n in sites.hub],
+            "urls": [f"tls://{user}:{pw}@{end}" for end in ends],
             "account": account,
             "tls": {"ca_file": tls.ca, "cert_file": tls.cert, "key_file": tls.key},
         }

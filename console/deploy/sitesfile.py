@@ -41,6 +41,9 @@ class Leaf(_Strict):
     bind: ShortText = "0.0.0.0"
     client_port: Port = 4222
     monitor_port: Annotated[int, Field(ge=0, le=65535)] = 8222
+    #: `host:port` the leaf dials for the hub's leaf port, one per hub node in order, when it
+    #: must go another way than the nodes' own addresses (a NAT, a WAN proxy).
+    uplinks: Annotated[list[ShortText], Field(max_length=15)] = Field(default_factory=list)
 
 
 class Site(_Strict):
