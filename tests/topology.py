@@ -17,6 +17,7 @@ from typing import Any
 
 import nats
 import yaml
+from nats.aio.client import Client as NATS
 
 from console.deploy.generate import Layout, generate
 from console.deploy.sitesfile import SitesFile
@@ -204,14 +205,14 @@ class Topology:
     def env(self, kind: str, name: str) -> dict[str, str]:
         return env_file(self.bundle(kind, name) / "mars.env")
 
-    async def connect(self, kind: str, name: str, **kw: Any) -> nats.NATS:
+    async def connect(self, kind: str, name: str, **kw: Any) -> NATS:
         e = self.env(kind, name)
         creds = Credentials(e["MARS_NKEY_SEED"], e["MARS_TLS_CA"], e["MARS_INBOX_PREFIX"])
         kw.setdefault("allow_reconnect", False)
         return await nats.connect(e["MARS_NATS_URL"].split(","), **creds.options(), **kw)
 
     @staticmethod
-    def js(nc: nats.NATS) -> Any:
+    def js(nc: NATS) -> Any:
         return nc.jetstream(domain="hub")
 
     def process_env(self, kind: str, name: str) -> dict[str, str]:
