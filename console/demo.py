@@ -163,7 +163,11 @@ def run_demo(pipeline: Path | None = None, timeout: float = 25.0, verbose: int =
 def _demo(pipeline: Path | None, timeout: float, verbose: int) -> int:
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="mars-demo-") as tmp, EmbeddedNats() as server:
-        print(f"nats-server (embedded, JetStream) on {server.url}", flush=True)
+        print(
+            f"nats-server (embedded, JetStream) on {server.url}: open, no credentials, "
+            "loopback only (one machine; `mars deploy` makes a secure multi-site setup)",
+            flush=True,
+        )
         log = open(Path(tmp) / "services.log", "wb")  # noqa: SIM115 - closed below
         vflags = ["-v"] * verbose
         try:

@@ -9,12 +9,9 @@ from typing import Any
 
 from console.deploy import permissions
 from console.deploy.sitesfile import HubNode, Site, SitesFile
+from schemas import presence
 from schemas.limits import MAX_PAYLOAD_BYTES
 
-#: The server pings each client this often and closes it after this many unanswered pings:
-#: a silent connection then ends in a DISCONNECT advisory like a crashed one.
-SERVER_PING_INTERVAL = "1s"
-SERVER_PING_MAX = 2
 APP = "APP"
 SYS = "SYS"
 
@@ -71,8 +68,8 @@ def _common(name: str, bind: str, port: int, monitor: int, tls: Tls) -> dict[str
         "listen": f"{bind}:{port}",
         "max_payload": MAX_PAYLOAD_BYTES,
         # a connection that stops answering is closed (a DISCONNECT advisory): silent links
-        "ping_interval": SERVER_PING_INTERVAL,
-        "ping_max": SERVER_PING_MAX,
+        "ping_interval": presence.PING_INTERVAL,
+        "ping_max": presence.PING_MAX,
         "tls": tls.block(),
         "system_account": SYS,  # no `no_auth_user`: every client has an identity
     }

@@ -35,6 +35,10 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         """`StreamHandler.__init__` sets a stream; this handler has none of its own."""
 
 
+def _not_tls_eof(record: logging.LogRecord) -> bool:
+    return "eof_received()" not in record.getMessage()
+
+
 def setup(verbosity: int = 0) -> None:
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
     handler = StderrHandler()
@@ -44,6 +48,10 @@ def setup(verbosity: int = 0) -> None:
     root.setLevel(level)
     # nats-py logs reconnect chatter at INFO/ERROR; keep it behind -vv
     logging.getLogger("nats").setLevel(logging.DEBUG if verbosity >= 2 else logging.CRITICAL)
+    # asyncio warns on every TLS connection nats-py closes ("returning true from
+    # eof_received() has no effect when using ssl"): harmless, and it would fill the logs of
+    # every process of a secure deployment
+    logging.getLogger("asyncio").addFilter(_not_tls_eof)
     # MARS_DEBUG=mars.timing,mars.placement: debug records of just these loggers
     for name in os.environ.get("MARS_DEBUG", "").split(","):
         if name.strip():

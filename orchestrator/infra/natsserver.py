@@ -25,6 +25,10 @@ from schemas.codec import decode
 from schemas.limits import MAX_PAYLOAD_BYTES
 from schemas.presence import PING_CONF
 
+#: Where the embedded server may listen: it has no credentials (`no_auth_user`), so only on
+#: this machine. A deployment across machines uses `mars deploy` (identities, TLS).
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
 
 class NatsServerError(RuntimeError):
     pass
@@ -117,6 +121,9 @@ class EmbeddedNats:
         monitor: bool = False,
         procs: int | None = None,
     ) -> None:
+        if host not in LOOPBACK:
+            # it lets in anyone without credentials: never on an address others can reach
+            raise ValueError(f"the embedded server is open: loopback only, not {host}")
         self.host = host
         #: GOMAXPROCS of the server: `procs`, else as `server_procs` says.
         self.procs = procs if procs is not None else server_procs()
