@@ -10,6 +10,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -180,6 +181,13 @@ def _page_size(text: str) -> int:
     return n
 
 
+def _user(text: str) -> str:
+    """`--user`: a token of the API's subjects (schemas/subjects.py `api_as`)."""
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,128}", text) is None:
+        raise argparse.ArgumentTypeError(f"user {text!r}: 1-128 of A-Z a-z 0-9 _ -")
+    return text
+
+
 def _offset(text: str) -> int:
     try:
         n = int(text)
@@ -219,10 +227,12 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
     return _run_until_signal(main)
 
 
-async def _with_client(url: str, fn: Callable[[Any], Awaitable[int]]) -> int:
+async def _with_client(
+    url: str, fn: Callable[[Any], Awaitable[int]], user: str | None = None
+) -> int:
     from transport.client import Client
 
-    client = await Client.connect(url)
+    client = await Client.connect(url, user=user)
     try:
         return await fn(client)
     finally:
@@ -302,7 +312,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         return 0 if st.state == "succeeded" else 1
 
     try:
-        return eventloop.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go, args.user))
     except Exception as exc:
         return _fail(exc, _api_silent(args.nats))
 
@@ -365,7 +375,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return eventloop.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go, args.user))
     except Exception as exc:
         return _fail(exc, _api_silent(args.nats))
 
@@ -388,7 +398,7 @@ def cmd_get(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return eventloop.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go, args.user))
     except FetchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -414,7 +424,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return eventloop.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go, args.user))
     except Exception as exc:
         return _fail(exc, _api_silent(args.nats))
 
@@ -447,7 +457,7 @@ def cmd_agents(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return eventloop.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go, args.user))
     except Exception as exc:
         return _fail(exc, _api_silent(args.nats))
 
@@ -535,7 +545,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return eventloop.run(_with_client(args.nats, go))
+        return eventloop.run(_with_client(args.nats, go, args.user))
     except Exception as exc:
         return _fail(exc, _api_silent(args.nats))
 
@@ -848,6 +858,12 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("agent", nargs="?", help="agent id (default: every link)")
     sl.add_argument("--dir", default=".mars-sim")
     sl.set_defaults(fn=cmd_sim_link)
+    for api in (s, st, g, ls, ag, c):  # asked as a user: its own pipelines alone
+        api.add_argument(
+            "--user", type=_user, default=os.environ.get("MARS_USER") or None,
+            help="ask as this user (env MARS_USER): the API's subjects that end in its name, "
+            "where it sees and cancels its own pipelines alone; unset: the admin's subjects",
+        )  # fmt: skip
     return p
 
 

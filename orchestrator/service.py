@@ -33,6 +33,7 @@ from orchestrator.api.submissions import (
     refuse,
     timing_log,
 )
+from orchestrator.api.users import UserQueries, for_user
 from orchestrator.infra import eventloop
 from orchestrator.infra.eventloop import Pacer
 from orchestrator.infra.kvwatch import all_keys
@@ -280,6 +281,20 @@ class Orchestrator:
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.queries.cancel)),
             ("agents", subjects.AGENTS, self._ep(AgentsRequest, self.queries.agents)),
         ]
+        # the same, as one user asks it: `<subject>.<user>` (orchestrator/api/users.py)
+        mine = UserQueries(self, self.queries)
+        endpoints += [
+            ("submit-user", subjects.api_users(subjects.SUBMIT), self.submissions.enqueue),
+            *(
+                (f"{name}-user", subjects.api_users(subject), self._ep(model, fn, per_user=True))
+                for name, subject, model, fn in (
+                    ("status", subjects.STATUS, StatusRequest, mine.status),
+                    ("list", subjects.LIST, ListRequest, mine.list),
+                    ("cancel", subjects.CANCEL, CancelRequest, mine.cancel),
+                    ("agents", subjects.AGENTS, AgentsRequest, mine.agents),
+                )
+            ),
+        ]
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
         # visible ($SRV PING, INFO, STATS) only now: `nats.micro.add_service` answers them
@@ -407,17 +422,19 @@ class Orchestrator:
                 return
 
     def _ep(
-        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
+        self, model: type[Any], fn: Callable[..., Awaitable[WireModel]], per_user: bool = False
     ) -> Callable[[Request], Awaitable[None]]:
         """An endpoint handler. nats-py runs one subscription's callbacks one after another,
         so each request is served in a task of its own: one waiting on JetStream (a record
         read while the server comes back) or on another replica (a cancel passed on) held
         every request behind it, each timing out in turn. At most MAX_API_IN_FLIGHT at once;
-        one beyond is refused `unavailable`."""
+        one beyond is refused `unavailable`. `per_user`: `fn` also takes the user the
+        request's subject names (`users.for_user`)."""
 
         async def serve(req: Request) -> None:
             try:
-                body, headers = await handle(req.data, req.headers, model, fn)
+                served = for_user(fn, req.subject) if per_user else fn
+                body, headers = await handle(req.data, req.headers, model, served)
                 with contextlib.suppress(Exception):  # the requester may be gone
                     await req.respond(body, headers=headers)
             except asyncio.CancelledError:  # stopping: said, not left to time out

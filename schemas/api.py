@@ -108,6 +108,9 @@ class ListRequest(WireModel):
     limit: Annotated[int, Field(ge=1, le=1000)] = 100
     #: The page: this many of the newest (of `state`, when given) are skipped.
     offset: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    #: Only this user's pipelines (`PipelineSpec.user`). On a user's own subject
+    #: (`mars.v1.api.list.<user>`) it is that user, whatever the request says.
+    user: Ident | None = None
 
 
 class PipelineSummary(WireModel):

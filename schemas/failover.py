@@ -16,7 +16,6 @@ from pydantic import Field, ValidationError
 from schemas.api import PipelineState, PlannedTask, TaskStatus
 from schemas.base import WireModel
 from schemas.bookings import Instant
-from schemas.codec import DecodeError
 from schemas.limits import (
     MAX_CONTAINER_LEN,
     MAX_PAYLOAD_BYTES,
@@ -107,11 +106,13 @@ class PipelineRecord(WireModel):
     evictions: Annotated[
         dict[Ident, Annotated[int, Field(ge=0, le=1000)]], Field(max_length=MAX_TASKS)
     ] = Field(default_factory=dict)
+    #: Who submitted it (its spec's `user`): `list` on a user's subject reads it here.
+    user: Ident | None = None
 
 
 class RecordHead(WireModel):
     """What `list` reads of a `PipelineRecord` (`read_head`): who it is, its state, when it
-    was submitted and how many tasks it has."""
+    was submitted, how many tasks it has and whose it is."""
 
     pipeline_id: Ident
     name: Ident
@@ -119,6 +120,7 @@ class RecordHead(WireModel):
     state: PipelineState
     tasks: Annotated[int, Field(ge=0, le=MAX_TASKS)] = 0
     submitted_wall: Instant = 0.0
+    user: Ident | None = None
 
 
 #: The fields of a record `read_head` reads; it counts `tasks` and skips all the others.
@@ -129,6 +131,9 @@ def read_head(data: bytes) -> RecordHead:
     """The head of a `PipelineRecord` from its msgpack bytes (records are written in msgpack
     only), every other field skipped unbuilt: `list` reads every record, and decoding all of
     a 20-task record took ~4/5 of its cost. DecodeError, with a code, for anything else."""
+    # (here, not above: the codec's wire levels register a field of `PipelineRecord`)
+    from schemas.codec import DecodeError
+
     if len(data) > MAX_PAYLOAD_BYTES:
         raise DecodeError("payload_too_large", f"record of {len(data)} bytes")
     reader = msgpack.Unpacker(

@@ -10,6 +10,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from pydantic import TypeAdapter
 
 from schemas import subjects
 from schemas.api import (
@@ -26,10 +27,13 @@ from schemas.api import (
     SubmitRequest,
 )
 from schemas.codec import Encoding
+from schemas.limits import Ident
 from schemas.pipeline import PipelineSpec
 from transport.rpc import nats_error_logger, request
 
 log = logging.getLogger("mars.client")
+#: A user's name is a token of its API subjects: an identity name.
+_USER = TypeAdapter(Ident)
 
 
 class Client:
@@ -37,20 +41,34 @@ class Client:
     one pass, ~40% less work on both sides than msgpack for a 20-task submit (see
     docs/protocol.md). msgpack stays the default for anyone who does not say."""
 
-    def __init__(self, nc: NATS, timeout: float = 10.0, encoding: Encoding = "json") -> None:
+    def __init__(
+        self, nc: NATS, timeout: float = 10.0, encoding: Encoding = "json", user: str | None = None
+    ) -> None:
         self.nc = nc
         self.timeout = timeout
         self.encoding: Encoding = encoding
+        #: Asks as this user (`mars.v1.api.<op>.<user>`: its own pipelines alone, as the
+        #: server's permissions let it); None: on the unsuffixed subjects, the admin's.
+        self.user = _USER.validate_python(user) if user is not None else None
+
+    def _on(self, subject: str) -> str:
+        """One of the API's subjects as this client asks it."""
+        return subject if self.user is None else subjects.api_as(subject, self.user)
 
     @classmethod
-    async def connect(cls, url: str, timeout: float = 10.0, reconnects: int = 3) -> Client:
+    async def connect(
+        cls, url: str, timeout: float = 10.0, reconnects: int = 3, user: str | None = None
+    ) -> Client:
         """`reconnects`: attempts to get a lost connection back (2 s apart) before giving up
-        for good; -1, for ever (a long-lived client that must outlast a server restart)."""
+        for good; -1, for ever (a long-lived client that must outlast a server restart).
+        `user`: see `Client.user` (checked before connecting: ValueError)."""
+        if user is not None:
+            _USER.validate_python(user)
         nc = await nats.connect(
             url, name="mars-client", connect_timeout=5, max_reconnect_attempts=reconnects,
             error_cb=nats_error_logger(log),
         )  # fmt: skip
-        return cls(nc, timeout)
+        return cls(nc, timeout, user=user)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -61,13 +79,18 @@ class Client:
             pipeline=spec, pipeline_id=pipeline_id, timeout_ms=max(1, round(1e3 * self.timeout))
         )
         return await request(
-            self.nc, subjects.SUBMIT, req, SubmitReply, timeout=self.timeout, encoding=self.encoding
+            self.nc,
+            self._on(subjects.SUBMIT),
+            req,
+            SubmitReply,
+            timeout=self.timeout,
+            encoding=self.encoding,
         )
 
     async def status(self, pipeline_id: str) -> StatusReply:
         return await request(
             self.nc,
-            subjects.STATUS,
+            self._on(subjects.STATUS),
             StatusRequest(pipeline_id=pipeline_id),
             StatusReply,
             timeout=self.timeout,
@@ -77,7 +100,7 @@ class Client:
     async def list(self, **kw: Any) -> ListReply:
         return await request(
             self.nc,
-            subjects.LIST,
+            self._on(subjects.LIST),
             ListRequest(**kw),
             ListReply,
             timeout=self.timeout,
@@ -87,7 +110,7 @@ class Client:
     async def cancel(self, pipeline_id: str, reason: str = "") -> CancelReply:
         return await request(
             self.nc,
-            subjects.CANCEL,
+            self._on(subjects.CANCEL),
             CancelRequest(pipeline_id=pipeline_id, reason=reason),
             CancelReply,
             timeout=self.timeout,
@@ -97,7 +120,7 @@ class Client:
     async def agents(self, alive_only: bool = False) -> AgentsReply:
         return await request(
             self.nc,
-            subjects.AGENTS,
+            self._on(subjects.AGENTS),
             AgentsRequest(alive_only=alive_only),
             AgentsReply,
             timeout=self.timeout,

@@ -27,9 +27,12 @@ BATCH = 256
 FETCH_TIMEOUT_S = 5.0
 
 
-async def recorded(js: Any, bucket: str = RUNS_BUCKET) -> list[PipelineSummary]:
-    """A summary of every pipeline with a record in `bucket`, as its last record write says.
-    Raises whatever JetStream raises when the bucket cannot be read."""
+async def recorded(
+    js: Any, bucket: str = RUNS_BUCKET, user: str | None = None
+) -> list[PipelineSummary]:
+    """A summary of every pipeline with a record in `bucket`, as its last record write says
+    (`user`: only those that user submitted). Raises whatever JetStream raises when the
+    bucket cannot be read."""
     stream = f"KV_{bucket}"
     prefix = f"$KV.{bucket}."
     name = f"list-{uuid.uuid4().hex[:12]}"
@@ -79,6 +82,7 @@ async def recorded(js: Any, bucket: str = RUNS_BUCKET) -> list[PipelineSummary]:
             submitted=h.submitted_wall or None, owner=h.owner,
         )
         for h in heads.values()
+        if user is None or h.user == user
     ]  # fmt: skip
 
 

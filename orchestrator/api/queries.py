@@ -132,9 +132,10 @@ class Queries:
         replica heard from lately is asked for its own, `replicas.py`), then filtered and
         sorted newest first."""
         peers = self.o.replicas.up()
-        everything = ListRequest(limit=1000)  # each one's own, merged before any filter
+        # each one's own (one user's: `users.py`), merged before any other filter
+        everything = ListRequest(limit=1000, user=req.user)
         asked = asyncio.gather(*(self._ask_list(p, everything) for p in peers))
-        stored, answers = await asyncio.gather(self._recorded(), asked)
+        stored, answers = await asyncio.gather(self._recorded(req.user), asked)
         unanswered: list[str] = []
         if stored is None:
             unanswered.append(RUNS_BUCKET)
@@ -156,17 +157,22 @@ class Queries:
             total=len(rows),
         )
 
-    async def _recorded(self) -> builtins.list[PipelineSummary] | None:
-        """Every pipeline's summary as its record says; None when the records cannot be read
-        (JetStream not answering), said in the reply's `unanswered`."""
+    async def _recorded(self, user: str | None) -> builtins.list[PipelineSummary] | None:
+        """Every pipeline's summary as its record says (`user`'s alone, when given); None
+        when the records cannot be read (JetStream not answering), said in the reply's
+        `unanswered`."""
         try:
-            return await recorded(self.o.js)
+            return await recorded(self.o.js, user=user)
         except Exception as exc:
             log.warning("list: the pipelines' records could not be read: %r", exc)
             return None
 
     def _list_here(self, req: ListRequest) -> ListReply:
-        runs = [r for r in self.o.pipelines.values() if req.state is None or r.state == req.state]
+        runs = [
+            r for r in self.o.pipelines.values()
+            if (req.state is None or r.state == req.state)
+            and (req.user is None or r.spec.user == req.user)
+        ]  # fmt: skip
         runs.sort(key=lambda r: -r.submitted_at)
         now, wall = self.o.mono(), self.o.wall()
         return ListReply(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.micro.request import Request
 
+from orchestrator.api.users import as_user, user_of
 from orchestrator.infra import eventloop
 from orchestrator.placement.placer import PlacementFailed
 from orchestrator.scheduling import Unschedulable
@@ -94,11 +95,15 @@ class Submissions:
             finally:
                 self._idle_workers -= 1
             try:
-                served = functools.partial(self.submit, arrived=arrived)
+                served = functools.partial(self._as_sent, subject=req.subject, arrived=arrived)
                 body, headers = await handle(req.data, req.headers, SubmitRequest, served)
                 await req.respond(body, headers=headers)
             except Exception as exc:  # the requester times out; the service stays up
                 log.warning("could not answer a request on %s: %s", req.subject, exc)
+
+    async def _as_sent(self, req: SubmitRequest, subject: str, arrived: float) -> SubmitReply:
+        """A submission as the subject it came on says whose it is (`users.py`)."""
+        return await self.submit(as_user(req, user_of(subject)), arrived=arrived)
 
     async def _check_fresh(self, req: SubmitRequest, arrived: float | None) -> None:
         """Refuse to serve a submission whose client has given up on it, or will have before

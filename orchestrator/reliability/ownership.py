@@ -421,6 +421,7 @@ def record_fields(
         "events_seq": events_seq,
         "adoptions": adoptions,
         "evictions": dict(run.evictions),
+        "user": run.spec.user,
     }  # fmt: skip
 
 

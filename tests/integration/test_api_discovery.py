@@ -26,6 +26,12 @@ ENDPOINTS = {
     "list": subjects.LIST,
     "cancel": subjects.CANCEL,
     "agents": subjects.AGENTS,
+    # the same as one user asks them: mars.v1.api.<op>.<user> (orchestrator/api/users.py)
+    "submit-user": subjects.api_users(subjects.SUBMIT),
+    "status-user": subjects.api_users(subjects.STATUS),
+    "list-user": subjects.api_users(subjects.LIST),
+    "cancel-user": subjects.api_users(subjects.CANCEL),
+    "agents-user": subjects.api_users(subjects.AGENTS),
 }
 
 

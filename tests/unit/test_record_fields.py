@@ -16,7 +16,7 @@ from orchestrator.scheduling import Placement
 from orchestrator.state.pipelines import PipelineRun
 from schemas.api import PipelineState, TaskState
 from schemas.codec import decode, encode, encode_trusted
-from schemas.failover import PipelineRecord, PlacedTask, TaskRecord
+from schemas.failover import PipelineRecord, PlacedTask, TaskRecord, read_head
 from sim.fleet import synthetic_pipeline
 
 idents = st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True)
@@ -54,6 +54,7 @@ def reference(run: PipelineRun, **kw: typing.Any) -> PipelineRecord:
         stale_events=run.stale_events, duplicate_events=run.duplicate_events,
         counters={c: int(getattr(run, c)) for c in EXTRA_COUNTERS if hasattr(run, c)},
         events_seq=kw["events_seq"], adoptions=kw["adoptions"], evictions=run.evictions,
+        user=run.spec.user,
     )  # fmt: skip
 
 
@@ -61,6 +62,7 @@ def reference(run: PipelineRun, **kw: typing.Any) -> PipelineRecord:
 def runs(draw: st.DrawFn) -> PipelineRun:
     rng = random.Random(draw(st.integers(0, 2**32)))
     spec = synthetic_pipeline(rng, "rec", tasks=draw(st.integers(1, 20)))
+    spec = spec.model_copy(update={"user": draw(st.none() | idents)})  # whose (users.py)
     run = PipelineRun(
         draw(idents), spec, submitted_at=draw(seconds), state=draw(st.sampled_from(
             typing.get_args(PipelineState))),
@@ -116,3 +118,6 @@ def test_the_record_is_what_its_models_encode(
     # and read back by the replica that adopts it, what it must carry on from
     back = from_record(want, run.spec, owner="o", mono=50.0, wall=kw["wall"])
     assert back.evictions == run.evictions
+    # whose it is: in the record `list` reads (its head) and in what an adopter resumes
+    assert want.user == run.spec.user == back.spec.user
+    assert read_head(encode_trusted(fields)).user == run.spec.user

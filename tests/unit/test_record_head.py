@@ -23,7 +23,7 @@ def test_the_head_is_what_the_whole_record_says(run: PipelineRun) -> None:
     whole = decode(data, PipelineRecord)
     assert read_head(data) == RecordHead(
         pipeline_id=whole.pipeline_id, name=whole.name, owner=whole.owner, state=whole.state,
-        tasks=len(whole.tasks), submitted_wall=whole.submitted_wall,
+        tasks=len(whole.tasks), submitted_wall=whole.submitted_wall, user=whole.user,
     )  # fmt: skip
 
 
