@@ -1,8 +1,12 @@
 """The data plane: a task's output goes straight to its consumers' agents, never via the cloud.
 
 Small outputs travel inline in a `DataTransfer`; larger ones are put once into the JetStream
-object store (chunked) and the transfer carries a reference. Either way the receiver checks the
-sha256 before the consumer sees a byte. The producer's agent keeps every output (see
+object store (chunked) and the transfer carries a reference, or, for a consumer at the
+producer's site, are sent straight to its agent in chunks over core NATS (`stream`): between
+two clients of one leaf-node server those never cross the leaf connection, and the object
+store lives at the hub. Whichever way, the receiver checks the sha256 before the consumer sees
+a byte, and takes an output pushed to it only from the agent its offer names as the producer's
+(the subject names the sender: `subjects.data_from`). The producer's agent keeps every output (see
 `retention`) until each consumer acknowledged it, so a consumer placed again later can `fetch`
 it; a consumer that asks before the output exists is sent it when it is ready.
 """
@@ -14,6 +18,8 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
+import secrets
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
@@ -22,13 +28,14 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from edge_agent.config import AgentConfig
 from edge_agent.core import AgentCore, Job
 from edge_agent.objectstore import Objects
 from edge_agent.retention import OutputStore, Retained
 from schemas import subjects
-from schemas.codec import RemoteError, encode
+from schemas.codec import DecodeError, RemoteError, decode_reply, encode, error_reply, headers_for
 from schemas.errors import ServiceError
 from schemas.pipeline import MediaType
 from schemas.placement import (
@@ -37,8 +44,11 @@ from schemas.placement import (
     DataTransfer,
     FetchRequest,
     InputGone,
+    InputRef,
     TaskOffer,
 )
+from schemas.wire import SENDER_SUBJECTS
+from transport import connect
 from transport.rpc import request
 
 log = logging.getLogger("mars.agent.data")
@@ -50,8 +60,21 @@ MIN_BYTES_PER_S = 4 << 20
 #: carried their media type (a level-3 agent refuses a transfer with a field it does not
 #: know; without it, a newer one goes by the bytes as before).
 UNKNOWN_LEVEL = 3
-#: Consumer agents whose wire level is remembered (the latest heard of).
+#: Consumer agents whose wire level and site are remembered (the latest heard of).
 LEVELS_KEPT = 4096
+#: The header of a chunk of a chunked sending: `<stream> <index>`.
+CHUNK_HEADER = "Mars-Chunk"
+#: Bytes per chunk of a sending at the site: well under any server's message limit.
+STREAM_CHUNK_BYTES = 256 << 10
+#: Chunks of one sending that may wait for the consumer's answer at once.
+STREAM_WINDOW = 8
+#: Longest wait for the answer to a chunk (or to a sending's opening).
+STREAM_CHUNK_TIMEOUT_S = 5.0
+#: A sending whose next chunk has not come for this long is dropped (its producer retries).
+STREAM_IDLE_S = 15.0
+#: Bytes a consumer's agent assembles at once, over all sendings to it; an opening past it
+#: is answered `unavailable` (the producer tries again later).
+STREAMING_MAX_BYTES = 512 << 20
 Spawn = Callable[[Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
@@ -84,6 +107,44 @@ def _backoff(
 
 def transfer_timeout(nbytes: int) -> float:
     return 2.0 + nbytes / MIN_BYTES_PER_S
+
+
+def producer_problem(inp: InputRef | None, sender: str | None) -> str | None:
+    """Why an output pushed by `sender` (the agent its subject names; None: the older subject,
+    which names none) is not one this placement takes, or None when it is. A push comes only
+    from the agent the orchestrator committed as the producer's (`InputRef.agent_id`), which
+    names itself in the subject (the server lets no other agent publish that subject); only a
+    producer's agent older than `SENDER_SUBJECTS` pushes without its name."""
+    if inp is None:
+        return None  # not an input at all: refused as such by the core
+    if sender is None:
+        if inp.wire >= SENDER_SUBJECTS:
+            return (
+                f"output of {inp.task_id} pushed without its sender's name: its agent "
+                f"{inp.agent_id} names itself"
+            )
+        return None
+    if sender != inp.agent_id:
+        return (
+            f"output of {inp.task_id} pushed by agent {sender}: this placement takes it from "
+            f"agent {inp.agent_id}"
+        )
+    return None
+
+
+class Assembly:
+    """One chunked sending being received: its opening transfer, the bytes so far, their
+    running sha256, the next chunk's index and when the last one came."""
+
+    def __init__(self, transfer: DataTransfer, sender: str) -> None:
+        self.transfer = transfer
+        self.sender = sender
+        self.size = transfer.size or 0
+        self.buf = bytearray(self.size)
+        self.got = 0
+        self.next = 0
+        self.digest = hashlib.sha256()
+        self.at = time.monotonic()
 
 
 class DataPlane:
@@ -129,10 +190,14 @@ class DataPlane:
         self._next_push: dict[tuple[str, str, str], tuple[float, float]] = {}
         # consumer agent -> the wire level it reads, from offers' consumers and fetches
         self._levels: OrderedDict[str, int] = OrderedDict()
+        # consumer agent -> its site, from offers' consumers
+        self._sites: OrderedDict[str, str] = OrderedDict()
+        # chunked sendings being received: (sender agent, stream) -> what came so far
+        self._streams: dict[tuple[str, str], Assembly] = {}
 
     def attach(self, nc: NATS) -> None:
         self.nc = nc
-        self.js = nc.jetstream()
+        self.js = connect.jetstream(nc)
 
     @property
     def online(self) -> bool:
@@ -155,6 +220,26 @@ class DataPlane:
     def note_levels(self, consumers: list[ConsumerRef]) -> None:
         for c in consumers:
             self.note_level(c.agent_id, c.wire)
+            if c.site is not None:
+                self._sites[c.agent_id] = c.site
+                self._sites.move_to_end(c.agent_id)
+                while len(self._sites) > LEVELS_KEPT:
+                    self._sites.popitem(last=False)
+
+    def at_site(self, agent_id: str) -> bool:
+        """Whether a consumer's agent is at this agent's site (as an offer said) and reads
+        chunked sendings: a large output goes to it in chunks, not by the object store."""
+        return (
+            self._sites.get(agent_id) == self.config.site
+            and self.level_of(agent_id) >= SENDER_SUBJECTS
+        )
+
+    def _data_subject(self, agent_id: str) -> str:
+        """Where `agent_id` takes what this agent pushes: the subject naming this agent as
+        the sender, or, for an agent older than that, the one naming none."""
+        if self.level_of(agent_id) >= SENDER_SUBJECTS:
+            return subjects.data_from(agent_id, self.agent_id)
+        return subjects.data(agent_id)
 
     def level_of(self, agent_id: str) -> int:
         """The wire level a consumer's agent reads, as last heard (UNKNOWN_LEVEL: not)."""
@@ -224,8 +309,11 @@ class DataPlane:
             else:
                 if not self.online:
                     return  # pushed again on reconnect
-                transfer = await self._transfer(entry, consumer)
-                ack = await self._send(agent_id, transfer)
+                if entry.size > self.config.object_threshold_bytes and self.at_site(agent_id):
+                    ack = await self._stream(entry, consumer, agent_id)
+                else:
+                    transfer = await self._transfer(entry, consumer)
+                    ack = await self._send(agent_id, transfer)
                 if ack is None:
                     _backoff(self._next_push, flight)  # unreachable: the sweep retries
                     return
@@ -300,12 +388,13 @@ class DataPlane:
         """Start putting an output that will cross by object while its digest is computed
         (the digest is needed only for the object's closing entry): the hash and the put
         overlap. None when it will not cross by object (small, offline, all its consumers
-        here); else the put, for `adopt` once the output is kept."""
+        here or at this site); else the put, for `adopt` once the output is kept."""
+        self.note_levels(offer.consumers)
         if (
             len(data) <= self.config.object_threshold_bytes
             or not self.online
             or self.js is None
-            or all(c.agent_id == self.agent_id for c in offer.consumers)
+            or all(c.agent_id == self.agent_id or self.at_site(c.agent_id) for c in offer.consumers)
         ):
             return None
         key = object_key(offer.pipeline_id, offer.task.id, offer.token)
@@ -351,7 +440,7 @@ class DataPlane:
             try:
                 return await request(
                     self.nc,
-                    subjects.data(agent_id),
+                    self._data_subject(agent_id),
                     transfer,
                     DataAck,
                     timeout=transfer_timeout(transfer.nbytes),
@@ -364,6 +453,71 @@ class DataPlane:
             await asyncio.sleep(delay)  # back off before retrying a transfer
             delay *= 4
         return None
+
+    async def _stream(self, entry: Retained, consumer: str, agent_id: str) -> DataAck | None:
+        """Send an output to a consumer's agent at this site in `STREAM_CHUNK_BYTES` chunks
+        over core NATS, up to `STREAM_WINDOW` of them unanswered: the consumer's answer to
+        the last one (it checked the whole), its refusal of the opening, or None when the
+        sending failed (unreachable, a chunk lost or refused, a timeout): the sweep tries
+        again, from the first chunk."""
+        assert self.nc is not None
+        nc = self.nc
+        subject = subjects.data_from(agent_id, self.agent_id)
+        sid = secrets.token_hex(8)
+        opening = DataTransfer(
+            pipeline_id=entry.pipeline_id, producer=entry.producer, consumer=consumer,
+            token=entry.token, sha256=entry.sha256, size=entry.size, stream=sid,
+            media_type=entry.media_type,
+        )  # fmt: skip
+        try:
+            ack = await request(
+                nc, subject, opening, DataAck, timeout=STREAM_CHUNK_TIMEOUT_S,
+                level=self.level_of(agent_id),
+            )  # fmt: skip
+        except (TimeoutError, RemoteError, nats.errors.Error) as exc:
+            log.debug("opening a sending to %s failed: %s", agent_id, exc)
+            return None
+        if not ack.ok:
+            return ack  # refused (no such job, another run): it fetches instead
+        data = self.store.read(entry)
+        count = max(1, math.ceil(entry.size / STREAM_CHUNK_BYTES))
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        failed = asyncio.Event()
+
+        async def chunk(i: int) -> DataAck | None:
+            try:
+                part = data[i * STREAM_CHUNK_BYTES : (i + 1) * STREAM_CHUNK_BYTES]
+                msg = await nc.request(
+                    subject, part, timeout=STREAM_CHUNK_TIMEOUT_S,
+                    headers={CHUNK_HEADER: f"{sid} {i}"},
+                )  # fmt: skip
+                got = decode_reply(msg.data, msg.headers, DataAck)
+            except (TimeoutError, RemoteError, DecodeError, nats.errors.Error) as exc:
+                log.debug("chunk %d of %s to %s failed: %s", i, sid, agent_id, exc)
+                failed.set()
+                return None
+            finally:
+                window.release()
+            if not got.ok and i < count - 1:
+                log.debug("chunk %d of %s refused by %s: %s", i, sid, agent_id, got.reason)
+                failed.set()
+            return got
+
+        sends: list[asyncio.Task[DataAck | None]] = []
+        try:
+            for i in range(count):
+                await window.acquire()
+                if failed.is_set():
+                    break
+                sends.append(asyncio.ensure_future(chunk(i)))
+            answers = await asyncio.gather(*sends)
+        finally:
+            for t in sends:
+                t.cancel()
+        if failed.is_set() or len(answers) < count:
+            return None
+        self.stats["streamed"] += 1
+        return answers[-1]
 
     def _acked(self, entry: Retained, consumer: str) -> None:
         done = self.store.ack(entry.pipeline_id, entry.producer, consumer, entry.token)
@@ -401,9 +555,26 @@ class DataPlane:
         self.store.route(req.pipeline_id, req.producer, req.consumer, req.agent_id)
         self._refused.discard((req.pipeline_id, req.producer, req.consumer))
         self.stats["fetches_served"] += 1
+        if entry.size > self.config.object_threshold_bytes and self.at_site(req.agent_id):
+            # at this site: sent in chunks to where it runs, not through the object store
+            self.spawn(self._push(entry, req.consumer, req.agent_id))
+            raise ServiceError("unavailable", f"{req.producer} is sent in chunks at this site")
         return await self._transfer(entry, req.consumer)
 
-    async def on_ack(self, ack: DataAck) -> DataAck:
+    async def on_ack(self, ack: DataAck, sender: str | None = None) -> DataAck:
+        """A consumer's receipt of a fetched output, published by `sender` (the agent its
+        subject names; None: the older subject, naming none): a receipt named by another
+        agent than the one the consumer was routed to is ignored."""
+        if ack.ok and ack.producer is not None and sender is not None:
+            entry = self.store.get(ack.pipeline_id, ack.producer)
+            if entry is not None and entry.consumers.get(ack.consumer) != sender:
+                log.info(
+                    "ignored a receipt of %s/%s for %s from agent %s: it runs on %s",
+                    ack.pipeline_id, ack.producer, ack.consumer, sender,
+                    entry.consumers.get(ack.consumer),
+                )  # fmt: skip
+                self.stats["misnamed_acks"] += 1
+                return ack
         if ack.ok and ack.producer is not None:
             done = self.store.ack(ack.pipeline_id, ack.producer, ack.consumer, ack.token)
             if done is not None:
@@ -418,15 +589,28 @@ class DataPlane:
                 del self._routes[key]
 
     # -- consumer side --------------------------------------------------------------------------
-    async def accept(self, transfer: DataTransfer) -> DataAck:
-        """An output arrived (inline or by reference): check it, then hand it to the job."""
+    async def accept(self, transfer: DataTransfer, sender: str | None = None) -> DataAck:
+        """An output arrived (inline, by reference, or the opening of a chunked sending) from
+        `sender` (the agent the push's subject names, or that a fetch asked; None: the older
+        subject naming none): check it, then hand it to the job."""
         key = (transfer.pipeline_id, transfer.consumer)
-        if key not in self.core.jobs:
+        job = self.core.jobs.get(key)
+        if job is None:
             if self.core.finished(key):
                 return self._ack(transfer, True, "already consumed")
             # a job a re-plan withdrew, too: its producer keeps the output for the task's
             # next placement, here or elsewhere, which asks for it
             return self._ack(transfer, False, "no such job")
+        inp = next((i for i in job.offer.inputs if i.task_id == transfer.producer), None)
+        if (problem := producer_problem(inp, sender)) is not None:
+            self.stats["misnamed_pushes"] += 1
+            log.warning(
+                "refused %s/%s -> %s: %s",
+                transfer.pipeline_id, transfer.producer, transfer.consumer, problem,
+            )  # fmt: skip
+            return self._ack(transfer, False, problem)
+        if transfer.stream is not None:
+            return self._open(transfer, inp, sender)
         digest = None  # of an object, computed as it was read
         if transfer.object_key is None:
             assert transfer.data is not None
@@ -448,6 +632,79 @@ class DataPlane:
         ack = self._deliver(transfer, data, digest)
         await self._notify()
         return ack
+
+    def _open(self, transfer: DataTransfer, inp: InputRef | None, sender: str | None) -> DataAck:
+        """The opening of a chunked sending: taken (its chunks are awaited) when the job
+        takes that output and there is room to assemble it."""
+        if sender is None or transfer.stream is None:
+            return self._ack(transfer, False, "a chunked sending must name its sender")
+        if inp is None:
+            return self._ack(transfer, False, f"{transfer.producer} is not an input")
+        if inp.token and transfer.token != inp.token:
+            return self._ack(
+                transfer, False,
+                f"output of {transfer.producer} under token {transfer.token}: this placement "
+                f"of {transfer.consumer} takes its run under token {inp.token}",
+            )  # fmt: skip
+        flight = (transfer.pipeline_id, transfer.producer, transfer.consumer)
+        for k, a in list(self._streams.items()):  # one sending per input: a retry replaces
+            t = a.transfer
+            if (t.pipeline_id, t.producer, t.consumer) == flight:
+                del self._streams[k]
+        busy = sum(a.size for a in self._streams.values())
+        if busy + (transfer.size or 0) > STREAMING_MAX_BYTES:
+            raise ServiceError("unavailable", f"assembling {busy} B already; try again")
+        self._streams[(sender, transfer.stream)] = Assembly(transfer, sender)
+        self._receiving.add(flight)
+        return self._ack(transfer, True, "send the chunks")
+
+    async def on_chunk(self, msg: Msg, sender: str) -> DataAck:
+        """One chunk of a chunked sending from `sender`: an error (the producer tries the
+        whole sending again) when it is not the next one of a sending open here; the last
+        one's answer is the transfer's, once its bytes are checked and handed to the job."""
+        stream, _, index = (msg.headers or {}).get(CHUNK_HEADER, "").partition(" ")
+        a = self._streams.get((sender, stream))
+        if a is None:
+            raise ServiceError("not_found", f"no sending {stream[:64]} from {sender} open here")
+        t = a.transfer
+        flight = (t.pipeline_id, t.producer, t.consumer)
+        data = msg.data
+        if index != str(a.next) or a.got + len(data) > a.size or not data:
+            self._drop_stream((sender, stream))
+            raise ServiceError(
+                "unavailable", f"chunk {index[:16]} of {stream[:64]}: chunk {a.next} expected"
+            )
+        a.buf[a.got : a.got + len(data)] = data
+        a.digest.update(data)
+        a.got += len(data)
+        a.next += 1
+        a.at = time.monotonic()
+        if a.got < a.size:
+            return self._ack(t, True)
+        del self._streams[(sender, stream)]
+        self._receiving.discard(flight)
+        self.stats["streams_received"] += 1
+        ack = self._deliver(t, bytes(a.buf), a.digest.hexdigest())
+        await self._notify()
+        return ack
+
+    async def answer_chunk(self, msg: Msg, sender: str) -> None:
+        """Answer one chunk (`on_chunk`): its `DataAck`, or an error envelope."""
+        try:
+            body, headers = encode(await self.on_chunk(msg, sender)), headers_for("msgpack")
+        except ServiceError as exc:
+            body, headers = error_reply(exc.code, exc.message, exc.details, "msgpack")
+        except Exception as exc:  # the agent stays up
+            log.exception("chunk from %s", sender)
+            body, headers = error_reply("internal", f"{type(exc).__name__}: {exc}"[:500])
+        if msg.reply and self.nc is not None:
+            await self.nc.publish(msg.reply, body, headers=headers)
+
+    def _drop_stream(self, key: tuple[str, str]) -> None:
+        a = self._streams.pop(key, None)
+        if a is not None:
+            t = a.transfer
+            self._receiving.discard((t.pipeline_id, t.producer, t.consumer))
 
     def _ack(self, transfer: DataTransfer, ok: bool, reason: str = "") -> DataAck:
         return DataAck(
@@ -543,9 +800,14 @@ class DataPlane:
             except (TimeoutError, nats.errors.Error) as exc:
                 log.debug("fetch %s/%s from %s failed: %s", pid, producer, agent_id, exc)
                 return
-            ack = await self.accept(transfer)
+            ack = await self.accept(transfer, agent_id)  # (the agent asked)
             self.stats["fetched"] += ack.ok
-            await self.nc.publish(subjects.data_ack(agent_id), encode(ack))
+            inp = next((i for i in job.offer.inputs if i.task_id == producer), None)
+            if inp is not None and inp.wire >= SENDER_SUBJECTS:
+                where = subjects.data_ack_from(agent_id, self.agent_id)
+            else:
+                where = subjects.data_ack(agent_id)  # an agent of an older level hears that
+            await self.nc.publish(where, encode(ack))
         finally:
             self._fetching.discard(flight)
 
@@ -563,11 +825,17 @@ class DataPlane:
             producer_agent=agent_id,
         )  # fmt: skip
         with contextlib.suppress(nats.errors.Error):
-            await self.nc.publish(subjects.input_gone(note.pipeline_id), encode(note))
+            await self.nc.publish(
+                subjects.input_gone(note.pipeline_id, self.agent_id), encode(note)
+            )
 
     # -- upkeep ---------------------------------------------------------------------------------
     async def sweep(self, *, force: bool = False) -> None:
         """Expire old outputs, retry unsent pushes, re-ask for missing inputs."""
+        idle = time.monotonic() - STREAM_IDLE_S
+        for k in [k for k, a in self._streams.items() if a.at < idle]:
+            log.info("dropped sending %s from %s: no chunk for %.0f s", k[1], k[0], STREAM_IDLE_S)
+            self._drop_stream(k)
         expired = self.store.expire()
         if expired:
             log.info("retention: %d outputs expired", len(expired))

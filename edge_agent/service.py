@@ -28,7 +28,7 @@ from edge_agent.bundle_runner import run_bundle
 from edge_agent.calibrate import Recalibrator
 from edge_agent.config import AgentConfig
 from edge_agent.core import AgentCore, Job
-from edge_agent.dataplane import DataPlane
+from edge_agent.dataplane import CHUNK_HEADER, DataPlane
 from edge_agent.discover import build_devices
 from edge_agent.exec_runner import run_exec
 from edge_agent.executors import ExecutionError, OnnxExecutor, Output, run_synthetic
@@ -205,7 +205,9 @@ class Agent:
             (subjects.commit(aid), self._on_commit),
             (subjects.cancel(aid), self._on_cancel),
             (subjects.drain(aid), self._on_drain),
-            (subjects.data(aid), self._on_data),
+            (subjects.all_data_to(aid), self._on_data),  # each names its sender
+            (subjects.data(aid), self._on_data),  # from agents of wire level 4 and older
+            (subjects.all_data_acks_to(aid), self._on_data_ack),
             (subjects.data_ack(aid), self._on_data_ack),
             (subjects.fetch(aid), self._on_fetch),
             (subjects.job(aid), self._on_job),
@@ -558,7 +560,17 @@ class Agent:
         return dropped
 
     async def _on_data(self, msg: Msg) -> None:
-        await respond(self.nc, msg, DataTransfer, self.data.accept)
+        """A pushed output, or a chunk of one sent in chunks, from the agent the subject
+        names (None: the older subject, naming none)."""
+        sender = subjects.sender_of(msg.subject)
+        if sender is not None and msg.headers and CHUNK_HEADER in msg.headers:
+            await self.data.answer_chunk(msg, sender)
+            return
+
+        async def accept(transfer: DataTransfer) -> DataAck:
+            return await self.data.accept(transfer, sender)
+
+        await respond(self.nc, msg, DataTransfer, accept)
 
     async def _on_fetch(self, msg: Msg) -> None:
         async def fetch(req: FetchRequest) -> DataTransfer:
@@ -567,7 +579,10 @@ class Agent:
         await respond(self.nc, msg, FetchRequest, fetch)
 
     async def _on_data_ack(self, msg: Msg) -> None:
-        await respond(self.nc, msg, DataAck, self.data.on_ack)
+        async def ack(a: DataAck) -> DataAck:
+            return await self.data.on_ack(a, subjects.sender_of(msg.subject))
+
+        await respond(self.nc, msg, DataAck, ack)
 
     # -- connectivity ---------------------------------------------------------------------------
     async def _on_disconnected(self) -> None:
@@ -821,7 +836,7 @@ class Agent:
             output_type=(output_type or output.media_type) if output else None,
             output_key=output_key,
         )
-        sent = (subjects.task_event(pipeline_id, task_id), ev.event_id, encode(ev))
+        sent = (subjects.task_event(pipeline_id, task_id, self.agent_id), ev.event_id, encode(ev))
         # journaled first: sent now if connected, replayed in order after a reconnect or restart
         self.outbox.emit(*sent)
         return sent

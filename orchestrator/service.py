@@ -33,7 +33,6 @@ from orchestrator.api.submissions import (
     refuse,
     timing_log,
 )
-from orchestrator.api.users import UserQueries, for_user
 from orchestrator.infra import eventloop
 from orchestrator.infra.eventloop import Pacer
 from orchestrator.infra.kvwatch import all_keys
@@ -92,7 +91,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
-from schemas.wire import level_of
+from schemas.wire import SENDER_SUBJECTS, level_of
 from transport.rpc import handle, nats_error_logger, request, settle
 
 log = logging.getLogger("mars.orchestrator")
@@ -206,6 +205,9 @@ class Orchestrator:
         self.events_caught_up.set()
         #: Submissions that waited for the task events first (a gauge of overload).
         self.held_submissions = 0
+        #: Task events dropped because their subject names another agent than their payload
+        #: (or, from an agent that names itself, none): one agent speaking for another.
+        self.misnamed_events = 0
         #: Commits to agents, and the looks that make sure they were heard (commits.py).
         self.commits = Commits(self)
         self._events_sub: Subscription | None = None
@@ -280,20 +282,6 @@ class Orchestrator:
             ("list", subjects.LIST, self._ep(ListRequest, self.queries.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.queries.cancel)),
             ("agents", subjects.AGENTS, self._ep(AgentsRequest, self.queries.agents)),
-        ]
-        # the same, as one user asks it: `<subject>.<user>` (orchestrator/api/users.py)
-        mine = UserQueries(self, self.queries)
-        endpoints += [
-            ("submit-user", subjects.api_users(subjects.SUBMIT), self.submissions.enqueue),
-            *(
-                (f"{name}-user", subjects.api_users(subject), self._ep(model, fn, per_user=True))
-                for name, subject, model, fn in (
-                    ("status", subjects.STATUS, StatusRequest, mine.status),
-                    ("list", subjects.LIST, ListRequest, mine.list),
-                    ("cancel", subjects.CANCEL, CancelRequest, mine.cancel),
-                    ("agents", subjects.AGENTS, AgentsRequest, mine.agents),
-                )
-            ),
         ]
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
@@ -422,19 +410,17 @@ class Orchestrator:
                 return
 
     def _ep(
-        self, model: type[Any], fn: Callable[..., Awaitable[WireModel]], per_user: bool = False
+        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
     ) -> Callable[[Request], Awaitable[None]]:
         """An endpoint handler. nats-py runs one subscription's callbacks one after another,
         so each request is served in a task of its own: one waiting on JetStream (a record
         read while the server comes back) or on another replica (a cancel passed on) held
         every request behind it, each timing out in turn. At most MAX_API_IN_FLIGHT at once;
-        one beyond is refused `unavailable`. `per_user`: `fn` also takes the user the
-        request's subject names (`users.for_user`)."""
+        one beyond is refused `unavailable`."""
 
         async def serve(req: Request) -> None:
             try:
-                served = for_user(fn, req.subject) if per_user else fn
-                body, headers = await handle(req.data, req.headers, model, served)
+                body, headers = await handle(req.data, req.headers, model, fn)
                 with contextlib.suppress(Exception):  # the requester may be gone
                     await req.respond(body, headers=headers)
             except asyncio.CancelledError:  # stopping: said, not left to time out
@@ -504,7 +490,8 @@ class Orchestrator:
                 ev = decode(msg.data, TaskEvent)
             except DecodeError:
                 ev = None
-            if ev is not None and ev.pipeline_id == pid:  # else: published under another's name
+            # else: published under another pipeline's name, or another agent's
+            if ev is not None and ev.pipeline_id == pid and self.sent_by_its_agent(msg, ev):
                 self.adaptive.task_event(ev)  # lateness timers follow live events, not replays
                 await self.apply_event(ev)
         if self.events_backlog() <= EVENTS_CAUGHT_UP:
@@ -539,8 +526,26 @@ class Orchestrator:
             ev = decode(msg.data, TaskEvent)
         except DecodeError:
             return
-        if subjects.pipeline_of_task_event(msg.subject) == ev.pipeline_id:
+        if subjects.pipeline_of_task_event(msg.subject) == ev.pipeline_id and (
+            self.sent_by_its_agent(msg, ev)
+        ):
             await self.apply_event(ev)
+
+    def sent_by_its_agent(self, msg: Msg, ev: TaskEvent) -> bool:
+        """Whether a task event's subject names the agent its payload says sent it: only
+        that agent may publish that subject (the server's permissions), so one agent cannot
+        report another's task. An agent of wire level 4 or older names none; one that reads
+        a later level (by its adverts) always does, so an event without a name is taken
+        only from an older one."""
+        named = subjects.agent_of_task_event(msg.subject)
+        if named == ev.agent_id or (named is None and self.wire_of(ev.agent_id) < SENDER_SUBJECTS):
+            return True
+        self.misnamed_events += 1
+        log.info(
+            "dropped task event %s of %s/%s: its payload names agent %s, its subject %s",
+            ev.event_id, ev.pipeline_id, ev.task_id, ev.agent_id, msg.subject,
+        )  # fmt: skip
+        return False
 
     async def apply_event(self, ev: TaskEvent) -> None:
         run = self.pipelines.get(ev.pipeline_id)

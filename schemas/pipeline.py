@@ -176,6 +176,10 @@ class TaskSpec(WireModel):
     #: False: once placed, adaptive re-scheduling never moves this task (state on a device,
     #: licensing, a pinned accelerator); recovery from a dead device still may.
     migratable: bool = True
+    #: Keep its output in `MARS_OUTPUTS` for `mars get` (at the hub) even though other tasks
+    #: take it; a task no other takes (a sink) is kept anyway. An intermediate output not
+    #: asked for stays at its producer's site.
+    keep_output: bool = False
 
 
 class PipelineSpec(WireModel):
@@ -187,10 +191,6 @@ class PipelineSpec(WireModel):
     preemptible: bool = False
     deadline_s: Seconds | None = None
     description: ShortText = ""
-    #: The user who submitted it (the token of the per-user API subject it came on:
-    #: `mars.v1.api.submit.<user>`), set by the replica that took it; None: submitted on the
-    #: admin's subject unnamed. Only that user sees and cancels it on their own subjects.
-    user: Ident | None = None
 
     @model_validator(mode="after")
     def _check_dag(self) -> Self:

@@ -57,6 +57,9 @@ class InputRef(WireModel):
     token: Count = 0
     #: What the producer's output is (its spec's `output_type`; None: known by its bytes).
     media_type: MediaType | None = None
+    #: The wire level `agent_id` reads (0: not known): below `SENDER_SUBJECTS` it pushes on
+    #: the older subject that names no sender, and takes acks there.
+    wire: Annotated[int, Field(ge=0, le=9999)] = 0
 
 
 class ConsumerRef(WireModel):
@@ -67,6 +70,9 @@ class ConsumerRef(WireModel):
     #: The wire level `agent_id` reads (schemas/wire.py; 0: not known): its producer's agent
     #: sends it only the fields it knows.
     wire: Annotated[int, Field(ge=0, le=9999)] = 0
+    #: The site of `agent_id` (None: not known): a large output for a consumer at its
+    #: producer's site crosses in chunks over core NATS, never through the hub's object store.
+    site: Ident | None = None
 
 
 #: Most offers in one batch (one pipeline's tasks on one agent, in practice far fewer).
@@ -249,13 +255,16 @@ ObjectKey = Annotated[
     str, StringConstraints(max_length=400, pattern=r"^[A-Za-z0-9_-]+/[A-Za-z0-9_-]+/[0-9]+$")
 ]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+#: Names one chunked sending of an output (`DataTransfer.stream`).
+StreamId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
 class DataTransfer(WireModel):
-    """One output for one consumer: inline bytes, or a reference into the object store.
+    """One output for one consumer: inline bytes, a reference into the object store, or the
+    opening of a chunked sending (`stream`).
 
-    Exactly one of `data` and `object_key` is set; `sha256` covers the payload either way and
-    the receiver checks it before the consumer sees a byte.
+    Exactly one of `data`, `object_key` and `stream` is set; `sha256` covers the payload
+    whichever it is, and the receiver checks it before the consumer sees a byte.
     """
 
     pipeline_id: Ident
@@ -271,13 +280,18 @@ class DataTransfer(WireModel):
     #: What the producer's executor made of its output (None: known by its bytes). The
     #: consumer decodes it so where the producer's spec declares no `output_type`.
     media_type: MediaType | None = None
+    #: Set instead of `data` for a payload that follows in chunks on the same subject, each
+    #: a request answered by a `DataAck` (the last one's: the transfer's), to a consumer at
+    #: the producer's site: its bytes never leave the site.
+    stream: StreamId | None = None
 
     @model_validator(mode="after")
     def _one_payload(self) -> Self:
-        if (self.data is None) == (self.object_key is None):
-            raise ValueError("exactly one of data and object_key must be set")
-        if self.object_key is not None and self.size is None:
-            raise ValueError("object_key needs size")
+        given = sum(x is not None for x in (self.data, self.object_key, self.stream))
+        if given != 1:
+            raise ValueError("exactly one of data, object_key and stream must be set")
+        if (self.object_key is not None or self.stream is not None) and self.size is None:
+            raise ValueError("object_key and stream need size")
         if self.data is not None and self.size is not None and self.size != len(self.data):
             raise ValueError(f"size {self.size} != {len(self.data)} inline bytes")
         return self

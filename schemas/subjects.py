@@ -66,12 +66,51 @@ def job(agent_id: str) -> str:
 
 
 def data(agent_id: str) -> str:
+    """Where agents of wire level 4 and older take pushed outputs (`data_from` since 5)."""
     return f"{PREFIX}.agents.{agent_id}.data"
 
 
+def data_from(agent_id: str, producer_agent: str) -> str:
+    """Outputs pushed to `agent_id` by `producer_agent` (wire level 5 on): the subject names
+    the sender, so the server's permissions let only that agent publish it, and the consumer
+    takes only what its producer's committed agent sent."""
+    return f"{PREFIX}.agents.{agent_id}.data.from.{producer_agent}"
+
+
+def all_data_to(agent_id: str) -> str:
+    """Every `data_from` subject of `agent_id` (its subscription)."""
+    return f"{PREFIX}.agents.{agent_id}.data.from.*"
+
+
 def data_ack(agent_id: str) -> str:
-    """Where a consumer confirms receipt of a fetched output to its producer's agent."""
+    """Where a consumer of wire level 4 or older confirms receipt of a fetched output to its
+    producer's agent (`data_ack_from` since 5)."""
     return f"{PREFIX}.agents.{agent_id}.data.ack"
+
+
+def data_ack_from(agent_id: str, consumer_agent: str) -> str:
+    """Where `consumer_agent` confirms receipt of a fetched output to its producer's agent
+    `agent_id` (wire level 5 on)."""
+    return f"{PREFIX}.agents.{agent_id}.data.ack.{consumer_agent}"
+
+
+def all_data_acks_to(agent_id: str) -> str:
+    return f"{PREFIX}.agents.{agent_id}.data.ack.*"
+
+
+def sender_of(subject: str) -> str | None:
+    """The agent a `data_from` or `data_ack_from` subject names as its sender (None: another
+    subject, e.g. the older forms without one)."""
+    parts = subject.split(".")
+    if (
+        len(parts) == 7
+        and subject.startswith(f"{PREFIX}.agents.")
+        and (parts[4:6] == ["data", "from"] or parts[4:6] == ["data", "ack"])
+        and parts[3]
+        and parts[6]
+    ):
+        return parts[6]
+    return None
 
 
 def fetch(agent_id: str) -> str:
@@ -106,19 +145,40 @@ def drain(agent_id: str) -> str:
     return f"{PREFIX}.agents.{agent_id}.cmd.drain"
 
 
-def task_event(pipeline_id: str, task_id: str) -> str:
-    return f"{EVENTS}.task.{pipeline_id}.{task_id}"
+def task_event(pipeline_id: str, task_id: str, agent_id: str) -> str:
+    """A task event, named by the agent that publishes it (wire level 5 on): the server's
+    permissions let only that agent publish it, and the orchestrator drops one whose
+    payload's `agent_id` is another. Agents of level 4 and older leave the agent out."""
+    return f"{EVENTS}.task.{pipeline_id}.{task_id}.{agent_id}"
+
+
+def task_events_of(pipeline_id: str) -> str:
+    """Every task event of one pipeline, in either form."""
+    return f"{EVENTS}.task.{pipeline_id}.>"
 
 
 _TASK_EVENT_PREFIX = f"{EVENTS}.task."
 
 
-def pipeline_of_task_event(subject: str) -> str | None:
-    """The pipeline id a task event's subject names (None: not a task event subject)."""
+def _task_event_parts(subject: str) -> list[str] | None:
+    """[pipeline, task] or [pipeline, task, agent] (None: not a task event subject)."""
     if not subject.startswith(_TASK_EVENT_PREFIX):
         return None
-    pid, dot, task = subject[len(_TASK_EVENT_PREFIX) :].partition(".")
-    return pid if pid and dot and task and "." not in task else None
+    parts = subject[len(_TASK_EVENT_PREFIX) :].split(".")
+    return parts if len(parts) in (2, 3) and all(parts) else None
+
+
+def pipeline_of_task_event(subject: str) -> str | None:
+    """The pipeline id a task event's subject names (None: not a task event subject)."""
+    parts = _task_event_parts(subject)
+    return parts[0] if parts is not None else None
+
+
+def agent_of_task_event(subject: str) -> str | None:
+    """The agent a task event's subject names as its publisher (None: not a task event
+    subject, or one in the form of level 4 and older, which names none)."""
+    parts = _task_event_parts(subject)
+    return parts[2] if parts is not None and len(parts) == 3 else None
 
 
 ALL_EVICTIONS = f"{EVENTS}.evict.>"
@@ -135,9 +195,28 @@ def pipeline_event(pipeline_id: str) -> str:
 ALL_INPUTS_GONE = f"{EVENTS}.input_gone.>"
 
 
-def input_gone(pipeline_id: str) -> str:
-    """A consumer's input no longer held by its producer's agent (`InputGone`)."""
-    return f"{EVENTS}.input_gone.{pipeline_id}"
+def input_gone(pipeline_id: str, agent_id: str) -> str:
+    """A consumer's input no longer held by its producer's agent (`InputGone`), published by
+    the consumer's agent `agent_id` (wire level 5 on; level 4 and older leave it out)."""
+    return f"{EVENTS}.input_gone.{pipeline_id}.{agent_id}"
+
+
+_INPUT_GONE_PREFIX = f"{EVENTS}.input_gone."
+
+
+def input_gone_parts(subject: str) -> tuple[str, str | None] | None:
+    """(pipeline, publishing agent) an `input_gone` subject names (the agent None in the
+    older form without it); None: not an `input_gone` subject."""
+    if not subject.startswith(_INPUT_GONE_PREFIX):
+        return None
+    parts = subject[len(_INPUT_GONE_PREFIX) :].split(".")
+    if not all(parts):
+        return None
+    if len(parts) == 1:
+        return parts[0], None
+    if len(parts) == 2:
+        return parts[0], parts[1]
+    return None
 
 
 def replica_cancel(owner: str) -> str:

@@ -21,7 +21,6 @@ from schemas.agent import AgentAdvert
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
 from schemas.base import WireModel
 from schemas.events import TaskEvent, TaskOutcome
-from schemas.failover import PipelineRecord
 from schemas.pipeline import ExecRun, OnnxRun, PipelineSpec, PythonRun, TaskSpec
 from schemas.placement import (
     CommitCommand,
@@ -36,17 +35,20 @@ from schemas.recovery import TaskResult
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
 WIRE_LEVEL = 5
+#: The first level whose agents name themselves in the subjects of what they send one
+#: another and the orchestrators (task events, `input_gone`, data pushes and acks:
+#: schemas/subjects.py); to an older agent the older forms are used, and from one accepted.
+SENDER_SUBJECTS = 5
 
 #: Fields added after level 1, by model: the level that added each. A field named here
 #: must have a default, so a message from an older sender still reads.
 ADDED: dict[type[WireModel], dict[str, int]] = {
     # level 2 (2026-12-02): output fencing, ONNX time limits, `list` over every replica,
     # each agent's level in `mars agents`
-    InputRef: {"token": 2, "media_type": 3},
     OnnxRun: {"timeout_s": 2, "random_inputs": 3},
     PipelineSummary: {"submitted": 2, "owner": 2},
     ListReply: {"unanswered": 2, "total": 3},
-    ListRequest: {"offset": 3, "user": 5},
+    ListRequest: {"offset": 3},
     AgentSummary: {"wire": 2, "draining": 3},
     # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
     # booked windows on offers, and the booking clock on offers and commits
@@ -56,8 +58,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     TaskStatus: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     ExecRun: {"output": 3},
     PythonRun: {"bundle": 3},
-    TaskSpec: {"inputs": 3, "output_type": 3},
-    PipelineSpec: {"inputs": 3, "user": 5},
+    PipelineSpec: {"inputs": 3},
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3, "pipeline_inputs": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
@@ -66,11 +67,14 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # between agents, and each consumer's agent's level on offers (a producer's agent sends
     # a level-3 one no media type)
     AgentAdvert: {"artifacts": 4},
-    DataTransfer: {"media_type": 4},
-    ConsumerRef: {"wire": 4},
-    # level 5 too: whose a pipeline is, as the per-user API subject it was submitted on says
-    # (`PipelineSpec.user`, kept in its record too), and `list` of one user's
-    PipelineRecord: {"user": 5},
+    DataTransfer: {"media_type": 4, "stream": 5},
+    ConsumerRef: {"wire": 4, "site": 5},
+    # level 5 (2026-12-08): senders named in subjects (SENDER_SUBJECTS); each producer's
+    # agent's level on offers; each consumer's agent's site on offers, and outputs sent in
+    # chunks over core NATS to a consumer at the producer's site (`DataTransfer.stream`);
+    # outputs kept for `mars get` only where asked (`TaskSpec.keep_output`) or of sinks
+    InputRef: {"token": 2, "media_type": 3, "wire": 5},
+    TaskSpec: {"inputs": 3, "output_type": 3, "keep_output": 5},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
     # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
 }

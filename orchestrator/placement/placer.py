@@ -640,10 +640,13 @@ class Placer:
         p = placements[tid]
         agent_id, dev_id = p.device_id.split(":", 1)
         consumers = []
+        agents = self.o.view.agents
         for c in run.children[tid]:
             to = placements[c].device_id.split(":", 1)[0]
-            # with the level its agent reads: this task's agent sends it only what that reads
-            consumers.append(ConsumerRef(task_id=c, agent_id=to, wire=self.o.wire_of(to)))
+            # with the level its agent reads (this task's agent sends it only what that
+            # reads) and its site (a large output to one at this task's site stays there)
+            at = agents[to].advert.site if to in agents else None
+            consumers.append(ConsumerRef(task_id=c, agent_id=to, wire=self.o.wire_of(to), site=at))
         return TaskOffer(
             pipeline_id=run.pipeline_id, agent_id=agent_id,
             incarnation=self.o.view.agents[agent_id].advert.incarnation, device_id=dev_id,
@@ -651,7 +654,8 @@ class Placer:
             window_start=st.t0 + p.start, window_end=st.t0 + p.finish,
             priority=run.spec.priority,
             replaces=prev[1] if (prev := st.prior.get(tid)) and prev[2] == agent_id else 0,
-            inputs=[InputRef(task_id=d, agent_id=placements[d].device_id.split(":", 1)[0],
+            inputs=[InputRef(task_id=d, agent_id=(by := placements[d].device_id.split(":", 1)[0]),
+                             wire=self.o.wire_of(by),
                              ready=run.tasks[d].state == "succeeded" or d in st.ended,
                              media_type=spec_by_id[d].output_type,
                              token=0 if provisional else st.tokens.get(d, 0))

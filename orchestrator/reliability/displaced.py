@@ -21,6 +21,7 @@ from schemas import subjects
 from schemas.bookings import BookingWindow
 from schemas.codec import DecodeError, decode, encode
 from schemas.placement import DataTransfer, EvictNotice, FetchRequest, InputGone
+from schemas.wire import SENDER_SUBJECTS
 
 if TYPE_CHECKING:
     from orchestrator.ports import DisplacedDoor
@@ -64,6 +65,9 @@ class Displaced:
     def __init__(self, orch: DisplacedDoor) -> None:
         self.o = orch
         self.evictions_seen = 0
+        #: `InputGone` notices dropped because their subject names another agent than the
+        #: consumer's (one agent speaking for another).
+        self.misnamed_notices = 0
         #: Producers run again because an agent reported their output gone, and the reports
         #: already acted on: (pipeline, consumer, its token, producer, its token).
         self.inputs_regrown = 0
@@ -382,9 +386,33 @@ class Displaced:
         Only a report about the consumer's current placement and a producer that succeeded
         where it says is acted on (one whose end is not heard yet waits for it), once per
         pair of placements; anything else is stale or not this replica's."""
-        note = _notice(msg, InputGone, subjects.input_gone)
-        if note is not None:
-            await self.input_gone(note)
+        try:
+            note = decode(msg.data, InputGone)
+        except DecodeError as exc:
+            log.debug("dropped a bad InputGone on %s: %s", msg.subject, exc.message)
+            return
+        named = subjects.input_gone_parts(msg.subject)
+        if named is None or named[0] != note.pipeline_id:
+            log.debug("dropped InputGone for %s sent on %s", note.pipeline_id, msg.subject)
+            return
+        sender = named[1]
+        # only the consumer's own agent may report its input gone: the subject names its
+        # publisher (the server's permissions see to that); an agent of wire level 4 or
+        # older names none, and one of a later level always does
+        if sender != note.agent_id and (
+            sender is not None or self.wire_of(note.agent_id) >= SENDER_SUBJECTS
+        ):
+            self.misnamed_notices += 1
+            log.info(
+                "dropped InputGone of %s/%s: it names agent %s, its subject %s",
+                note.pipeline_id, note.consumer, note.agent_id, msg.subject,
+            )  # fmt: skip
+            return
+        await self.input_gone(note)
+
+    def wire_of(self, agent_id: str) -> int:
+        entry = self.o.view.agents.get(agent_id)
+        return entry.wire if entry is not None else 1
 
     async def input_gone(self, note: InputGone) -> None:
         pid = note.pipeline_id

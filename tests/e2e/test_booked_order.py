@@ -53,7 +53,7 @@ async def _first_start_of_high(nats_url: str, tmp: Path, preemptible: bool) -> f
         seen.append((loop.time(), decode(msg.data, TaskEvent)))
 
     for pid in (low, high, p5):
-        await nc.subscribe(subjects.task_event(pid, "*"), cb=on_event)
+        await nc.subscribe(subjects.task_events_of(pid), cb=on_event)
     await settle(nc)
     try:
         async with AgentProcesses(nats_url, tmp) as fleet:

@@ -39,7 +39,7 @@ async def test_a_consumer_lost_after_taking_its_input_does_not_make_the_producer
         if ev.state == "started":
             started.setdefault((ev.task_id, ev.agent_id), asyncio.Event()).set()
 
-    await nc.subscribe(subjects.task_event("lost-c", "*"), cb=on_event)
+    await nc.subscribe(subjects.task_events_of("lost-c"), cb=on_event)
     await settle(nc)
     try:
         async with AgentProcesses(nats_url, tmp_path) as fleet:

@@ -46,7 +46,7 @@ async def test_a_consumer_never_takes_the_output_of_a_superseded_producer_run(
         if ev.state == "started":
             started[(ev.task_id, ev.agent_id)].set()
 
-    await nc.subscribe(subjects.task_event("fence", "*"), cb=on_event)
+    await nc.subscribe(subjects.task_events_of("fence"), cb=on_event)
     await settle(nc)
     try:
         async with AgentProcesses(nats_url, tmp_path) as fleet:

@@ -125,7 +125,7 @@ async def test_a_producer_killed_mid_pipeline_runs_again_and_the_outputs_stay_ex
                 ends.append(ev)
                 heard.notify_all()
 
-    await nc.subscribe(subjects.task_event(PID, "*"), cb=on_event)
+    await nc.subscribe(subjects.task_events_of(PID), cb=on_event)
     # where part's agent is told to send part's output (the orchestrator routing a moved
     # consumer; a consumer asking for itself)
     routes: list[FetchRequest] = []

@@ -161,7 +161,7 @@ async def test_a_consumer_placed_later_fetches_the_retained_output(nats_url: str
         if ev.state == "succeeded":
             finished[ev.task_id].set()
 
-    await nc.subscribe(f"{subjects.EVENTS}.task.rp.*", cb=on_event)
+    await nc.subscribe(subjects.task_events_of("rp"), cb=on_event)
     pid = "rp"
 
     def offer(agent: Agent, task: dict[str, object], **kw: Any) -> TaskOffer:

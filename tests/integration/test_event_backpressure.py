@@ -64,7 +64,7 @@ async def test_a_submission_waits_while_task_events_are_behind(
     client = await Client.connect(nats_url, timeout=10.0)
     try:
         for i in range(BACKLOG):  # events of a pipeline nobody holds: cheap, but queued
-            await client.nc.publish(subjects.task_event("gone", f"t{i}"), b"{}")
+            await client.nc.publish(subjects.task_event("gone", f"t{i}", "c1"), b"{}")
         await settle(client.nc)
         await asyncio.wait_for(pacer.holding.wait(), 5.0)
         # a round trip to the orchestrator behind them: every event is in its queue now

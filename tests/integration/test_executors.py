@@ -230,7 +230,7 @@ async def test_concurrency_per_device_never_exceeds_its_slots(cluster: Cluster) 
                 all_done.set()
 
     try:
-        await nc.subscribe(subjects.task_event("slots", "*"), cb=on_event)
+        await nc.subscribe(subjects.task_events_of("slots"), cb=on_event)
         for i in range(n):
             offer = TaskOffer(
                 pipeline_id="slots", agent_id=AID, incarnation=agent.incarnation,

@@ -311,8 +311,9 @@ async def placed_with_true_report(orch: Orchestrator) -> tuple[PipelineRun, Inpu
 
 async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None:
     """A report about another placement of the consumer, a producer run elsewhere, a task
-    that is no consumer of it, another pipeline (named, or the subject it came on), or bytes
-    that are no report at all: nothing
+    that is no consumer of it, another pipeline (named, or the subject it came on), another
+    agent than the consumer's (by the subject it came on), or bytes that are no report at
+    all: nothing
     is re-run, and the service goes on. A report that comes before the producer's end is
     heard waits for it, and is forgotten with its pipeline. (The handler is called as the
     subscription calls it, so each report is handled when the call returns.)"""
@@ -331,12 +332,21 @@ async def test_reports_that_do_not_hold_are_left_alone(cluster: Cluster) -> None
     assert nc is not None
 
     async def report(data: bytes) -> None:
-        await orch.displaced.on_input_gone(Msg(nc, subjects.input_gone("p"), data=data))
+        await orch.displaced.on_input_gone(
+            Msg(nc, subjects.input_gone("p", true.agent_id), data=data)
+        )
 
     for data in [*(encode(w) for w in wrong), b"\xff not a report", b"{}"]:
         await report(data)
     # the true report, published under another pipeline's subject
-    await orch.displaced.on_input_gone(Msg(nc, subjects.input_gone("q"), data=encode(true)))
+    await orch.displaced.on_input_gone(
+        Msg(nc, subjects.input_gone("q", true.agent_id), data=encode(true))
+    )
+    # the true report, published by another agent than the consumer's (its subject names
+    # the publisher), and in the older form naming none, which b (of this level) never uses
+    for forged in (subjects.input_gone("p", "a"), f"{subjects.EVENTS}.input_gone.p"):
+        await orch.displaced.on_input_gone(Msg(nc, forged, data=encode(true)))
+    assert orch.displaced.misnamed_notices == 3  # and the one above naming c, sent by b
     assert orch.displaced.inputs_regrown == 0 and not orch.displaced.early
     assert not any("is gone" in x for x in run.placement_log)
     await report(encode(true))  # t is held on a: its end is still to come
@@ -364,7 +374,9 @@ async def test_a_report_heard_while_the_lease_had_lapsed_is_acted_on_once_renewe
         orch.failover.leases.held["p"].valid_until = orch.mono()  # an unrenewed lease's lot
         nc = orch.nc
         assert nc is not None
-        await orch.displaced.on_input_gone(Msg(nc, subjects.input_gone("p"), data=encode(true)))
+        await orch.displaced.on_input_gone(
+            Msg(nc, subjects.input_gone("p", true.agent_id), data=encode(true))
+        )
         assert orch.displaced.parked == 1 and not orch.displaced.early  # kept, not acted on
         acted = asyncio.Event()
         resume = orch.displaced.resume

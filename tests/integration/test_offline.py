@@ -123,7 +123,7 @@ async def _final_events(url: str, pipeline_id: str) -> dict[tuple[str, str], int
     counts: dict[tuple[str, str], int] = {}
     try:
         js = nc.jetstream()
-        sub = await js.subscribe(f"{subjects.EVENTS}.task.{pipeline_id}.*", ordered_consumer=True)
+        sub = await js.subscribe(subjects.task_events_of(pipeline_id), ordered_consumer=True)
         while True:
             msg = await sub.next_msg(timeout=5)
             ev = decode(msg.data, TaskEvent)

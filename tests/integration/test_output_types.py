@@ -31,10 +31,10 @@ MODS = ["tests.integration.jsontasks"]
 THRESHOLD = 1024
 
 
-def _config(tier: str = "edge") -> AgentConfig:
+def _config(tier: str = "edge", site: str = "s") -> AgentConfig:
     cpu = {"device_id": "cpu0", "kind": "cpu", "gflops": 100.0, "emulated": True}
     return agent_config(
-        "s", tier, probe_cpu=False, devices=[cpu], cpu_slots=2,
+        site, tier, probe_cpu=False, devices=[cpu], cpu_slots=2,
         allowed_kinds=["synthetic", "python"], python_allow=MODS,
         object_threshold_bytes=THRESHOLD,
     )  # fmt: skip
@@ -54,8 +54,9 @@ async def test_a_dict_returned_undeclared_reaches_the_next_python_task_as_a_dict
     nats_url: str,
 ) -> None:
     """`small` crosses to the other agent inline, `large` (past the object threshold) through
-    the object store, and `small` also goes to a consumer on its own agent."""
-    orch, agents = await start_cluster(nats_url, {"a": _config(), "b": _config()})
+    the object store (the other agent is at another site), and `small` also goes to a
+    consumer on its own agent."""
+    orch, agents = await start_cluster(nats_url, {"a": _config(), "b": _config(site="t")})
     a, b = agents
     try:
         spec = PipelineSpec.model_validate({"name": "json", "tasks": [
@@ -106,7 +107,7 @@ async def test_a_consumer_placed_after_its_producer_ended_fetches_a_dict(
             finished[ev.task_id].set()
 
     pid = "fj"
-    await nc.subscribe(f"{subjects.EVENTS}.task.{pid}.*", cb=on_event)
+    await nc.subscribe(subjects.task_events_of(pid), cb=on_event)
 
     async def place(agent: Agent, task: dict[str, Any], **kw: Any) -> None:
         offer = TaskOffer(

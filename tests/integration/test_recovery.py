@@ -538,7 +538,7 @@ async def test_an_end_heard_while_a_failed_re_placement_was_tried_is_applied(
                 agent_id="victim", incarnation="0123456789abcdef", device_id="cpu0",
                 token=token, state="succeeded", duration_s=2.5,
             )  # fmt: skip
-            await nc.jetstream().publish(subjects.task_event("late", "t"), encode(end))
+            await nc.jetstream().publish(subjects.task_event("late", "t", "victim"), encode(end))
             await orch.wait_for(lambda: run.stale_events > before, timeout=10.0)
 
         tried = first_placement_waits(orch, monkeypatch, {"t"}, end_arrives_meanwhile)

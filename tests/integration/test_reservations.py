@@ -192,7 +192,7 @@ async def test_a_task_event_under_another_pipelines_subject_is_ignored(nats_url:
             agent_id=task.agent_id or "", incarnation=agents[0].incarnation, device_id="cpu0",
             token=task.token, state="failed", error="published under another name",
         )  # fmt: skip
-        await nc.publish(subjects.task_event("other-1", "slow"), encode(forged))
+        await nc.publish(subjects.task_event("other-1", "slow", forged.agent_id), encode(forged))
         await settle(nc)
         done = await orch.wait_terminal("sub-1", 10)
         assert done.state == "succeeded", done.reason
@@ -220,7 +220,7 @@ async def test_a_stale_tokens_result_is_ignored(nats_url: str) -> None:
             state="failed",
             error="from an old placement",
         )
-        await nc.publish(subjects.task_event("st-1", "slow"), encode(forged))
+        await nc.publish(subjects.task_event("st-1", "slow", forged.agent_id), encode(forged))
         await settle(nc)
         done = await orch.wait_terminal("st-1", 10)
         assert done.state == "succeeded"

@@ -22,7 +22,7 @@ async def stored_events(url: str, pipeline_id: str) -> list[TaskEvent]:
     out: list[TaskEvent] = []
     try:
         sub = await nc.jetstream().subscribe(
-            f"{subjects.EVENTS}.task.{pipeline_id}.*", ordered_consumer=True
+            subjects.task_events_of(pipeline_id), ordered_consumer=True
         )
         while True:
             msg = await sub.next_msg(timeout=5)

@@ -135,7 +135,9 @@ async def test_a_producers_agent_sends_an_older_consumers_agent_transfers_it_rea
             async def note(msg: Msg, aid: str = aid) -> None:
                 sent[aid].append(msgpack.unpackb(msg.data, raw=False))
 
-            await nc.subscribe(subjects.data(aid), cb=note)
+            # the old agent is pushed to on the subject of its level, naming no sender
+            where = subjects.data(aid) if aid == "old" else subjects.data_from(aid, "new")
+            await nc.subscribe(where, cb=note)
         await nc.flush()
         syn = {"kind": "synthetic", "seconds": 0.01}
         spec = PipelineSpec.model_validate({"name": "typed", "tasks": [
