@@ -21,6 +21,7 @@ from orchestrator.infra import eventloop
 from schemas.api import PipelineState
 from schemas.wire import WIRE_LEVEL
 from sim.run import add_arguments as add_sim_run_arguments
+from transport import connect
 
 if TYPE_CHECKING:
     from schemas.api import AgentSummary
@@ -96,6 +97,12 @@ async def _paced_gc_once_up(started: asyncio.Event) -> None:
         pacer.stop()
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from console.deploy.command import run
+
+    return run(args)
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from edge_agent.config import AgentConfig, load_config
     from edge_agent.service import run_agent
@@ -137,8 +144,9 @@ def cmd_drain(args: argparse.Namespace) -> int:
     async def go() -> int:
         cmd = DrainCommand(agent_id=args.agent_id, deadline_s=args.deadline, resume=args.resume)
         nc = await nats.connect(
-            args.nats, name="mars-cli", connect_timeout=5, allow_reconnect=False,
-            error_cb=nats_error_logger(logging.getLogger("mars.cli")),
+            connect.servers(args.nats), name="mars-cli", connect_timeout=5,
+            allow_reconnect=False, error_cb=nats_error_logger(logging.getLogger("mars.cli")),
+            **connect.options(),
         )  # fmt: skip
         try:
             rep = await request(
@@ -332,7 +340,7 @@ async def _store_inputs(client: Any, given: list[str]) -> list[Any]:
             d = await asyncio.to_thread(inputs.describe, name, p)
         except OSError as exc:
             raise SystemExit(f"error: --input {name}: {exc}") from None
-        sent = await inputs.put(client.nc.jetstream(), d, p)
+        sent = await inputs.put(connect.jetstream(client.nc), d, p)
         how = "stored" if sent else "stored before"
         print(f"input {name}: {d.size} B sha256 {d.sha256} ({how})", file=sys.stderr)
         described.append(d)
@@ -388,7 +396,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
     async def go(client: Any) -> int:
         ts = find(await client.status(args.pipeline_id), task)
-        n = await fetch(client.nc.jetstream(), ts, args.output, member or None)
+        n = await fetch(connect.jetstream(client.nc), ts, args.output, member or None)
         if args.output != "-":
             print(
                 f"{args.output}: {n} B of {args.pipeline_id}/{args.task} "
@@ -469,7 +477,7 @@ def cmd_bookings(args: argparse.Namespace) -> int:
     from orchestrator.reservations.listing import read_bookings
 
     async def go(client: Any) -> int:  # the bucket itself, over the client's connection
-        keys = await read_bookings(client.nc.jetstream(), args.device, args.pipeline)
+        keys = await read_bookings(connect.jetstream(client.nc), args.device, args.pipeline)
         if args.json:
             print(json.dumps([k.as_json() for k in keys], indent=2))
         else:
@@ -494,11 +502,12 @@ def cmd_artifact(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         nc = await nats.connect(
-            args.nats, name="mars-cli", connect_timeout=5, allow_reconnect=False,
-            error_cb=nats_error_logger(logging.getLogger("mars.cli")),
+            connect.servers(args.nats), name="mars-cli", connect_timeout=5,
+            allow_reconnect=False, error_cb=nats_error_logger(logging.getLogger("mars.cli")),
+            **connect.options(),
         )  # fmt: skip
         try:
-            js = nc.jetstream()
+            js = connect.jetstream(nc)
             if args.artifact_cmd == "put":
                 info, sent = await artifacts.put(
                     js, Path(args.file), name=args.name, kind=args.kind
@@ -676,7 +685,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--nats", default=DEFAULT_URL, help="NATS URL (env MARS_NATS_URL)")
+        sp.add_argument(
+            "--nats", default=DEFAULT_URL,
+            help="NATS URL, or several comma-separated (env MARS_NATS_URL)",
+        )  # fmt: skip
+        sp.add_argument(
+            "--nkey", metavar="SEED_FILE",
+            help=f"this identity's nkey seed file (env {connect.ENV_SEED}; `mars deploy`)",
+        )  # fmt: skip
+        sp.add_argument(
+            "--tls-ca", metavar="PEM",
+            help=f"CA the server's certificate must chain to (env {connect.ENV_CA})",
+        )  # fmt: skip
         return sp
 
     def retry_connect(sp: argparse.ArgumentParser) -> None:
@@ -811,6 +831,15 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--out", help="directory (default: print to stdout)")
     sc.set_defaults(fn=cmd_schema)
 
+    dp = sub.add_parser(
+        "deploy",
+        help="hub cluster, site leaf servers, identities, TLS and units from one sites file",
+    )
+    from console.deploy.command import add_arguments as add_deploy_arguments
+
+    add_deploy_arguments(dp)
+    dp.set_defaults(fn=cmd_deploy)
+
     d = sub.add_parser("demo", help="embedded nats-server + orchestrator + 3 agents + a pipeline")
     d.add_argument("--pipeline", help="pipeline file (default: the video-analytics example)")
     d.add_argument("--timeout", type=float, default=25.0)
@@ -872,6 +901,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     logs.setup(args.verbose)
+    # an identity given as a flag is the process's, as if `mars.env` had said it: every
+    # connection it makes (services, clients, the reachability check) uses it
+    for flag, env in (("nkey", connect.ENV_SEED), ("tls_ca", connect.ENV_CA)):
+        if getattr(args, flag, None):
+            os.environ[env] = str(Path(getattr(args, flag)).resolve())
+    if getattr(args, "nats", None) is not None:
+        try:
+            connect.Credentials.from_env()
+        except connect.CredentialsError as exc:
+            print(f"mars: {exc}", file=sys.stderr)
+            return 2
     try:
         rc: int = args.fn(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is met below

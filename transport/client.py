@@ -29,6 +29,7 @@ from schemas.api import (
 from schemas.codec import Encoding
 from schemas.limits import Ident
 from schemas.pipeline import PipelineSpec
+from transport import connect
 from transport.rpc import nats_error_logger, request
 
 log = logging.getLogger("mars.client")
@@ -65,8 +66,9 @@ class Client:
         if user is not None:
             _USER.validate_python(user)
         nc = await nats.connect(
-            url, name="mars-client", connect_timeout=5, max_reconnect_attempts=reconnects,
-            error_cb=nats_error_logger(log),
+            connect.servers(url), name="mars-client", connect_timeout=5,
+            max_reconnect_attempts=reconnects, error_cb=nats_error_logger(log),
+            **connect.options(),
         )  # fmt: skip
         return cls(nc, timeout, user=user)
 
