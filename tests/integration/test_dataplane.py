@@ -13,12 +13,12 @@ import pytest
 from nats.aio.msg import Msg
 
 from edge_agent.core import Job
-from edge_agent.dataplane import object_key
+from edge_agent.dataplane import CHUNK_HEADER, STREAM_CHUNK_BYTES, object_key
 from edge_agent.executors import Output
 from edge_agent.service import Agent
 from orchestrator.service import Orchestrator
 from schemas import subjects
-from schemas.codec import decode, encode
+from schemas.codec import RemoteError, decode, decode_reply, encode
 from schemas.events import TaskEvent
 from schemas.pipeline import PipelineSpec, TaskSpec
 from schemas.placement import (
@@ -30,6 +30,7 @@ from schemas.placement import (
     OfferReply,
     TaskOffer,
 )
+from schemas.wire import WIRE_LEVEL
 from tests.harness import agent_config
 from transport.rpc import request, settle
 
@@ -51,13 +52,9 @@ class InputsAgent(Agent):
         return await super()._run(job)
 
 
-async def _agents(url: str, *ids: str, **cfg: Any) -> list[InputsAgent]:
-    out = []
-    for aid in ids:
-        a = InputsAgent(url, agent_config("s", "edge", cpu_slots=2, **cfg), calibrate=False)
-        a.agent_id = a.core.agent_id = aid
-        out.append(a)
-    return out
+async def _agents(url: str, *ids: str, site: str = "s", **cfg: Any) -> list[InputsAgent]:
+    config = agent_config(site, "edge", cpu_slots=2, **cfg)
+    return [InputsAgent(url, config, agent_id=aid, calibrate=False) for aid in ids]
 
 
 async def _wait(cond: asyncio.Condition, pred: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -69,10 +66,19 @@ def _syn(out: int, seconds: float = 0.01) -> dict[str, object]:
     return {"kind": "synthetic", "mode": "sleep", "seconds": seconds, "output_bytes": out}
 
 
-async def test_large_output_crosses_the_object_store_checked(nats_url: str) -> None:
+@pytest.mark.parametrize("same_site", [False, True])
+async def test_large_output_crosses_the_object_store_checked_or_stays_at_its_site(
+    nats_url: str, same_site: bool
+) -> None:
+    """To another site, an output past the inline threshold goes through the object store
+    (at the hub); to an agent at the producer's own site, in chunks over core NATS, which
+    never leave the site: the object store is not used at all."""
     orch = Orchestrator(nats_url)
     await orch.start()
-    prod, cons = await _agents(nats_url, "prod", "cons", object_chunk_bytes=256 * 1024)
+    (prod,) = await _agents(nats_url, "prod", object_chunk_bytes=256 * 1024)
+    (cons,) = await _agents(
+        nats_url, "cons", site="s" if same_site else "t", object_chunk_bytes=256 * 1024
+    )
     for a in (prod, cons):
         await a.start()
     try:
@@ -93,8 +99,14 @@ async def test_large_output_crosses_the_object_store_checked(nats_url: str) -> N
         assert run.state == "succeeded", run.reason
         want = (BIG, hashlib.sha256(bytes(BIG)).hexdigest())
         assert cons.seen[("big-1", "sink")] == {"src": want}
-        assert prod.data.stats["objects_put"] == 1
-        assert cons.data.stats["objects_fetched"] == 1 and cons.data.stats["rejected"] == 0
+        assert cons.data.stats["rejected"] == 0 and cons.data.stats["inputs"] == 1
+        if same_site:
+            assert prod.data.stats["objects_put"] == 0 and prod.data.stats["streamed"] == 1
+            assert cons.data.stats["objects_fetched"] == 0
+            assert cons.data.stats["streams_received"] == 1
+        else:
+            assert prod.data.stats["objects_put"] == 1 and prod.data.stats["streamed"] == 0
+            assert cons.data.stats["objects_fetched"] == 1
         # the only consumer confirmed: the producer keeps nothing any more
         await _wait(prod.data.changed, lambda: len(prod.data.store) == 0)
     finally:
@@ -334,3 +346,58 @@ async def test_a_finished_task_output_is_kept_before_its_job_is_let_go(nats_url:
     finally:
         await solo.stop()
         await orch.stop()
+
+
+async def test_a_chunked_sending_is_checked_whole_and_a_lost_chunk_fails_it(
+    nats_url: str,
+) -> None:
+    """The consumer's agent takes a sending's chunks only in order: one missing fails the
+    sending (the producer sends it again, from the first chunk); bytes whose sha256 is not
+    the one announced are refused once all came; the true bytes reach the job."""
+    (cons,) = await _agents(nats_url, "cons")
+    await cons.start()
+    nc = await nats.connect(nats_url)
+    try:
+        offer = TaskOffer(
+            pipeline_id="cs", agent_id="cons", incarnation=cons.incarnation,
+            device_id=cons.devices[0].device_id, token=1,
+            task=TaskSpec.model_validate(
+                {"id": "sink", "run": _syn(0, seconds=30), "deps": ["src"]}
+            ),
+            inputs=[InputRef(task_id="src", agent_id="prod", wire=WIRE_LEVEL)],
+        )  # fmt: skip
+        assert (await request(nc, subjects.offer("cons"), offer, OfferReply)).accepted
+        good = bytes(range(256)) * 4096  # 1 MiB: four chunks
+        to = subjects.data_from("cons", "prod")
+
+        async def chunk(sid: str, i: int, data: bytes) -> DataAck:
+            part = data[i * STREAM_CHUNK_BYTES : (i + 1) * STREAM_CHUNK_BYTES]
+            msg = await nc.request(to, part, timeout=5, headers={CHUNK_HEADER: f"{sid} {i}"})
+            return decode_reply(msg.data, msg.headers, DataAck)
+
+        async def send(sid: str, data: bytes, order: list[int]) -> DataAck:
+            opening = DataTransfer(
+                pipeline_id="cs", producer="src", consumer="sink", token=1, stream=sid,
+                size=len(good), sha256=hashlib.sha256(good).hexdigest(),
+            )  # fmt: skip
+            ack = await request(nc, to, opening, DataAck)
+            assert ack.ok, ack.reason
+            for i in order:
+                ack = await chunk(sid, i, data)
+            return ack
+
+        with pytest.raises(RemoteError, match="chunk 1 expected"):
+            await send("lost", good, [0, 2])
+        with pytest.raises(RemoteError, match="no sending lost from prod"):
+            await chunk("lost", 3, good)  # it was dropped with the chunk that failed it
+        assert not cons.data._streams
+        bad = await send("bad", b"\xff" + good[1:], [0, 1, 2, 3])
+        assert not bad.ok and bad.reason.startswith("sha256 mismatch"), bad.reason
+        assert "src" not in cons.core.jobs[("cs", "sink")].inputs
+        ok = await send("ok", good, [0, 1, 2, 3])
+        assert ok.ok, ok.reason
+        assert cons.core.jobs[("cs", "sink")].inputs["src"] == good
+        assert cons.data.stats["streams_received"] == 2 and not cons.data._streams
+    finally:
+        await nc.close()
+        await cons.stop()
