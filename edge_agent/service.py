@@ -63,6 +63,7 @@ from schemas.placement import (
     TaskOffer,
 )
 from schemas.wire import level_of
+from transport import connect
 from transport.rpc import request, respond, settle
 
 log = logging.getLogger("mars.agent")
@@ -197,7 +198,7 @@ class Agent:
             )
         nc = self.nc
         self.data.attach(nc)
-        self.artifacts.attach(nc.jetstream())
+        self.artifacts.attach(connect.jetstream(nc))
         aid = self.agent_id
         for subject, cb in (
             (subjects.offer(aid), self._on_offer),

@@ -33,7 +33,8 @@ from orchestrator.api.submissions import (
     refuse,
     timing_log,
 )
-from orchestrator.infra import eventloop
+from orchestrator.api.users import UserQueries, for_user
+from orchestrator.infra import buckets, eventloop
 from orchestrator.infra.eventloop import Pacer
 from orchestrator.infra.kvwatch import all_keys
 from orchestrator.placement.commits import AGENT_ENCODING, OFFER_TIMEOUT_S, Commits
@@ -92,6 +93,7 @@ from schemas.placement import (
     TaskOffer,
 )
 from schemas.wire import SENDER_SUBJECTS, level_of
+from transport import connect
 from transport.rpc import handle, nats_error_logger, request, settle
 
 log = logging.getLogger("mars.orchestrator")
@@ -226,16 +228,17 @@ class Orchestrator:
         # the compiled planning loop (when numba is installed) loads before the first request
         compiled.warm_up()
         self.nc = await nats.connect(
-            self.nats_url,
+            connect.servers(self.nats_url),
             name="mars-orchestrator",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             disconnected_cb=self._on_nats_down,
             reconnected_cb=self._on_nats_up,
             error_cb=nats_error_logger(log),
+            **connect.options(),
         )
         nc = self.nc
-        js = self.js = nc.jetstream()
+        js = self.js = connect.jetstream(nc)
         self.stored = StoreLookup(js)
         self.store = BookingStore(
             js, key_max_bytes=key_limit(self.booking_key_max_bytes, nc.max_payload)
@@ -257,8 +260,12 @@ class Orchestrator:
                     retention=RetentionPolicy.LIMITS,
                     max_age=24 * 3600,
                     max_bytes=256 * 1024 * 1024,
+                    num_replicas=connect.js_replicas(),
                 )
             )
+        if connect.Credentials.from_env().secure:
+            # agents and users may not create streams there: the control plane makes them
+            await buckets.ensure(js)
         await self.recovery.start()
         await nc.subscribe(subjects.ALL_ADVERTS, cb=self._on_advert)
         await nc.subscribe(subjects.ALL_HEARTBEATS, cb=self._on_heartbeat)
@@ -282,6 +289,20 @@ class Orchestrator:
             ("list", subjects.LIST, self._ep(ListRequest, self.queries.list)),
             ("cancel", subjects.CANCEL, self._ep(CancelRequest, self.queries.cancel)),
             ("agents", subjects.AGENTS, self._ep(AgentsRequest, self.queries.agents)),
+        ]
+        # the same, as one user asks it: `<subject>.<user>` (orchestrator/api/users.py)
+        mine = UserQueries(self, self.queries)
+        endpoints += [
+            ("submit-user", subjects.api_users(subjects.SUBMIT), self.submissions.enqueue),
+            *(
+                (f"{name}-user", subjects.api_users(subject), self._ep(model, fn, per_user=True))
+                for name, subject, model, fn in (
+                    ("status", subjects.STATUS, StatusRequest, mine.status),
+                    ("list", subjects.LIST, ListRequest, mine.list),
+                    ("cancel", subjects.CANCEL, CancelRequest, mine.cancel),
+                    ("agents", subjects.AGENTS, AgentsRequest, mine.agents),
+                )
+            ),
         ]
         for name, subject, handler in endpoints:
             await svc.add_endpoint(name=name, subject=subject, handler=handler)
@@ -410,17 +431,19 @@ class Orchestrator:
                 return
 
     def _ep(
-        self, model: type[Any], fn: Callable[[Any], Awaitable[WireModel]]
+        self, model: type[Any], fn: Callable[..., Awaitable[WireModel]], per_user: bool = False
     ) -> Callable[[Request], Awaitable[None]]:
         """An endpoint handler. nats-py runs one subscription's callbacks one after another,
         so each request is served in a task of its own: one waiting on JetStream (a record
         read while the server comes back) or on another replica (a cancel passed on) held
         every request behind it, each timing out in turn. At most MAX_API_IN_FLIGHT at once;
-        one beyond is refused `unavailable`."""
+        one beyond is refused `unavailable`. `per_user`: `fn` also takes the user the
+        request's subject names (`users.for_user`)."""
 
         async def serve(req: Request) -> None:
             try:
-                body, headers = await handle(req.data, req.headers, model, fn)
+                served = for_user(fn, req.subject) if per_user else fn
+                body, headers = await handle(req.data, req.headers, model, served)
                 with contextlib.suppress(Exception):  # the requester may be gone
                     await req.respond(body, headers=headers)
             except asyncio.CancelledError:  # stopping: said, not left to time out

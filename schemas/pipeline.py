@@ -191,6 +191,10 @@ class PipelineSpec(WireModel):
     preemptible: bool = False
     deadline_s: Seconds | None = None
     description: ShortText = ""
+    #: The user who submitted it (the token of the per-user API subject it came on:
+    #: `mars.v1.api.submit.<user>`), set by the replica that took it; None: submitted on the
+    #: admin's subject unnamed. Only that user sees and cancels it on their own subjects.
+    user: Ident | None = None
 
     @model_validator(mode="after")
     def _check_dag(self) -> Self:

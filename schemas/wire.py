@@ -21,6 +21,7 @@ from schemas.agent import AgentAdvert
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
 from schemas.base import WireModel
 from schemas.events import TaskEvent, TaskOutcome
+from schemas.failover import PipelineRecord
 from schemas.pipeline import ExecRun, OnnxRun, PipelineSpec, PythonRun, TaskSpec
 from schemas.placement import (
     CommitCommand,
@@ -48,7 +49,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     OnnxRun: {"timeout_s": 2, "random_inputs": 3},
     PipelineSummary: {"submitted": 2, "owner": 2},
     ListReply: {"unanswered": 2, "total": 3},
-    ListRequest: {"offset": 3},
+    ListRequest: {"offset": 3, "user": 5},
     AgentSummary: {"wire": 2, "draining": 3},
     # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
     # booked windows on offers, and the booking clock on offers and commits
@@ -58,7 +59,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     TaskStatus: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     ExecRun: {"output": 3},
     PythonRun: {"bundle": 3},
-    PipelineSpec: {"inputs": 3},
+    PipelineSpec: {"inputs": 3, "user": 5},
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3, "pipeline_inputs": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
@@ -75,6 +76,9 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # outputs kept for `mars get` only where asked (`TaskSpec.keep_output`) or of sinks
     InputRef: {"token": 2, "media_type": 3, "wire": 5},
     TaskSpec: {"inputs": 3, "output_type": 3, "keep_output": 5},
+    # level 5 too: whose a pipeline is, as the per-user API subject it was submitted on says
+    # (`PipelineSpec.user`, kept in its record too), and `list` of one user's
+    PipelineRecord: {"user": 5},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
     # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
 }

@@ -39,6 +39,7 @@ from schemas.failover import (
     spec_key,
 )
 from schemas.pipeline import PipelineSpec
+from transport import connect
 
 log = logging.getLogger("mars.ownership")
 #: Leases, records, specs and committed results are swept this long after their last write
@@ -75,7 +76,9 @@ async def open_bucket(js: Any, bucket: str, *, history: int = 1, ttl: float | No
         kv = await js.key_value(bucket)
     except BucketNotFoundError:
         with contextlib.suppress(Exception):  # a concurrent replica may create it first
-            await js.create_key_value(bucket=bucket, history=history, ttl=ttl)
+            await js.create_key_value(
+                bucket=bucket, history=history, ttl=ttl, replicas=connect.js_replicas()
+            )
         return await js.key_value(bucket)
     if ttl is not None:
         await keep_for(js, kv, bucket, ttl)
