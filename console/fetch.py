@@ -35,7 +35,8 @@ def find(st: StatusReply, task_id: str) -> TaskStatus:
     if ts.output_key is None or ts.output_sha256 is None:
         raise FetchError(
             f"the output of {task_id} was not kept for fetching (a synthetic task's placeholder, "
-            "or its agent could not store it)"
+            "an output other tasks take whose task does not say keep_output: true, or its "
+            "agent could not store it)"
         )
     return ts
 

@@ -689,9 +689,16 @@ class Agent:
 
     async def _keep_output(self, job: Job, out: Output) -> str | None:
         """Keep a task's output for fetching (`edge_agent.outputs`) before its end is said:
-        its key, or None (a synthetic task's placeholder, or not written: offline, slow)."""
+        its key, or None (a synthetic task's placeholder, an output other tasks take whose
+        spec does not ask for it to be kept, or not written: offline, slow). The bucket is
+        at the hub: an intermediate output kept there would cross the site's uplink."""
         o = job.offer
-        if isinstance(o.task.run, SyntheticRun) or self.data.js is None or not self.data.online:
+        if (
+            isinstance(o.task.run, SyntheticRun)
+            or (o.consumers and not o.task.keep_output)
+            or self.data.js is None
+            or not self.data.online
+        ):
             return None
         key = output_key(o.pipeline_id, o.task.id, o.token)
         return key if await self.output_store.put(self.data.js, key, out.data) else None

@@ -63,7 +63,8 @@ def _spec(gate: Path) -> dict[str, Any]:
     edge, cloud = {"tiers": ["edge"]}, {"tiers": ["cloud"]}
     return {"name": "digits-kill", "tasks": [
         {"id": "unzip", "run": {"kind": "exec", "argv": ["sh", "-c", "gunzip -c {in:digits}"]},
-         "inputs": [{"name": "digits", "pipeline_input": "digits"}], "requires": edge},
+         "inputs": [{"name": "digits", "pipeline_input": "digits"}], "requires": edge,
+         "keep_output": True},
         {"id": "part", "run": {"kind": "exec", "argv": ["sh", "-c", _gate_script(gate)]},
          "output_type": "text/plain", "requires": cloud},
         {"id": "decode", "run": {"kind": "python", "entry": "edge_agent.digits:decode"},
@@ -72,9 +73,10 @@ def _spec(gate: Path) -> dict[str, Any]:
          "requires": edge},
         {"id": "preprocess", "run": {"kind": "python", "entry": "edge_agent.digits:preprocess"},
          "deps": ["decode"], "inputs": [{"name": "pixels", "source": "decode", "member": "pixels"}],
-         "requires": edge},
+         "requires": edge, "keep_output": True},
         {"id": "classify", "run": {"kind": "onnx", "model": "digits"}, "deps": ["preprocess"],
-         "inputs": [{"name": "pixels", "source": "preprocess"}], "requires": cloud},
+         "inputs": [{"name": "pixels", "source": "preprocess"}], "requires": cloud,
+         "keep_output": True},
         {"id": "score", "run": {"kind": "python", "entry": "edge_agent.digits:aggregate"},
          "deps": ["classify", "decode"],
          "inputs": [{"name": "predicted", "source": "classify", "member": "label"},

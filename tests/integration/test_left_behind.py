@@ -1,6 +1,6 @@
 """Nothing of a pipeline stays past its retention: over a real nats-server, a pipeline that
 takes a pipeline input, moves an output too large to go inline between two agents, runs an
-exec task and keeps every output for `mars get`; once it ended and its retention passed,
+exec task and keeps its last output for `mars get`; once it ended and its retention passed,
 the object store buckets are empty, the agents keep none of its outputs, and no exec
 working directory is left."""
 

@@ -50,7 +50,8 @@ def _pipeline() -> PipelineSpec:
                                  "kwargs": {"by": 255.0}}, "deps": ["images"],
          "inputs": [{"name": "x", "source": "images"}], "requires": {"tiers": ["edge"]}},
         {"id": "infer", "run": {"kind": "onnx", "model": "tiny_cnn"}, "deps": ["scaled"],
-         "inputs": [{"name": "x", "source": "scaled"}], "requires": {"tiers": ["cloud"]}},
+         "inputs": [{"name": "x", "source": "scaled"}], "requires": {"tiers": ["cloud"]},
+         "keep_output": True},
         {"id": "report", "run": {"kind": "exec", "argv": [
             "sh", "-c", "cp {in:probs} {out}/probs.npy && wc -c < {in:probs}"],
             "output": "probs.npy"}, "deps": ["infer"],
@@ -76,8 +77,11 @@ async def test_each_task_computes_on_what_the_one_before_it_made(
         (probs,) = sess.run(None, {"x": x})
         assert np.allclose(values.decode(made["infer"]), probs, atol=1e-6)
         assert made["report"] == made["infer"]  # the file exec wrote is its output
-        # and a user gets any task's output back, exactly, with `mars get`
+        # and a user gets back, exactly, with `mars get`, the output of a sink and of a task
+        # whose spec asks for it; other intermediate outputs stay where they were made
         st = await orch.status_of("io")
+        kept = {t.task_id for t in st.tasks if t.output_key is not None}
+        assert kept == {"infer", "report"}, kept
         infer = next(t for t in st.tasks if t.task_id == "infer")
         assert (
             infer.output_type == values.NPY
