@@ -660,8 +660,13 @@ class Orchestrator:
             reason=run.reason[:2048],
             at_s=max(0.0, self.mono() - run.submitted_at),
         )
+        body = encode(ev)
         with contextlib.suppress(Exception):
-            await self.nc.publish(subjects.pipeline_event(run.pipeline_id), encode(ev))
+            await self.nc.publish(subjects.pipeline_event(run.pipeline_id), body)
+            if run.spec.user is not None:
+                await self.nc.publish(
+                    subjects.user_pipeline_event(run.spec.user, run.pipeline_id), body
+                )
 
     # -- API ------------------------------------------------------------------------------------
     async def submit_spec(self, spec: PipelineSpec, pipeline_id: str | None = None) -> SubmitReply:

@@ -271,3 +271,9 @@ def api_user(subject: str) -> str | None:
         if subject.startswith(base + ".") and len(subject) > len(base) + 1:
             return subject[len(base) + 1 :]
     return None
+
+
+def user_pipeline_event(user: str, pipeline_id: str) -> str:
+    """A pipeline's events again, for the user who submitted it: in the secure deployment a
+    user may subscribe only under `mars.v1.users.<user>.>`, never to every pipeline's."""
+    return f"{PREFIX}.users.{user}.pipeline.{pipeline_id}"

@@ -149,7 +149,13 @@ class Client:
         async def on_event(_msg: Msg) -> None:
             changed.set()
 
-        sub = await self.nc.subscribe(subjects.pipeline_event(pipeline_id), cb=on_event)
+        # a user hears its own pipelines' events only (the deploy's permissions)
+        heard = (
+            subjects.pipeline_event(pipeline_id)
+            if self.user is None
+            else subjects.user_pipeline_event(self.user, pipeline_id)
+        )
+        sub = await self.nc.subscribe(heard, cb=on_event)
         try:
             async with asyncio.timeout(timeout):
                 while True:

@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from schemas import subjects
+from schemas.codec import decode
+from schemas.events import PipelineEvent
 from schemas.pipeline import PipelineSpec
 from tests.topology import Topology
 from transport.client import Client
@@ -77,9 +80,26 @@ async def test_pipeline_spans_sites_and_cloud(topo: Topology) -> None:
     alice = await client_as(topo, "user", "alice")
     try:
         await wait_agents(alice, 4)
-        rep = await alice.submit(spanning("spans"))
-        st = await alice.wait(rep.pipeline_id, 60)
+        ended = asyncio.Event()
+
+        async def on_event(msg: Any) -> None:
+            if decode(msg.data, PipelineEvent).state == "succeeded":
+                ended.set()
+
+        # her pipeline's events reach her on her own subject (not every pipeline's)
+        await alice.nc.subscribe(subjects.user_pipeline_event("alice", "spans-1"), cb=on_event)
+        rep = await alice.submit(spanning("spans"), pipeline_id="spans-1")
+        await asyncio.wait_for(ended.wait(), 60)
+        st = await alice.status(rep.pipeline_id)
         done(st)
+        # every stream MARS made is on all three hub nodes
+        nc = await topo.connect("replica", "h1")
+        names = await topo.js(nc).streams_info()
+        await nc.close()
+        replicas = {i.config.name: i.config.num_replicas for i in names}
+        for stream in ("MARS_EVENTS", "KV_MARS_BOOKINGS", "KV_MARS_RUNS", "KV_MARS_OWNERS",
+                       "KV_MARS_RESULTS", "OBJ_MARS_OUTPUTS", "OBJ_MARS_DATA"):  # fmt: skip
+            assert replicas.get(stream) == 3, (stream, replicas)
         where = {p.task_id: p.agent_id for p in st.plan}
         assert where == {"sense": "a1", "filter": "a2", "other": "b1", "merge": "c1"}
     finally:
