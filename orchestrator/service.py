@@ -35,6 +35,7 @@ from orchestrator.api.submissions import (
 )
 from orchestrator.api.users import UserQueries, for_user
 from orchestrator.infra import buckets, eventloop
+from orchestrator.infra.coalesce import Coalescer
 from orchestrator.infra.eventloop import Pacer
 from orchestrator.infra.kvwatch import all_keys
 from orchestrator.placement.commits import AGENT_ENCODING, OFFER_TIMEOUT_S, Commits
@@ -97,6 +98,12 @@ from transport import connect
 from transport.rpc import handle, nats_error_logger, request, settle
 
 log = logging.getLogger("mars.orchestrator")
+#: A heartbeat's subject is HEAD<agent id>TAIL (`subjects.heartbeat`); a real one is < 200 bytes.
+HEARTBEAT_HEAD, HEARTBEAT_TAIL = subjects.heartbeat("\0").split("\0")
+MAX_HEARTBEAT_BYTES = 1024
+#: Shortest time between two adverts of one agent that are both applied (a burst's latest
+#: is applied at the end of it): an agent's legitimate adverts are seconds apart.
+ADVERT_GAP_S = 0.1
 VERSION = "0.1.0"
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
@@ -212,6 +219,10 @@ class Orchestrator:
         self.misnamed_events = 0
         #: Commits to agents, and the looks that make sure they were heard (commits.py).
         self.commits = Commits(self)
+        #: Adverts applied at most once per ADVERT_GAP_S per agent, the latest winning.
+        self._adverts: Coalescer[Msg] = Coalescer(
+            self._apply_advert, ADVERT_GAP_S, self.mono, self.spawn
+        )
         self._events_sub: Subscription | None = None
 
     def mono(self) -> float:
@@ -464,6 +475,16 @@ class Orchestrator:
 
     # -- cluster view ---------------------------------------------------------------------------
     async def _on_advert(self, msg: Msg) -> None:
+        """At most one advert per agent per ADVERT_GAP_S is decoded, the latest of a burst:
+        one identity advertising in a loop costs a dict write per message."""
+        sender = msg.subject[len(subjects.PREFIX) + len(".agents.") :].partition(".")[0]
+        await self._adverts.offer(sender, msg)
+
+    def advert_stats(self) -> dict[str, int]:
+        """Adverts replaced by a later one of the same agent before being read."""
+        return {"coalesced": self._adverts.coalesced}
+
+    async def _apply_advert(self, msg: Msg) -> None:
         try:
             adv = decode(msg.data, AgentAdvert)
         except DecodeError as exc:
@@ -483,13 +504,22 @@ class Orchestrator:
         self.cluster_changed.set()
 
     async def _on_heartbeat(self, msg: Msg) -> None:
+        """Every replica hears every agent's heartbeat: what is not a known agent's (its id
+        taken from the subject) or is too large for one is dropped before it is decoded."""
+        subject = msg.subject
+        if not (subject.startswith(HEARTBEAT_HEAD) and subject.endswith(HEARTBEAT_TAIL)):
+            return
+        agent_id = subject[len(HEARTBEAT_HEAD) : -len(HEARTBEAT_TAIL)]
+        if agent_id not in self.view.agents or len(msg.data) > MAX_HEARTBEAT_BYTES:
+            return  # unknown: its advert comes first (a heartbeat alone changes nothing)
         try:
             hb = decode(msg.data, Heartbeat)
         except DecodeError:
             return
-        if msg.subject == subjects.heartbeat(hb.agent_id):
-            self.view.on_heartbeat(hb, self.mono())
-            self.recovery.on_heartbeat(hb, self.mono())
+        if hb.agent_id == agent_id:
+            now = self.mono()
+            self.view.on_heartbeat(hb, now)
+            self.recovery.on_heartbeat(hb, now)
 
     async def wait_for_agents(self, n: int, timeout: float) -> int:
         """Wait until `n` agents are alive (event-driven); returns how many are."""

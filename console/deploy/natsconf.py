@@ -12,6 +12,9 @@ from console.deploy.sitesfile import HubNode, Site, SitesFile
 from schemas import presence
 from schemas.limits import MAX_PAYLOAD_BYTES
 
+#: Connections a server allows per identity it knows, and on top (operators' tools, reloads).
+CONNS_PER_IDENTITY = 8
+CONNS_SPARE = 64
 APP = "APP"
 SYS = "SYS"
 
@@ -62,6 +65,13 @@ def _accounts(users: list[dict[str, Any]], *, jetstream: bool) -> dict[str, Any]
     return {SYS: {"exports": [{"stream": f"$SYS.ACCOUNT.{APP}.>"}]}, APP: app}
 
 
+def _max_conns(identities: int) -> int:
+    """A server's bound on connections: a few per identity it knows. An identity opening
+    connections in a loop exhausts its own server's allowance at worst (a site's flood stays
+    at its leaf), never the hub's file descriptors."""
+    return CONNS_PER_IDENTITY * identities + CONNS_SPARE
+
+
 def _common(name: str, bind: str, port: int, monitor: int, tls: Tls) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "server_name": name,
@@ -90,6 +100,7 @@ def hub_node(
     )
     conf = _common(node.name, node.bind, node.client_port, node.monitor_port, tls)
     conf["accounts"] = _accounts(users, jetstream=True)
+    conf["max_connections"] = _max_conns(len(users) + 2 * len(sites.sites))
     conf["jetstream"] = {
         "store_dir": store_dir,
         # an acknowledged write is on disk: a node lost at once loses nothing it acked
@@ -131,6 +142,7 @@ def leaf(sites: SitesFile, site: Site, tls: Tls, s: Secrets) -> dict[str, Any]:
         f"leaf-{site.name}", site.leaf.bind, site.leaf.client_port, site.leaf.monitor_port, tls
     )
     conf["accounts"] = _accounts(users, jetstream=False)
+    conf["max_connections"] = _max_conns(len(users))
     pw = s.leaf_passwords[site.name]
 
     ends = site.leaf.uplinks or [f"{n.host}:{n.leaf_port}" for n in sites.hub]
