@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edge_agent.allowlist import ExecRule, ModuleName
 from schemas.agent import DeviceSpec, LinkSpec, TaskKind, Tier, default_kinds
 from schemas.limits import MAX_PROBE_BYTES, Ident, Labels
+from schemas.presence import DEFAULT_HEARTBEAT_S
 
 
 class AgentConfig(BaseModel):
@@ -48,7 +49,9 @@ class AgentConfig(BaseModel):
     #: Declared link costs (measured ones replace these once probing runs).
     links: list[LinkSpec] = Field(default_factory=list)
     allowed_kinds: list[TaskKind] = Field(default_factory=default_kinds)
-    heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.5
+    #: A sparse backstop: a crash or a silent link is found by the server (its connection
+    #: closes, or stops answering its pings: `schemas.presence`, docs/recovery.md), not here.
+    heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = DEFAULT_HEARTBEAT_S
     #: A task's `started` event is sent once it has run this long; one that ends sooner is
     #: reported once, by its end event (half the events of short tasks). 0: at once.
     started_event_after_s: Annotated[float, Field(ge=0.0, le=60.0)] = 0.05

@@ -33,6 +33,13 @@ class AdvisoryServer(_ServerFormat):
 class ConnectionAdvisory(_ServerFormat):
     client: AdvisoryClient
     server: AdvisoryServer = Field(default_factory=lambda: AdvisoryServer())
+    #: Why a connection closed (DISCONNECT only): `STALE_CONNECTION` when the server's pings
+    #: went unanswered (a silent link, a hung client).
+    reason: ShortText = ""
+
+
+#: The DISCONNECT reason of a connection the server closed for unanswered pings.
+STALE_CONNECTION = "Stale Connection"
 
 
 class ServerConnection(_ServerFormat):

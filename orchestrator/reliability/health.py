@@ -1,10 +1,12 @@
 """Agent liveness as a pure state machine: alive -> suspect -> dead, and the partition rule.
 
-Heartbeats arrive every `interval` (each agent advertises its own). One missed heartbeat (half
-an interval late) makes an agent *suspect* (nothing is moved yet); `misses` intervals of
-silence make it *dead*. A disconnect advisory from the NATS server (the agent's TCP connection
-closed) makes it dead at once; a silent link (TCP open, no bytes) is caught only by the missed
-heartbeats.
+The NATS server is the primary signal: a disconnect advisory (the agent's connection closed:
+a crash, or the server's pings unanswered on a silent link or by a hung process, see
+`schemas.presence`) makes an agent dead at once. Heartbeats are the backstop, for what the
+server cannot tell (agents sharing one connection, a server whose advisories do not reach
+us): they arrive every `interval` (each agent advertises its own, sparse by default); one
+missed heartbeat (half an interval late) makes an agent *suspect* (nothing is moved yet),
+`misses` intervals of silence make it *dead*. Any heartbeat or advert is proof of life.
 
 Recovery acts on `Recover` effects. When many agents are in trouble at once (more than
 `flood_fraction` of the fleet, and at least `flood_min` of them), the likelier story is a
@@ -200,14 +202,17 @@ class HealthTracker:
         out += self._maybe_end_hold(now, "heartbeats_returned")
         return out
 
-    def disconnected(self, agent_id: str, incarnation: str | None, now: float) -> list[Effect]:
-        """The server saw the agent's connection close: dead at once (no reconnect raced it)."""
+    def disconnected(
+        self, agent_id: str, incarnation: str | None, now: float, cause: str = "disconnect"
+    ) -> list[Effect]:
+        """The server closed the agent's connection (`cause`: "disconnect", or "silent" when it
+        stopped answering the server's pings): dead at once (no reconnect raced it)."""
         m = self.members.get(agent_id)
         if m is None or m.state == "dead":
             return []
         if incarnation is not None and incarnation != m.incarnation:
             return []
-        return self._die(m, "disconnect", now)
+        return self._die(m, cause, now)
 
     def tick(self, now: float) -> list[Effect]:
         if self.blind or now < self.grace_until:

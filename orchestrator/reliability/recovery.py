@@ -1,7 +1,8 @@
 """Failure detection and recovery: the asyncio shell around `orchestrator.reliability.health`.
 
 Inputs: adverts and heartbeats (via the orchestrator), the server's connect/disconnect
-advisories (`$SYS.ACCOUNT.<acc>.CONNECT|DISCONNECT`, when the account imports them), a timer
+advisories (`$SYS.ACCOUNT.<acc>.CONNECT|DISCONNECT`, when the account imports them: the
+primary presence signal, a crash or a silent link closes the agent's connection), a timer
 that wakes at the tracker's next deadline, and task events. On a death it releases the dead
 agent's reservations and re-places, incrementally, every unfinished task it held plus each
 finished task whose output is gone with it (or was already handed over to a consumer that now
@@ -40,7 +41,7 @@ from orchestrator.reservations import book as rules
 from orchestrator.reservations.store import device_key_of
 from orchestrator.state import lifecycle
 from schemas import subjects
-from schemas.advisories import ConnectionAdvisory
+from schemas.advisories import STALE_CONNECTION, ConnectionAdvisory
 from schemas.agent import AgentAdvert, Heartbeat
 from schemas.api import TaskState
 from schemas.bookings import DeviceBookings
@@ -221,7 +222,11 @@ class Recovery:
             return  # an older connection closing after its reconnect: the agent is fine
         self._conns.pop(agent_id, None)
         self.stats["disconnect_advisories"] += 1
-        self._apply(self.health.disconnected(agent_id, None, self.o.mono()))
+        # the server closed it for unanswered pings: a silent link or a hung agent
+        cause = "silent" if adv.reason == STALE_CONNECTION else "disconnect"
+        if cause == "silent":
+            self.stats["silent_disconnects"] += 1
+        self._apply(self.health.disconnected(agent_id, None, self.o.mono(), cause))
 
     def commit_result(self, run: PipelineRun, ev: TaskEvent) -> None:
         """A success applied: record it as the task's result, exactly once (gathered now,
