@@ -35,11 +35,13 @@ from nats.js.errors import NotFoundError
 
 from console.deploy import permissions
 from schemas import subjects
-from schemas.codec import RemoteError, encode
+from schemas.codec import RemoteError, decode, encode, encoding_of
 from schemas.events import TaskEvent
 from schemas.pipeline import PipelineSpec
+from schemas.recovery import ClusterEvent
 from tests.topology import Server, Topology
 from transport.client import Client
+from transport.connect import Credentials
 
 pytestmark = [
     pytest.mark.e2e,
@@ -670,3 +672,49 @@ async def test_pipeline_completes_beside_attacker(topo: Topology) -> None:
         await h.conn.close()
         await alice.close()
         await ops.close()
+
+
+# -- (8b) a real advisory for a connection named as another agent ---------------------------------
+#: How long replicas are given to declare a1 dead after the spoofing connection closes: they
+#: do it within milliseconds of the advisory when they believe it (this bound shows that they
+#: do not).
+SPOOF_WAIT_S = 1.5
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="replicas map connection advisories to agents by the client name, which any "
+    "client chooses: b1 connecting as `mars-agent-a1` and closing gets a1 declared dead. "
+    "Fix in orchestrator/reliability/recovery.py (not the server's permissions): believe an "
+    "advisory for agent X only when its client.nkey is X's public key (carried in X's "
+    "advert, which only X may publish, or in the deployment's identity list).",
+)
+async def test_connection_named_as_another_agent(topo: Topology) -> None:
+    """Last in the module: when it succeeds, a1 is declared dead (and soon rejoins)."""
+    watch = await topo.connect("replica", "h1")
+    dead = asyncio.Event()
+
+    async def on_cluster(msg: Any) -> None:
+        ev = decode(msg.data, ClusterEvent, encoding_of(msg.headers))
+        if ev.kind == "agent_dead" and "a1" in ev.agents:
+            dead.set()
+
+    ops = await admin(topo)
+    try:
+        await watch.subscribe(subjects.CLUSTER_EVENTS, cb=on_cluster)
+        await watch.flush()
+        e = topo.env("agent", "b1")
+        creds = Credentials(e["MARS_NKEY_SEED"], e["MARS_TLS_CA"], e["MARS_INBOX_PREFIX"])
+        nc = await nats.connect(
+            e["MARS_NATS_URL"].split(","), name="mars-agent-a1", allow_reconnect=False,
+            **creds.options(),
+        )  # fmt: skip
+        await nc.flush()
+        await nc.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(dead.wait(), SPOOF_WAIT_S)  # the bound: see SPOOF_WAIT_S
+        assert not dead.is_set(), "a1 declared dead by b1's connection named as a1"
+    finally:
+        await ops.wait_for_agents(4, 30)  # a1 back in the view for whatever follows
+        await ops.close()
+        await watch.close()
