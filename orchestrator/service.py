@@ -240,6 +240,8 @@ class Orchestrator:
         compiled.warm_up()
         self.nc = await nats.connect(
             connect.servers(self.nats_url),
+            # the order given: a replica's own hub node first (`mars deploy`), the rest after
+            dont_randomize=True,
             name="mars-orchestrator",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

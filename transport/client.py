@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from pydantic import TypeAdapter
@@ -26,7 +27,7 @@ from schemas.api import (
     SubmitReply,
     SubmitRequest,
 )
-from schemas.codec import Encoding
+from schemas.codec import Encoding, RemoteError
 from schemas.limits import Ident
 from schemas.pipeline import PipelineSpec
 from transport import connect
@@ -159,10 +160,19 @@ class Client:
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    st = await self.status(pipeline_id)
-                    if st.state in TERMINAL_STATES:
-                        return st
                     changed.clear()
+                    try:
+                        st = await self.status(pipeline_id)
+                    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                        # no replica reachable this moment (a hub node lost, replicas
+                        # reconnecting, the queue group moving): the pipeline runs on
+                        st = None
+                    except RemoteError as exc:
+                        if exc.code != "unavailable":  # (JetStream electing a new leader)
+                            raise
+                        st = None
+                    if st is not None and st.state in TERMINAL_STATES:
+                        return st
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), 1.0)
         finally:

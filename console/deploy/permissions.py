@@ -30,7 +30,8 @@ def _api(*rests: str) -> list[str]:
 
 
 #: Read-only use of JetStream: account info, a stream's info.
-JS_READ = _api("INFO", "STREAM.INFO.*")
+#: (nats-py's object store read looks its stream up by subject: STREAM.NAMES)
+JS_READ = _api("INFO", "STREAM.INFO.*", "STREAM.NAMES")
 #: Object stores agents write (outputs crossing sites; outputs kept for `mars get`).
 AGENT_WRITES = (subjects.DATA_BUCKET, subjects.OUTPUTS_BUCKET)
 #: Object stores agents read (plus the ones they write).
