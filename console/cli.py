@@ -228,7 +228,7 @@ def cmd_orchestrator(args: argparse.Namespace) -> int:
             return failed
         await run_orchestrator(
             args.nats, stop=stop, plan_budget_s=budget, keep_s=keep,
-            booking_key_max_bytes=key_max, started=started,
+            booking_key_max_bytes=key_max, started=started, retry_start=args.retry_connect,
         )  # fmt: skip
         return 0
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 import time
 import uuid
 from collections.abc import (
@@ -16,6 +17,7 @@ from collections.abc import (
 from typing import Any, TypeVar
 
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -104,6 +106,9 @@ MAX_HEARTBEAT_BYTES = 1024
 #: Shortest time between two adverts of one agent that are both applied (a burst's latest
 #: is applied at the end of it): an agent's legitimate adverts are seconds apart.
 ADVERT_GAP_S = 0.1
+#: `run_orchestrator(retry_start=True)`: the first wait after a failed start, and the longest.
+START_RETRY_FIRST_S = 0.5
+START_RETRY_MAX_S = 30.0
 VERSION = "0.1.0"
 #: Reservations expire this long after their last renewal.
 LEASE_S = 15.0
@@ -975,6 +980,10 @@ def _unanswered(offer: TaskOffer, reason: str) -> OfferReply:
     )
 
 
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 async def run_orchestrator(
     nats_url: str,
     stop: asyncio.Event | None = None,
@@ -983,22 +992,42 @@ async def run_orchestrator(
     started: asyncio.Event | None = None,
     keep_s: float = ownership.KEEP_S,
     booking_key_max_bytes: int = KEY_MAX_BYTES,
+    retry_start: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """The orchestrator of a process of its own (`mars orchestrator`): its garbage collector
     is paced (`eventloop.PacedGc`), collections waiting for a moment with no submission
-    under way. `started` is set once it serves."""
-    orch = Orchestrator(
-        nats_url, name=name, plan_budget_s=plan_budget_s, keep_s=keep_s,
-        booking_key_max_bytes=booking_key_max_bytes,
-    )  # fmt: skip
-    await orch.start()
+    under way. `started` is set once it serves. `retry_start`: a start that fails on NATS
+    (JetStream still electing its leaders on a fresh or recovering cluster) is said on
+    stderr and tried again with a growing wait, until it succeeds or `stop` is set."""
+    stop = stop or asyncio.Event()
+    wait = START_RETRY_FIRST_S
+    while True:
+        orch = Orchestrator(
+            nats_url, name=name, plan_budget_s=plan_budget_s, keep_s=keep_s,
+            booking_key_max_bytes=booking_key_max_bytes,
+        )  # fmt: skip
+        try:
+            await orch.start()
+            break
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            with contextlib.suppress(Exception):
+                await orch.stop()
+            if not retry_start:
+                raise
+            (say or _say)(
+                f"starting failed: {type(exc).__name__}: {exc}; trying again in {wait:g} s"
+            )
+            if await eventloop.wait_event(stop, wait):
+                return
+            wait = min(2 * wait, START_RETRY_MAX_S)
     pacer = eventloop.PacedGc(orch.idle)
     pacer.start()
     paced = asyncio.create_task(pacer.run())
     if started is not None:
         started.set()
     try:
-        await (stop or asyncio.Event()).wait()
+        await stop.wait()
     finally:
         try:
             await orch.stop()

@@ -222,7 +222,7 @@ class Topology:
         e = self.process_env("replica", hub)
         p = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "console.cli", "orchestrator", "--nats", e["MARS_NATS_URL"],
-            *extra, env=e,
+            "--retry-connect", *extra, env=e,
         )  # fmt: skip
         self.procs[f"orch-{hub}"] = p
         return p
