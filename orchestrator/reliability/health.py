@@ -23,6 +23,7 @@ advisories and clock ticks, and performs the returned effects.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -85,6 +86,8 @@ class Member:
     last_seen: float
     state: Liveness = "alive"
     died_at: float | None = None
+    #: The deadline its one live entry in the tracker's queue stands for (inf: none).
+    queued: float = math.inf
 
 
 @dataclass
@@ -121,6 +124,12 @@ class HealthTracker:
         #: reconnects: silence it could not hear through says nothing about the agents.
         self.blind = False
         self.grace_until = -math.inf
+        #: (deadline, agent, incarnation): every member not dead has one live entry here, at
+        #: or before its next deadline (heartbeats only move deadlines later, so a beat need
+        #: not touch it); a tick and `next_check` look at what is due, not at every member.
+        self._queue: list[tuple[float, str, str]] = []
+        #: (died at, agent, incarnation) of dead members, to forget after FORGET_DEAD_S.
+        self._dead: list[tuple[float, str, str]] = []
 
     # -- queries --------------------------------------------------------------------------------
     def state(self, agent_id: str) -> Liveness | None:
@@ -139,11 +148,18 @@ class HealthTracker:
         if self.blind:
             return math.inf
         due = math.inf
-        for m in self.members.values():
-            if m.state == "alive":
-                due = min(due, m.last_seen + self._suspect_after(m))
-            elif m.state == "suspect":
-                due = min(due, m.last_seen + m.interval_s * self.misses)
+        q = self._queue
+        while q:
+            m = self._live(q[0])
+            if m is None:
+                heapq.heappop(q)
+                continue
+            at = self._deadline(m)
+            if at == q[0][0]:
+                due = at
+                break
+            m.queued = at  # it beat since: its entry moves to its real deadline
+            heapq.heapreplace(q, (at, m.agent_id, m.incarnation))
         if self.hold is not None:
             due = min(due, self.hold.started + self.partition_timeout_s)
             if self.hold.returned is not None:
@@ -164,14 +180,18 @@ class HealthTracker:
             if m.state != "dead":
                 m.last_seen = max(m.last_seen, now + grace_s - m.interval_s * self.misses)
                 m.state = "alive"
+                self._enqueue(m)
 
     # -- inputs ---------------------------------------------------------------------------------
     def join(self, agent_id: str, incarnation: str, interval_s: float, now: float) -> list[Effect]:
         """An advert: a new agent, a new incarnation (the old one is dead), or a known one."""
         m = self.members.get(agent_id)
         if m is not None and m.incarnation == incarnation:
-            m.interval_s = interval_s
-            return self.beat(agent_id, incarnation, now)
+            changed, m.interval_s = m.interval_s != interval_s, interval_s
+            beat = self.beat(agent_id, incarnation, now)
+            if changed and m.state != "dead":  # its deadline may be sooner now
+                self._enqueue(m)
+            return beat
         out: list[Effect] = []
         if m is not None:
             if m.state != "dead":
@@ -179,7 +199,8 @@ class HealthTracker:
             elif self.hold is not None and agent_id in self.hold.held:
                 out.append(self.hold.held.pop(agent_id))  # proven gone: recover now
             self._wave.pop(agent_id, None)
-        self.members[agent_id] = Member(agent_id, incarnation, interval_s, now)
+        self.members[agent_id] = new = Member(agent_id, incarnation, interval_s, now)
+        self._enqueue(new)
         out += self._maybe_end_hold(now, "heartbeats_returned")
         return out
 
@@ -192,6 +213,7 @@ class HealthTracker:
         if m.state == "alive":
             return []
         old, m.state, m.died_at = m.state, "alive", None
+        self._enqueue(m)
         cause = "rejoined" if old == "dead" else "heartbeat"
         out: list[Effect] = [Transition(agent_id, incarnation, old, "alive", cause, now)]
         self._wave.pop(agent_id, None)
@@ -218,7 +240,13 @@ class HealthTracker:
         if self.blind or now < self.grace_until:
             return []
         out: list[Effect] = []
-        ordered = sorted(self.members.values(), key=lambda m: m.last_seen)
+        due: dict[str, Member] = {}
+        while self._queue and self._queue[0][0] <= now:
+            m = self._live(heapq.heappop(self._queue))
+            if m is not None:
+                m.queued = math.inf
+                due[m.agent_id] = m
+        ordered = sorted(due.values(), key=lambda m: m.last_seen)
         # suspicion first: a tick that finds many silent at once must see them all as troubled
         for m in ordered:
             if m.state == "alive" and now - m.last_seen > self._suspect_after(m):
@@ -230,8 +258,13 @@ class HealthTracker:
             if m.state == "suspect" and now - m.last_seen > m.interval_s * self.misses:
                 out += self._die(m, "heartbeat", now)
         for m in ordered:
-            if m.state == "dead" and m.died_at is not None and now - m.died_at > FORGET_DEAD_S:
-                self.forget(m.agent_id)
+            if m.state != "dead":
+                self._enqueue(m)
+        while self._dead and now - self._dead[0][0] > FORGET_DEAD_S:
+            died, agent_id, incarnation = heapq.heappop(self._dead)
+            m = self.members.get(agent_id)
+            if m is not None and m.incarnation == incarnation and m.died_at == died:
+                self.forget(agent_id)
         hold = self.hold
         if hold is not None and now >= hold.started + self.partition_timeout_s:
             out += self._end_hold(now, "partition_timeout")
@@ -252,6 +285,28 @@ class HealthTracker:
     def _suspect_after(self, m: Member) -> float:
         return min(SUSPECT_AFTER, self.misses) * m.interval_s
 
+    def _deadline(self, m: Member) -> float:
+        """When a tick could next change `m` (inf: dead)."""
+        if m.state == "alive":
+            return m.last_seen + self._suspect_after(m)
+        if m.state == "suspect":
+            return m.last_seen + m.interval_s * self.misses
+        return math.inf
+
+    def _enqueue(self, m: Member) -> None:
+        """Queue `m` at its deadline; an entry it had stops counting."""
+        m.queued = self._deadline(m)
+        if m.queued < math.inf:
+            heapq.heappush(self._queue, (m.queued, m.agent_id, m.incarnation))
+
+    def _live(self, entry: tuple[float, str, str]) -> Member | None:
+        """The member a queue entry stands for, if the entry still counts."""
+        at, agent_id, incarnation = entry
+        m = self.members.get(agent_id)
+        if m is None or m.incarnation != incarnation or m.queued != at:
+            return None
+        return m
+
     def _troubled(self) -> list[str]:
         """Agents now suspect, or dead in the current wave of losses."""
         out = {a for a, m in self.members.items() if m.state == "suspect"}
@@ -270,7 +325,8 @@ class HealthTracker:
 
     def _die(self, m: Member, cause: str, now: float, *, never_hold: bool = False) -> list[Effect]:
         old = m.state
-        m.state, m.died_at = "dead", now
+        m.state, m.died_at, m.queued = "dead", now, math.inf
+        heapq.heappush(self._dead, (now, m.agent_id, m.incarnation))
         out: list[Effect] = [Transition(m.agent_id, m.incarnation, old, "dead", cause, now)]
         rec = Recover(m.agent_id, m.incarnation, cause, now, m.last_seen)
         if never_hold:

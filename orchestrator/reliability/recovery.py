@@ -174,6 +174,12 @@ class Recovery:
     # -- inputs ---------------------------------------------------------------------------------
     def on_advert(self, adv: AgentAdvert, now: float, joined: bool = False) -> None:
         """`joined`: the advert brought a new agent or incarnation into the view."""
+        m = self.health.members.get(adv.agent_id)
+        # a live member's advert only moves its deadline later: the timer need not know
+        routine = (
+            m is not None and m.incarnation == adv.incarnation and m.state == "alive"
+            and m.interval_s <= adv.heartbeat_interval_s and not joined
+        )  # fmt: skip
         self._apply(self.health.join(adv.agent_id, adv.incarnation, adv.heartbeat_interval_s, now))
         if joined:
             # room: what waits for some is tried again now, not at its next periodic retry
@@ -182,7 +188,8 @@ class Recovery:
             soon = now - STUCK_RETRY_S + JOIN_SETTLE_S
             for st in self._stuck.values():
                 st.tried = min(st.tried, soon)
-        self._wake.set()
+        if not routine:
+            self._wake.set()
 
     def is_buried(self, agent_id: str, incarnation: str) -> bool:
         return incarnation in self.buried.get(agent_id, ())

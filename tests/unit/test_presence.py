@@ -1,0 +1,37 @@
+"""Presence settings: every server config MARS writes pings its clients as `schemas.presence`
+says, heartbeats are a backstop, and a connection closed for silence is a death of its own
+cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_agent.config import AgentConfig
+from orchestrator.infra.natsserver import ACCOUNTS_CONF
+from orchestrator.reliability.health import HealthTracker, Recover, Transition
+from schemas.advisories import STALE_CONNECTION, ConnectionAdvisory
+from schemas.codec import decode
+from schemas.presence import DEFAULT_HEARTBEAT_S, PING_CONF, PING_INTERVAL, PING_MAX
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_server_config_mars_ships_pings_its_clients() -> None:
+    assert ACCOUNTS_CONF.startswith(PING_CONF)
+    shipped = (REPO / "deploy" / "nats" / "single.conf").read_text().splitlines()
+    assert f'ping_interval: "{PING_INTERVAL}"' in shipped
+    assert f"ping_max: {PING_MAX}" in shipped
+
+
+def test_heartbeats_are_a_sparse_backstop() -> None:
+    assert AgentConfig().heartbeat_interval_s == DEFAULT_HEARTBEAT_S >= 5.0
+
+
+def test_a_connection_closed_for_silence_is_a_death_caused_by_silence() -> None:
+    raw = b'{"client": {"id": 7, "name": "mars-agent-a"}, "reason": "Stale Connection"}'
+    assert decode(raw, ConnectionAdvisory, "json").reason == STALE_CONNECTION
+    h = HealthTracker(3)
+    h.join("a", "inc1", DEFAULT_HEARTBEAT_S, 0.0)
+    eff = h.disconnected("a", None, 1.0, "silent")
+    assert [(e.new, e.cause) for e in eff if isinstance(e, Transition)] == [("dead", "silent")]
+    assert [(e.cause, e.at) for e in eff if isinstance(e, Recover)] == [("silent", 1.0)]
