@@ -519,6 +519,9 @@ class Orchestrator:
         agent_id = subject[len(HEARTBEAT_HEAD) : -len(HEARTBEAT_TAIL)]
         if agent_id not in self.view.agents or len(msg.data) > MAX_HEARTBEAT_BYTES:
             return  # unknown: its advert comes first (a heartbeat alone changes nothing)
+        # (a full decode is ~3 us of the ~35 us a heartbeat costs here, most of it the
+        # client library's own; checking the fields by hand and building the model unchecked
+        # measured slower)
         try:
             hb = decode(msg.data, Heartbeat)
         except DecodeError:

@@ -28,4 +28,4 @@ PING_CONF = f'ping_interval: "{PING_INTERVAL}"\nping_max: {PING_MAX}\n'
 SILENT_DETECTION_S = (PING_MAX + 1) * PING_INTERVAL_S
 
 #: Default agent heartbeat interval: a backstop, not the primary signal (was 0.5 s).
-DEFAULT_HEARTBEAT_S = 5.0
+DEFAULT_HEARTBEAT_S = 10.0

@@ -173,12 +173,15 @@ class HealthTracker:
 
     def observer_back(self, now: float, grace_s: float) -> None:
         """Reconnected: every agent not already dead starts a fresh window, and none is judged
-        before `now + grace_s` (agents reconnect on their own jittered backoff)."""
+        before `now + grace_s` (agents reconnect on their own jittered backoff) nor dies
+        before a whole window of silence from now (a sparse heartbeat may be most of one
+        interval away)."""
         self.blind = False
         self.grace_until = now + grace_s
         for m in self.members.values():
             if m.state != "dead":
-                m.last_seen = max(m.last_seen, now + grace_s - m.interval_s * self.misses)
+                fresh = now + max(0.0, grace_s - m.interval_s * self.misses)
+                m.last_seen = max(m.last_seen, fresh)
                 m.state = "alive"
                 self._enqueue(m)
 

@@ -35,3 +35,18 @@ def test_a_connection_closed_for_silence_is_a_death_caused_by_silence() -> None:
     eff = h.disconnected("a", None, 1.0, "silent")
     assert [(e.new, e.cause) for e in eff if isinstance(e, Transition)] == [("dead", "silent")]
     assert [(e.cause, e.at) for e in eff if isinstance(e, Recover)] == [("silent", 1.0)]
+
+
+def test_after_the_observer_reconnects_a_sparse_heartbeat_has_a_whole_window() -> None:
+    h = HealthTracker(3)
+    h.join("a", "inc1", DEFAULT_HEARTBEAT_S, 0.0)
+    h.observer_lost()
+    h.observer_back(100.0, 10.0)  # a grace shorter than the agent's window of 3 beats
+    # its next beat may be most of an interval away: not suspect, let alone dead, by then
+    assert h.tick(100.0 + DEFAULT_HEARTBEAT_S + 1.0) == []
+    assert h.state("a") == "alive"
+    eff = h.tick(100.0 + 3 * DEFAULT_HEARTBEAT_S + 0.1)
+    assert [(e.new, e.cause) for e in eff if isinstance(e, Transition)] == [
+        ("suspect", "heartbeat"),
+        ("dead", "heartbeat"),
+    ]
