@@ -182,6 +182,7 @@ class Agent:
             version=VERSION,
             seq=self._seq,
             artifacts=self.artifacts.held(),
+            nkey=connect.public_nkey(),
         )
 
     async def start(self) -> None:

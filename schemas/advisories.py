@@ -22,8 +22,11 @@ class _ServerFormat(WireModel):
 class AdvisoryClient(_ServerFormat):
     #: The connection id (per server).
     id: Annotated[int, Field(ge=0)]
-    #: The name the client connected with (agents: `mars-agent-<id>`).
+    #: The name the client connected with (agents: `mars-agent-<id>`): chosen by the
+    #: client, so proof of nothing by itself.
     name: ShortText = ""
+    #: Who the server authenticated: a client's public nkey in a `mars deploy` setup.
+    user: ShortText = ""
 
 
 class AdvisoryServer(_ServerFormat):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from schemas.artifacts import Sha256Hex
 from schemas.base import WireModel
@@ -70,6 +70,10 @@ class LinkSpec(WireModel):
     jitter_ms: NonNegFloat = 0.0
 
 
+#: A user's public nkey: "U" and 55 base32 characters.
+PublicNkey = Annotated[str, StringConstraints(pattern=r"^U[A-Z2-7]{55}$")]
+
+
 class AgentAdvert(WireModel):
     agent_id: Ident
     incarnation: Ident
@@ -85,6 +89,9 @@ class AgentAdvert(WireModel):
     heartbeat_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.5
     version: ShortText = ""
     seq: Count = 0
+    #: The public nkey it connects with (`mars deploy`): a replica believes a connection
+    #: advisory about this agent only from a connection the server authenticated as it.
+    nkey: PublicNkey | None = None
     #: The sha256 of each artifact its cache holds (the `MAX_HELD_ARTIFACTS` most recently
     #: used, sorted): placement charges the fetch to agents without it.
     artifacts: Annotated[list[Sha256Hex], Field(max_length=MAX_HELD_ARTIFACTS)] = Field(

@@ -67,7 +67,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # the fetch to agents without them); the media type an output was made as, with it
     # between agents, and each consumer's agent's level on offers (a producer's agent sends
     # a level-3 one no media type)
-    AgentAdvert: {"artifacts": 4},
+    AgentAdvert: {"artifacts": 4, "nkey": 5},
     DataTransfer: {"media_type": 4, "stream": 5},
     ConsumerRef: {"wire": 4, "site": 5},
     # level 5 (2026-12-08): senders named in subjects (SENDER_SUBJECTS); each producer's

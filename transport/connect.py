@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import nkeys
+
 ENV_SEED = "MARS_NKEY_SEED"
 ENV_CA = "MARS_TLS_CA"
 ENV_INBOX = "MARS_INBOX_PREFIX"
@@ -111,3 +113,15 @@ def jetstream(nc: Any) -> Any:
     """The JetStream context of a connection: the hub's domain when one is set."""
     domain = os.environ.get(ENV_DOMAIN) or None
     return nc.jetstream(domain=domain) if domain else nc.jetstream()
+
+
+def public_nkey() -> str | None:
+    """The public key of this process's nkey seed (`MARS_NKEY_SEED`), None without one."""
+    seed = os.environ.get(ENV_SEED)
+    if not seed:
+        return None
+    try:
+        kp = nkeys.from_seed(bytearray(Path(seed).read_bytes().strip()))
+        return str(kp.public_key.decode())
+    except (OSError, nkeys.NkeysError):
+        return None

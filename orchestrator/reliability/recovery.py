@@ -222,6 +222,13 @@ class Recovery:
         if not name.startswith(AGENT_CLIENT_PREFIX):
             return
         agent_id = name[len(AGENT_CLIENT_PREFIX) :]
+        entry = self.o.view.agents.get(agent_id)
+        nkey = entry.advert.nkey if entry is not None else None
+        if nkey is not None and adv.client.user != nkey:
+            # a connection named as an agent the server did not authenticate as it (any
+            # client may pick its name): its comings and goings say nothing of that agent
+            self.stats["misnamed_advisories"] += 1
+            return
         if tokens[3] == "CONNECT":
             self._conns[agent_id] = conn
             return

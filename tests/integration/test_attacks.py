@@ -681,14 +681,6 @@ async def test_pipeline_completes_beside_attacker(topo: Topology) -> None:
 SPOOF_WAIT_S = 1.5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replicas map connection advisories to agents by the client name, which any "
-    "client chooses: b1 connecting as `mars-agent-a1` and closing gets a1 declared dead. "
-    "Fix in orchestrator/reliability/recovery.py (not the server's permissions): believe an "
-    "advisory for agent X only when its client.nkey is X's public key (carried in X's "
-    "advert, which only X may publish, or in the deployment's identity list).",
-)
 async def test_connection_named_as_another_agent(topo: Topology) -> None:
     """Last in the module: when it succeeds, a1 is declared dead (and soon rejoins)."""
     watch = await topo.connect("replica", "h1")
