@@ -17,6 +17,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.advisories import AdvisoryClient, ConnectionAdvisory
 from schemas.agent import AgentAdvert
 from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
 from schemas.base import WireModel
@@ -79,6 +80,10 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # level 5 too: whose a pipeline is, as the per-user API subject it was submitted on says
     # (`PipelineSpec.user`, kept in its record too), and `list` of one user's
     PipelineRecord: {"user": 5},
+    # the server's connection advisories (its format, read only, never sent by MARS): who
+    # the server authenticated, and why it closed a connection
+    AdvisoryClient: {"user": 5},
+    ConnectionAdvisory: {"reason": 5},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
     # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
 }

@@ -133,8 +133,11 @@ async def test_a_model_put_by_the_cli_is_fetched_once_verified_and_reused(
             assert agent.kept["p0"] == agent.kept["p1"]  # the same model, the same seed
             # and the agent says it holds it: placement charges the fetch to others only
             await asyncio.wait_for(told.wait(), 10.0)
-            await settle(nc)  # the orchestrator has read that advert too
-            assert sha in orch.view.agents["a1"].advert.artifacts
+            # the orchestrator reads it too (an agent's adverts at most every ADVERT_GAP_S)
+            async with asyncio.timeout(10.0):
+                while sha not in orch.view.agents["a1"].advert.artifacts:
+                    orch.cluster_changed.clear()
+                    await orch.cluster_changed.wait()
             assert orch.pipelines["p0"].artifact_sizes == {sha: model.stat().st_size}
         finally:
             await nc.close()

@@ -174,7 +174,7 @@ def test_transfer_carries_exactly_one_payload() -> None:
         DataTransfer(**base)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="exactly one"):
         DataTransfer(**base, data=b"x", object_key="p/a/1", size=1)  # type: ignore[arg-type]
-    with pytest.raises(ValidationError, match="needs size"):
+    with pytest.raises(ValidationError, match="need size"):
         DataTransfer(**base, object_key="p/a/1")  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
         DataTransfer(**base, object_key="../etc/passwd", size=1)  # type: ignore[arg-type]
