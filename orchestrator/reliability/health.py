@@ -28,12 +28,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from schemas.presence import PING_INTERVAL_S
+
 Liveness = Literal["alive", "suspect", "dead"]
 DEFAULT_MISSES = 3
 DEFAULT_FLOOD_FRACTION = 0.3
 DEFAULT_FLOOD_MIN = 3
 DEFAULT_PARTITION_TIMEOUT_S = 30.0
 WAVE_INTERVALS = 2.0
+#: Deaths the server reports (a connection closed) that one event causes come within this of
+#: each other: a partition's silent connections are closed one ping timer at a time.
+DEFAULT_DISCONNECT_SPREAD_S = PING_INTERVAL_S
+#: Causes of death reported by the server, as they happen (not by missed heartbeats).
+PROMPT_CAUSES = frozenset({"disconnect", "silent"})
 #: Dead members are forgotten after this long (they rejoin as new members if they return).
 FORGET_DEAD_S = 600.0
 #: A heartbeat counts as missed once it is half an interval late (beats drift by milliseconds;
@@ -109,6 +116,7 @@ class HealthTracker:
         flood_fraction: float = DEFAULT_FLOOD_FRACTION,
         flood_min: int = DEFAULT_FLOOD_MIN,
         partition_timeout_s: float = DEFAULT_PARTITION_TIMEOUT_S,
+        disconnect_spread_s: float = DEFAULT_DISCONNECT_SPREAD_S,
     ) -> None:
         if misses < 1:
             raise ValueError("misses must be >= 1")
@@ -116,6 +124,7 @@ class HealthTracker:
         self.flood_fraction = flood_fraction
         self.flood_min = flood_min
         self.partition_timeout_s = partition_timeout_s
+        self.disconnect_spread_s = disconnect_spread_s
         self.members: dict[str, Member] = {}
         self.hold: Hold | None = None
         #: Deaths in the current wave (agent -> instant), for the flood rule.
@@ -337,9 +346,12 @@ class HealthTracker:
             return out
         # a wave: deaths less than two intervals apart (all of them while held). The agents cut
         # off by one partition fall silent together, so when the first is declared dead the
-        # rest are already suspect; unrelated failures seconds apart are not a flood.
+        # rest are already suspect; unrelated failures seconds apart are not a flood. Deaths
+        # the server reports come as they happen: their interval is its spread, not the
+        # (sparse) heartbeat's.
         if self.hold is None:
-            window = WAVE_INTERVALS * m.interval_s
+            spread = self.disconnect_spread_s if cause in PROMPT_CAUSES else m.interval_s
+            window = WAVE_INTERVALS * spread
             self._wave = {
                 a: t for a, t in self._wave.items() if now - t <= window and self.state(a) == "dead"
             }

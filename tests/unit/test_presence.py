@@ -50,3 +50,30 @@ def test_after_the_observer_reconnects_a_sparse_heartbeat_has_a_whole_window() -
         ("suspect", "heartbeat"),
         ("dead", "heartbeat"),
     ]
+
+
+def sparse_fleet(n: int) -> HealthTracker:
+    h = HealthTracker(3)
+    for i in range(n):
+        h.join(f"a{i}", "inc1", DEFAULT_HEARTBEAT_S, 0.0)
+    return h
+
+
+def test_crashes_seconds_apart_are_not_a_partition_with_sparse_heartbeats() -> None:
+    h = sparse_fleet(5)
+    # three unrelated crashes a few seconds apart: each recovered at once, nothing held
+    for i, at in enumerate((1.0, 4.0, 7.0)):
+        eff = h.disconnected(f"a{i}", None, at)
+        assert [e.agent_id for e in eff if isinstance(e, Recover)] == [f"a{i}"]
+    assert not h.partitioned
+
+
+def test_connections_a_partition_closes_together_are_held() -> None:
+    h = sparse_fleet(5)
+    # the server closes a cut-off site's silent connections within a ping interval
+    recovered = []
+    for i, at in enumerate((1.0, 1.2, 1.4, 1.6)):
+        eff = h.disconnected(f"a{i}", None, at, "silent")
+        recovered += [e.agent_id for e in eff if isinstance(e, Recover)]
+    assert h.partitioned
+    assert recovered == ["a0", "a1"]  # before the count reached flood_min (docs/recovery.md)
