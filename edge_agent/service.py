@@ -122,8 +122,6 @@ class Agent:
         #: due (monotonic).
         self._recheck: tuple[asyncio.TimerHandle | None, float] = (None, 0.0)
         self._stopped = asyncio.Event()
-        #: Set when the agent starts or stops draining: the next heartbeat goes at once.
-        self._beat_now = asyncio.Event()
         #: How long a job may wait without starting before its pipeline's status is asked.
         self.stale_check_s = STALE_CHECK_S
         #: Set whenever jobs start, finish or are dropped: drain and shutdown wait on it.
@@ -287,13 +285,11 @@ class Agent:
         """Accept no new offers; accepted work carries on. After `deadline_s` (if given),
         whatever is still running or queued is cancelled."""
         self.core.draining = True
-        self._beat_now.set()
         if deadline_s is not None:
             self._spawn(self._drain_deadline(deadline_s))
 
     def resume(self) -> None:
         self.core.draining = False
-        self._beat_now.set()
 
     async def _drain_deadline(self, deadline_s: float) -> None:
         if not await self.wait_idle(deadline_s) and self.core.draining:
@@ -413,11 +409,10 @@ class Agent:
 
     async def _heartbeat_loop(self) -> None:
         """A sparse heartbeat (`heartbeat_interval_s`): the backstop of presence, and how the
-        orchestrators hear `running` and `draining` (a change of draining is sent at once)."""
+        orchestrators hear `running` and `draining`."""
         assert self.nc is not None
         interval = self.config.heartbeat_interval_s
         while not self._stopped.is_set():
-            self._beat_now.clear()
             self._seq += 1
             hb = Heartbeat(
                 agent_id=self.agent_id,
@@ -431,9 +426,8 @@ class Agent:
                     await self.nc.publish(subjects.heartbeat(self.agent_id), encode(hb))
                     if self._seq % ADVERT_EVERY == 0:
                         await self._publish_advert()
-            # (stopping cancels this task: it need not wait on `_stopped` too)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat_now.wait(), interval)
+                await asyncio.wait_for(self._stopped.wait(), interval)
 
     # -- commands -------------------------------------------------------------------------------
     async def _on_discover(self, msg: Msg) -> None:

@@ -1,25 +1,17 @@
 """Presence over a real nats-server: with sparse (default) heartbeats, a silent link is found by
-the server's pings and reported as a disconnect; a drained agent says so at once."""
+the server's pings and reported as a disconnect."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-import nats
 import pytest
-from nats.aio.msg import Msg
 
 from edge_agent.config import AgentConfig
-from schemas import subjects
-from schemas.agent import Heartbeat
-from schemas.codec import decode
-from schemas.placement import DrainCommand, DrainReply
 from schemas.presence import PING_INTERVAL_S, PING_MAX, SILENT_DETECTION_S
 from sim.linkemu import LinkProxy
 from tests.harness import RecordingAgent, agent_config, start_cluster, stop_cluster
 from tests.integration.test_recovery import ClusterEvents
-from transport.rpc import request, settle
 
 pytestmark = pytest.mark.integration
 
@@ -55,31 +47,3 @@ async def test_silent_link_is_closed_by_the_servers_pings_and_the_agent_comes_ba
         await proxy.stop()
         await events.stop()
         await stop_cluster(orch, agents)
-
-
-async def test_a_drained_agent_heartbeats_at_once_not_at_its_next_beat(nats_url: str) -> None:
-    cfg = agent_config("edge", "edge", heartbeat_interval_s=60.0)
-    agent = RecordingAgent(nats_url, cfg, agent_id="drained", calibrate=False)
-    await agent.start()
-    nc = await nats.connect(nats_url)
-    beats: asyncio.Queue[Heartbeat] = asyncio.Queue()
-
-    async def on_hb(msg: Msg) -> None:
-        await beats.put(decode(msg.data, Heartbeat))
-
-    async def beat(draining: bool) -> None:
-        while (await beats.get()).draining != draining:
-            pass  # (the beat sent as it started, or one before the command)
-
-    try:
-        await nc.subscribe(subjects.heartbeat("drained"), cb=on_hb)
-        await settle(nc)
-        cmd = DrainCommand(agent_id="drained")
-        assert (await request(nc, subjects.drain("drained"), cmd, DrainReply)).draining
-        await asyncio.wait_for(beat(True), 5.0)  # not a minute later
-        cmd = DrainCommand(agent_id="drained", resume=True)
-        await request(nc, subjects.drain("drained"), cmd, DrainReply)
-        await asyncio.wait_for(beat(False), 5.0)
-    finally:
-        await nc.close()
-        await agent.stop()
