@@ -1,13 +1,14 @@
 """Idle CPU of one orchestrator replica beside a fleet of emulated agents: what presence costs.
 
     python -m benchmarks.idle_cpu [--agents 1000,10000] [--window 15] [--windows 3]
-                                  [--old-heartbeat 0.5] [--agent-procs 2]
+                                  [--old-heartbeat 0.5] [--old-agents 1000] [--agent-procs 10]
 
 For each fleet size, one embedded nats-server (its pings as MARS configures them), one
 orchestrator replica (`mars orchestrator`, a process of its own) and `--agent-procs` processes
-of `mars sim agents` sharing the fleet: real agents with emulated devices, spread over 10
-sites, each process's agents on one shared NATS connection (`edge_agent.sharedconn`). Nothing
-is submitted. Once every agent has advertised and the fleet has settled (two heartbeat
+of `mars sim agents` sharing the fleet, started one after another: real agents with emulated
+devices, spread over 10 sites, each process's agents on one shared NATS connection
+(`edge_agent.sharedconn`; so no per-agent pings, which cost the server, not the replica).
+Nothing is submitted. Once every agent has advertised and the fleet has settled (two heartbeat
 intervals, at least 10 s), the replica's CPU time (user + system) is read over `--windows`
 windows of `--window` seconds: the table gives the least and the median window, as % of one
 core. Also read over the same windows: the messages the server delivered to the replica (per
