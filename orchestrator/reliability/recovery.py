@@ -171,6 +171,11 @@ class Recovery:
             self._wake.clear()
             await eventloop.wait_event(self._wake, wait)
 
+    def wake(self) -> None:
+        """Look at what is due now rather than at the next deadline (a clock driven from
+        outside, as in the door tests: a routine advert no longer wakes the loop)."""
+        self._wake.set()
+
     # -- inputs ---------------------------------------------------------------------------------
     def on_advert(self, adv: AgentAdvert, now: float, joined: bool = False) -> None:
         """`joined`: the advert brought a new agent or incarnation into the view."""

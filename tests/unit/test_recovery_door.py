@@ -94,10 +94,11 @@ class Rig:
 
     async def wake(self, now: float) -> None:
         """The clock at `now`, and adverts of y and z heard then (still alive): the recovery
-        loop wakes and does what is due by then; what that spawns runs to its end."""
+        loop, woken, does what is due by then; what that spawns runs to its end."""
         self.svc.now = now
         for agent in ("y", "z"):
             self.rec.on_advert(advert(agent), now)
+        self.rec.wake()  # (a live agent's advert alone does not wake it)
         await turns()
         await self.settle()
 
