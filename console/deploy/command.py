@@ -9,7 +9,7 @@ from pathlib import Path
 
 from console.deploy import sitesfile
 from console.deploy.files import DEFAULT_PREFIX, DEFAULT_STATE
-from console.deploy.generate import Generated, Layout, generate
+from console.deploy.generate import DeployError, Generated, Layout, generate
 from console.deploy.sitesfile import SitesFile
 
 
@@ -85,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
         prefix=None if args.in_place else args.prefix,
         state=None if args.in_place else args.state,
     )
-    made = generate(edited, layout)
+    try:
+        made = generate(edited, layout)
+    except DeployError as exc:
+        print(f"mars deploy: {exc}", file=sys.stderr)
+        return 2
     if edited != sites:
         sitesfile.dump(edited, path)
     _report(made, edited, args)

@@ -60,6 +60,10 @@ class Generated:
     bundles: list[Path] = field(default_factory=list)
 
 
+class DeployError(ValueError):
+    """Something generation cannot make itself (said to the operator, exit 2)."""
+
+
 class Vault:
     """`secrets/` of the output: the CA, seeds and passwords, kept across generations."""
 
@@ -69,6 +73,11 @@ class Vault:
         root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o700)
         ca = pki.read(root, "ca")
+        #: An operator's own CA: its certificate here without its key. Servers' certificates
+        #: are then theirs to bring too (`servers/NAME.pem`, `servers/NAME-key.pem`).
+        self.brought = ca is None and (root / "ca.pem").is_file()
+        if self.brought:
+            ca = pki.KeyCert(b"", (root / "ca.pem").read_bytes())
         if ca is None:
             ca = pki.new_ca(name)
             _write(root / "ca-key.pem", ca.key_pem, secret=True)
@@ -108,8 +117,14 @@ class Vault:
     def server_cert(self, name: str, hosts: list[str]) -> pki.KeyCert:
         d = self.root / "servers"
         have = pki.read(d, name)
-        if have is not None and pki.covers(have, hosts):
-            return have
+        if have is not None and (self.brought or pki.covers(have, hosts)):
+            return have  # (one brought is the operator's to keep valid for its hosts)
+        if self.brought:
+            raise DeployError(
+                f"no certificate for {name} in {d} and no key of the CA in {self.root} "
+                f"(a CA you bring): put {name}.pem and {name}-key.pem there, valid for "
+                f"{', '.join(hosts)}"
+            )
         kc = pki.server_cert(self.ca, name, hosts)
         _write(d / f"{name}-key.pem", kc.key_pem, secret=True)
         _write(d / f"{name}.pem", kc.cert_pem)

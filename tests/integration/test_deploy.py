@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -178,3 +179,31 @@ async def test_added_agent_joins_after_reload(dep: Deployment) -> None:
     await nc.flush()
     await nc.close()
     assert not errors
+
+
+def test_operator_brings_ca_and_certificates(tmp_path: Path) -> None:
+    """A CA of the operator's (its certificate without its key) and server certificates it
+    signed: used as they are; one missing is asked for by name, nothing made up."""
+    for sub in ("theirs", "mine"):
+        (tmp_path / sub).mkdir()
+    theirs = Deployment(tmp_path / "theirs")
+    theirs.deploy("generate")  # stands in for the operator's own PKI
+    d = Deployment(tmp_path / "mine")
+    d.sites.write_text(theirs.sites.read_text())
+    (d.out / "secrets").mkdir(parents=True)
+    shutil.copy(theirs.out / "secrets/ca.pem", d.out / "secrets/ca.pem")
+    args = ("generate", str(d.sites), "-o", str(d.out), "--in-place")
+    missing = cli(*args)
+    assert missing.returncode == 2
+    assert "no certificate for h1" in missing.stderr and "h1-key.pem" in missing.stderr
+    shutil.copytree(theirs.out / "secrets/servers", d.out / "secrets/servers")
+    done = cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert "created CA" not in done.stdout and "certificate" not in done.stdout
+    for bundle, name in (("hub/h1", "h1"), ("sites/a", "leaf-a")):
+        served = (d.out / bundle / "tls/server.pem").read_bytes()
+        assert served == (theirs.out / f"secrets/servers/{name}.pem").read_bytes()
+        assert (d.out / bundle / "tls/ca.pem").read_bytes() == (
+            theirs.out / "secrets/ca.pem"
+        ).read_bytes()
+    assert not (d.out / "secrets/ca-key.pem").exists()
