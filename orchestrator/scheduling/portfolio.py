@@ -6,11 +6,17 @@ the result is never worse than HEFT by the objective (on the same, possibly pre-
 cluster); the others follow in a fixed order and a later plan replaces the best only when
 strictly better, so ties go to the earlier candidate.
 
-Determinism: which candidates run depends only on the problem size, never on the clock. Each
-candidate has a cost estimate, (a x tasks + b x edges + c x (tasks + edges) x devices) times a
-per-candidate factor, with constants measured for this engine on one x86 core; a candidate
-runs when the estimates of everything run so far plus its own fit in `budget_s`, otherwise it
-is skipped (a later, cheaper one may still fit). HEFT runs even when it alone is over budget.
+Determinism: which candidates run depends on the problem size, the budget and this process's
+loop speed, never on the clock during a call. One HEFT run is estimated as
+(a x tasks + b x edges + c x (tasks + edges) x devices) times the process's loop scale, which
+`calibration.loop_scale` measures once, on first use, by timing HEFT on a fixed problem
+(rounded to a power of two, so one machine mostly gets one scale; `set_loop_scale` fixes
+it). Each candidate costs a constant factor times that, the factor measured offline for the
+loop in use (compiled or Python: their ratios differ, PEFT ~25x HEFT compiled but ~3x in
+Python). A candidate runs when the estimates of everything run so far plus its own fit in
+`budget_s`, otherwise it is skipped (a later, cheaper one may still fit). HEFT runs even when
+it alone is over budget. So within a process the same graph and budget give the same plan;
+time enters only through the budget and the one calibration.
 
 Safety net: if the wall clock ever passes `GUARD_FACTOR` x budget_s + `GUARD_SLACK_S` (the
 estimates wildly wrong, a machine many times slower than the calibration), the remaining
@@ -27,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from orchestrator.scheduling import compiled
+from orchestrator.scheduling import calibration, compiled
 from orchestrator.scheduling.constraints import Unschedulable
 from orchestrator.scheduling.cost import CostModel
 from orchestrator.scheduling.cpop import cpop_prepared
@@ -41,10 +47,6 @@ from orchestrator.scheduling.peft import peft_prepared
 from orchestrator.scheduling.plan import Placement, Plan
 from orchestrator.scheduling.prefilter import prefilter_cluster
 
-# Cost estimate of one HEFT run, seconds: per task, per edge, per (task or edge) x device.
-T_TASK = 50e-6
-T_EDGE = 12e-6
-T_CELL = 8e-9
 # Pre-filtering: per device and per (task x device) of the full cluster.
 T_PREFILTER_DEVICE = 4e-7
 T_PREFILTER_CELL = 1e-8
@@ -58,17 +60,25 @@ Runner = Callable[[Prepared], Plan]
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One algorithm the portfolio may run; `weight` is its cost relative to one HEFT run."""
+    """One algorithm the portfolio may run; `weight` is its cost relative to one HEFT run on
+    the Python loop, `weight_jit` on the compiled loop (measured at 100-600 tasks, the
+    larger of the ratios seen)."""
 
     name: str
     run: Runner
     weight: float
+    weight_jit: float
+
+    def factor(self) -> float:
+        """Its cost relative to one HEFT run on the loop this process uses."""
+        return self.weight_jit if compiled.runner() is not None else self.weight
 
 
 def heft_estimate(prep: Prepared) -> float:
-    """Estimated seconds for one HEFT run on `prep` (used only to decide what fits)."""
+    """Estimated seconds for one HEFT run on `prep` on this process's loop (used only to
+    decide what fits; the first call measures the loop, `calibration.loop_scale`)."""
     n, e, m = len(prep.todo), len(prep.graph.edges), len(prep.cluster)
-    return T_TASK * n + T_EDGE * e + T_CELL * (n + e) * m
+    return calibration.formula(n, e, m) * calibration.loop_scale()
 
 
 def self_pairs(prep: Prepared) -> float:
@@ -79,35 +89,36 @@ def self_pairs(prep: Prepared) -> float:
 
 
 TIME_CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("peft", peft_prepared, 1.5),
-    Candidate("cpop", cpop_prepared, 1.2),
-    Candidate("heft-selfpairs", lambda p: heft_prepared(p, comm=self_pairs(p)), 1.1),
+    Candidate("peft", peft_prepared, 3.0, 33.0),
+    Candidate("cpop", cpop_prepared, 2.2, 29.0),
+    Candidate("heft-selfpairs", lambda p: heft_prepared(p, comm=self_pairs(p)), 1.1, 1.6),
     Candidate(
         "cpop-selfpairs-harmonic",
         lambda p: cpop_prepared(p, self_pairs(p), rank="harmonic"),
-        1.2,
+        2.2,
+        29.0,
     ),
-    Candidate("cpop-selfpairs-own", lambda p: cpop_prepared(p, self_pairs(p), own=True), 1.2),
-    Candidate("heft-rank-best", lambda p: heft_prepared(p, rank="best"), 1.1),
-    Candidate("heft-rank-median", lambda p: heft_prepared(p, rank="median"), 1.15),
-    Candidate("heft-comm0.5", lambda p: heft_prepared(p, comm=0.5), 1.1),
-    Candidate("heft-comm2", lambda p: heft_prepared(p, comm=2.0), 1.1),
-    Candidate("heft-comm0", lambda p: heft_prepared(p, comm=0.0), 1.1),
-    Candidate("heft-comm0.75", lambda p: heft_prepared(p, comm=0.75), 1.1),
-    Candidate("cpop-comm0.75", lambda p: cpop_prepared(p, 0.75), 1.2),
-    Candidate("heft-rank-harmonic", lambda p: heft_prepared(p, rank="harmonic"), 1.1),
-    Candidate("cpop-rank-harmonic", lambda p: cpop_prepared(p, rank="harmonic"), 1.2),
-    Candidate("cpop-comm0.5", lambda p: cpop_prepared(p, 0.5), 1.2),
-    Candidate("heft-comm1.5", lambda p: heft_prepared(p, comm=1.5), 1.1),
-    Candidate("heft-comm0.25", lambda p: heft_prepared(p, comm=0.25), 1.1),
-    Candidate("heft-iter", iterative_heft_prepared, 3.0),
-    Candidate("heft-noins", lambda p: heft_prepared(p, insertion=False), 0.8),
-    Candidate("heft-lookahead", lookahead_prepared, 6.0),
+    Candidate("cpop-selfpairs-own", lambda p: cpop_prepared(p, self_pairs(p), own=True), 2.3, 28.0),
+    Candidate("heft-rank-best", lambda p: heft_prepared(p, rank="best"), 1.1, 1.6),
+    Candidate("heft-rank-median", lambda p: heft_prepared(p, rank="median"), 1.15, 1.9),
+    Candidate("heft-comm0.5", lambda p: heft_prepared(p, comm=0.5), 1.1, 1.5),
+    Candidate("heft-comm2", lambda p: heft_prepared(p, comm=2.0), 1.1, 1.6),
+    Candidate("heft-comm0", lambda p: heft_prepared(p, comm=0.0), 1.1, 1.5),
+    Candidate("heft-comm0.75", lambda p: heft_prepared(p, comm=0.75), 1.1, 1.4),
+    Candidate("cpop-comm0.75", lambda p: cpop_prepared(p, 0.75), 2.2, 28.0),
+    Candidate("heft-rank-harmonic", lambda p: heft_prepared(p, rank="harmonic"), 1.15, 1.9),
+    Candidate("cpop-rank-harmonic", lambda p: cpop_prepared(p, rank="harmonic"), 2.2, 29.0),
+    Candidate("cpop-comm0.5", lambda p: cpop_prepared(p, 0.5), 2.2, 29.0),
+    Candidate("heft-comm1.5", lambda p: heft_prepared(p, comm=1.5), 1.1, 1.8),
+    Candidate("heft-comm0.25", lambda p: heft_prepared(p, comm=0.25), 1.1, 1.5),
+    Candidate("heft-iter", iterative_heft_prepared, 3.5, 7.1),
+    Candidate("heft-noins", lambda p: heft_prepared(p, insertion=False), 0.85, 0.9),
+    Candidate("heft-lookahead", lookahead_prepared, 10.5, 116.0),
 )
 
 
 def _money(name: str, weight: float) -> Candidate:
-    return Candidate(name, lambda p: cost_aware_prepared(p, weight, name), 1.4)
+    return Candidate(name, lambda p: cost_aware_prepared(p, weight, name), 1.4, 1.8)
 
 
 def money_candidates(objective: Objective, makespan: float, dollars: float) -> list[Candidate]:
@@ -168,6 +179,7 @@ def portfolio(
         raise ValueError(f"max_share must be >= 0, got {max_share}")
     objective = objective or Objective()
     compiled.warm_up()  # a first call would otherwise spend the budget loading the kernel
+    calibration.loop_scale()  # measured once per process, before the clock starts
     started = time.perf_counter()
     deadline = started + GUARD_FACTOR * budget_s + GUARD_SLACK_S
     prep, spent = _prepare(graph, cluster, cost, fixed, now, prefilter)
@@ -189,7 +201,7 @@ def portfolio(
         *TIME_CANDIDATES,
     ]
     for cand in queue:
-        est = unit * cand.weight
+        est = unit * cand.factor()
         if spent + est > extra_budget:
             continue
         if time.perf_counter() > deadline:

@@ -4,6 +4,7 @@ candidate choice, pre-filtering."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -118,7 +119,7 @@ def _spy_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             ran.append(c.name)
             return c.run(p)
 
-        return Candidate(c.name, run, c.weight)
+        return replace(c, run=run)
 
     monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
     return ran

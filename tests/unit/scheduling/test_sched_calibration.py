@@ -1,0 +1,124 @@
+"""The portfolio's admission follows this process's measured loop speed, fixed once per
+process, so that one graph and one budget give one plan."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.scheduling import (
+    Cluster,
+    Device,
+    LinkCostModel,
+    Plan,
+    Task,
+    TaskGraph,
+    calibration,
+    compiled,
+    portfolio,
+)
+from orchestrator.scheduling.engine import Prepared
+from orchestrator.scheduling.portfolio import TIME_CANDIDATES, Candidate, heft_estimate
+
+portfolio_module = importlib.import_module("orchestrator.scheduling.portfolio")
+
+
+@pytest.fixture(autouse=True)
+def _keep_scale() -> Iterator[None]:
+    before = calibration.loop_scale()
+    yield
+    calibration.set_loop_scale(before)
+
+
+def _layered(n: int, m: int) -> tuple[TaskGraph, Cluster, LinkCostModel]:
+    """n tasks in layers of 10, two out-edges each, on m devices over two sites."""
+    tasks = [Task(f"t{i}", work=1.0 + i % 4) for i in range(n)]
+    edges = {(f"t{i}", f"t{(i // 10 + 1) * 10 + (i + k) % 10}"): 2e6
+             for i in range(n - 10) for k in (0, 3)}  # fmt: skip
+    devices = [Device(f"d{j}", f"h{j}", f"s{j % 2}", speed=1.0 + j) for j in range(m)]
+    return TaskGraph(tasks, edges), Cluster(devices), LinkCostModel()
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ran: list[str] = []
+
+    def spy(c: Candidate) -> Candidate:
+        def run(p: Prepared) -> Plan:
+            ran.append(c.name)
+            return c.run(p)
+
+        return replace(c, run=run)
+
+    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
+    return ran
+
+
+def _admitted(unit: float, budget: float) -> list[str]:
+    spent, out = unit, []
+    for c in TIME_CANDIDATES:
+        if spent + unit * c.factor() <= budget:
+            spent += unit * c.factor()
+            out.append(c.name)
+    return out
+
+
+def test_admission_scales_with_the_measured_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, cluster, cost = _layered(400, 16)
+    ran = _spy(monkeypatch)
+    prep = Prepared(graph, cluster, cost, None, 0.0)
+    # a loop as slow as the old fixed constants assumed: at 0.05 s little beyond HEFT fits
+    calibration.set_loop_scale(1.0)
+    slow = heft_estimate(prep)
+    portfolio(graph, cluster, cost)
+    assert ran == _admitted(slow, 0.05)
+    few = len(ran)
+    assert few < len(TIME_CANDIDATES) // 2
+    # 64x faster, as the compiled loop measures: the same call runs what fits at that speed
+    ran.clear()
+    calibration.set_loop_scale(1 / 64)
+    assert heft_estimate(prep) == pytest.approx(slow / 64)
+    portfolio(graph, cluster, cost)
+    assert ran == _admitted(slow / 64, 0.05)
+    assert len(ran) > few
+    # fast enough for everything
+    ran.clear()
+    calibration.set_loop_scale(2.0**-16)
+    plan = portfolio(graph, cluster, cost)
+    assert ran == [c.name for c in TIME_CANDIDATES]
+    again = portfolio(graph, cluster, cost)
+    assert again.placements == plan.placements  # the same graph, the same plan
+    with pytest.raises(ValueError, match="scale"):
+        calibration.set_loop_scale(0.0)
+
+
+def test_loop_is_measured_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def measure() -> float:
+        calls.append(1)
+        return 0.0123  # log2 -6.35: rounds to 2**-6
+
+    monkeypatch.setattr(calibration, "measure", measure)
+    calibration.set_loop_scale(None)
+    graph, cluster, cost = _layered(40, 4)
+    portfolio(graph, cluster, cost)
+    portfolio(graph, cluster, cost)
+    assert calls == [1]
+    assert calibration.loop_scale() == 2.0**-6
+
+
+def test_measure_times_heft_on_the_fixed_problem() -> None:
+    prep = calibration.calibration_problem()
+    assert (len(prep.todo), len(prep.cluster)) == (300, 16)
+    assert calibration.measure() > 0
+
+
+def test_candidate_cost_follows_the_loop_in_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    peft = next(c for c in TIME_CANDIDATES if c.name == "peft")
+    monkeypatch.setattr(compiled, "runner", lambda: None)
+    assert peft.factor() == peft.weight
+    monkeypatch.setattr(compiled, "runner", lambda: object())
+    assert peft.factor() == peft.weight_jit
