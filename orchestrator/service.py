@@ -60,7 +60,7 @@ from orchestrator.reservations.store import (
     device_key_of,
     key_limit,
 )
-from orchestrator.scheduling import Placement, compiled
+from orchestrator.scheduling import Placement, calibration, compiled
 from orchestrator.state import lifecycle
 from orchestrator.state.pipelines import PipelineRun
 from schemas import subjects
@@ -243,6 +243,8 @@ class Orchestrator:
     async def start(self) -> None:
         # the compiled planning loop (when numba is installed) loads before the first request
         compiled.warm_up()
+        # and the portfolio's measure of this process's loop, which a first plan would pay
+        calibration.loop_scale()
         self.nc = await nats.connect(
             connect.servers(self.nats_url),
             # the order given: a replica's own hub node first (`mars deploy`), the rest after
