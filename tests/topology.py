@@ -22,12 +22,14 @@ from nats.aio.client import Client as NATS
 from console.deploy.generate import Layout, generate
 from console.deploy.sitesfile import SitesFile
 from orchestrator.infra.natsserver import find_binary, server_env
-from orchestrator.infra.procs import tied_to_caller
+from orchestrator.infra.procs import stop_all, tied_to_caller
 from sim.linkemu import LinkProxy
 from tests.harness import agent_process_config
 from transport.connect import Credentials
 
 READY_S = 20.0
+#: How often a server's log file is looked at while waiting for a line in it.
+LOG_POLL_S = 0.025
 
 
 def free_ports(n: int) -> list[int]:
@@ -65,9 +67,21 @@ class Server:
         )  # fmt: skip
 
     def ready(self) -> bool:
+        return self.logged("Server is ready")
+
+    def logged(self, line: str) -> bool:
+        """Whether this start of the server has logged `line` (it exiting is an error)."""
         if self.proc is None or self.proc.poll() is not None:
             raise RuntimeError(f"{self.name} exited: {self.tail()}")
-        return "Server is ready" in self.tail(1 << 20)
+        return line in self.tail(1 << 20)
+
+    async def wait_logged(self, line: str, deadline: float) -> None:
+        """Until the server logs `line` (its log is a file: polled until `deadline`, a
+        `time.monotonic()` instant, then an error with what it did log)."""
+        while not self.logged(line):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} never logged {line!r}: {self.tail()}")
+            await asyncio.sleep(LOG_POLL_S)
 
     def tail(self, n: int = 3000) -> str:
         try:
@@ -83,13 +97,8 @@ class Server:
             self.proc.wait(5)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        if self.proc is not None:
+            stop_all([self.proc])
 
 
 class Topology:
@@ -173,10 +182,7 @@ class Topology:
         """Every server ready, and JetStream answering through every site's leaf."""
         deadline = time.monotonic() + READY_S
         for srv in self.servers.values():
-            while not srv.ready():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{srv.name} not ready: {srv.tail()}")
-                await asyncio.sleep(0.05)
+            await srv.wait_logged("Server is ready", deadline)
         probes = [("replica", h) for h in self.hub_names] + [
             ("agent", agents[0]) for agents in self.site_agents.values() if agents
         ]

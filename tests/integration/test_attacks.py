@@ -120,6 +120,8 @@ class Hostile:
     def __init__(self) -> None:
         self.nc: NATS | None = None
         self.errors: list[str] = []
+        #: Each step the server refused, as "<publish|subscription> <subject>", in order.
+        self.refused: list[str] = []
         self._news = asyncio.Event()
 
     async def on_error(self, exc: Exception) -> None:
@@ -153,6 +155,7 @@ class Hostile:
             self._news.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._news.wait(), left)
+        self.refused.append(f"{what} {subject}")
 
     async def refused_pub(
         self, subject: str, payload: bytes = b"{}", headers: dict[str, str] | None = None
@@ -235,17 +238,25 @@ async def refused_at_connect(t: Topology, who: Who, seed: str | None = None) -> 
     return await watch.wait_for("authentication error", f'Nkey "{key}"')
 
 
-async def attempt(t: Topology, who: Who, attack: Callable[[Hostile], Awaitable[None]]) -> None:
-    """`attack` as `who`: by a real identity, whose every step the server must refuse; by a
-    client with no usable credential, which the server must refuse at connect."""
+async def attempt(t: Topology, who: Who, attack: Callable[[Hostile], Awaitable[None]]) -> list[str]:
+    """`attack` as `who`: by a real identity, the steps the server refused (each step that
+    is not raises); by a client with no usable credential, ["connect"] once the server
+    refused it at connect."""
     if not who.credentialed:
         await refused_at_connect(t, who)
-        return
+        return ["connect"]
     h = await hostile(t, who)
     try:
         await attack(h)
+        return h.refused
     finally:
         await h.conn.close()
+
+
+def all_refused(who: Who, steps: list[str], what: str = "publish") -> list[str]:
+    """What `attempt` must come back with: every step refused, in order; or, for a client
+    without a credential, its connection."""
+    return [f"{what} {s}" for s in steps] if who.credentialed else ["connect"]
 
 
 def forged_success(
@@ -302,7 +313,8 @@ async def test_connect_without_credentials(topo: Topology, server: str) -> None:
 @pytest.mark.parametrize("server", ["h2", "leaf-a", "leaf-b"])
 async def test_connect_with_a_wrong_nkey(topo: Topology, server: str) -> None:
     """A fresh random seed: a key the deployment never issued (a revoked one reads the same)."""
-    await refused_at_connect(topo, Who("forged", server))
+    line = await refused_at_connect(topo, Who("forged", server))
+    assert "authentication error" in line and 'Nkey "U' in line
 
 
 @pytest.mark.parametrize(("name", "server"), [("a1", "leaf-b"), ("b1", "h1"), ("a1", "h2")])
@@ -310,7 +322,9 @@ async def test_agent_credential_elsewhere(topo: Topology, name: str, server: str
     """An agent's real key at a server that is not its site's: each server knows only its own
     identities, so a stolen site-A key opens neither site B nor the hub."""
     seed = Path(topo.env("agent", name)["MARS_NKEY_SEED"]).read_text().strip()
-    await refused_at_connect(topo, Who("agent", server), seed=seed)
+    line = await refused_at_connect(topo, Who("agent", server), seed=seed)
+    key = str(nkeys.from_seed(seed.encode()).public_key.decode())
+    assert "authentication error" in line and key in line
 
 
 @pytest.mark.parametrize("server", ["h1", "leaf-b"])
@@ -352,17 +366,19 @@ async def test_connect_trusting_another_ca(topo: Topology) -> None:
 # -- (2) forged task events ----------------------------------------------------------------------
 @pytest.mark.parametrize("who", [*AGENTS_AND_STRANGERS, BOB, OPS], ids=str)
 async def test_forged_task_event_for_another_agent(topo: Topology, who: Who) -> None:
+    steps = [
+        subjects.task_event("victim-1", "sense", "a1"),
+        f"{subjects.EVENTS}.task.victim-1.sense",  # the older form, naming nobody
+        f"{subjects.EVENTS}.pipeline.victim-1",
+        subjects.input_gone("victim-1", "a1"),
+    ]
+
     async def attack(h: Hostile) -> None:
         ev = forged_success("victim-1", "sense", "a1", "inc", "cpu0", 1)
-        for state_subject in (
-            subjects.task_event("victim-1", "sense", "a1"),
-            f"{subjects.EVENTS}.task.victim-1.sense",  # the older form, naming nobody
-            f"{subjects.EVENTS}.pipeline.victim-1",
-            subjects.input_gone("victim-1", "a1"),
-        ):
-            await h.refused_pub(state_subject, ev)
+        for subject in steps:
+            await h.refused_pub(subject, ev)
 
-    await attempt(topo, who, attack)
+    assert await attempt(topo, who, attack) == all_refused(who, steps)
 
 
 async def test_own_subject_claiming_another_agents_task(topo: Topology) -> None:
@@ -504,26 +520,33 @@ async def test_other_users_pipeline(topo: Topology) -> None:
 
 @pytest.mark.parametrize("who", AGENTS_AND_STRANGERS, ids=str)
 async def test_api_as_someone_else(topo: Topology, who: Who) -> None:
-    async def attack(h: Hostile) -> None:
-        for op in (subjects.STATUS, subjects.CANCEL, subjects.SUBMIT):
-            await h.refused_pub(op, b"{}")
-            await h.refused_pub(subjects.api_as(op, "alice"), b"{}")
+    ops = (subjects.STATUS, subjects.CANCEL, subjects.SUBMIT)
+    steps = [s for op in ops for s in (op, subjects.api_as(op, "alice"))]
 
-    await attempt(topo, who, attack)
+    async def attack(h: Hostile) -> None:
+        for subject in steps:
+            await h.refused_pub(subject, b"{}")
+
+    assert await attempt(topo, who, attack) == all_refused(who, steps)
 
 
 # -- (7) offers and commits straight to an agent -------------------------------------------------
 @pytest.mark.parametrize("who", EVERYONE, ids=str)
 async def test_commands_straight_to_an_agent(topo: Topology, who: Who) -> None:
-    async def attack(h: Hostile) -> None:
+    steps = [
+        cmd(agent)
         for cmd in (
             subjects.offer, subjects.offers, subjects.commit, subjects.cancel, subjects.drain,
             subjects.job,
-        ):  # fmt: skip
-            for agent in ("a1", "b1", "c1"):
-                await h.refused_pub(cmd(agent), b"{}")
+        )
+        for agent in ("a1", "b1", "c1")
+    ]  # fmt: skip
 
-    await attempt(topo, who, attack)
+    async def attack(h: Hostile) -> None:
+        for subject in steps:
+            await h.refused_pub(subject, b"{}")
+
+    assert await attempt(topo, who, attack) == all_refused(who, steps)
 
 
 # -- (8) forged $SYS advisories ------------------------------------------------------------------
@@ -553,27 +576,34 @@ async def test_forged_sys_advisory(topo: Topology, who: Who) -> None:
 # -- (9) forged input bytes ----------------------------------------------------------------------
 @pytest.mark.parametrize("who", [*AGENTS_AND_STRANGERS, BOB, OPS], ids=str)
 async def test_forged_input_bytes(topo: Topology, who: Who) -> None:
-    async def attack(h: Hostile) -> None:
-        await h.refused_pub(subjects.data_from("a2", "a1"), b"forged bytes")
-        await h.refused_pub(subjects.data("a2"), b"forged bytes")  # the older form, unnamed
-        await h.refused_pub(subjects.data_ack_from("a1", "a2"), b"{}")
+    steps = [
+        subjects.data_from("a2", "a1"),
+        subjects.data("a2"),  # the older form, unnamed
+        subjects.data_ack_from("a1", "a2"),
+    ]
 
-    await attempt(topo, who, attack)
+    async def attack(h: Hostile) -> None:
+        for subject in steps:
+            await h.refused_pub(subject, b"forged bytes")
+
+    assert await attempt(topo, who, attack) == all_refused(who, steps)
 
 
 # -- (10) reading what is addressed to others ----------------------------------------------------
 @pytest.mark.parametrize("who", [*AGENTS_AND_STRANGERS, BOB, OPS], ids=str)
 async def test_subscribing_to_others(topo: Topology, who: Who) -> None:
-    async def attack(h: Hostile) -> None:
-        for sub in (
-            "_INBOX_a1.>", "_INBOX_h1.>", "_INBOX.>", ">",
-            f"{subjects.PREFIX}.agents.a1.>", subjects.offer("a1"),
-            f"{subjects.PREFIX}.agents.*.cmd.>", subjects.all_data_to("a2"),
-            subjects.ALL_TASK_EVENTS, "$SYS.>", f"$KV.{RESULTS}.>",
-        ):  # fmt: skip
-            await h.refused_sub(sub)
+    steps = [
+        "_INBOX_a1.>", "_INBOX_h1.>", "_INBOX.>", ">",
+        f"{subjects.PREFIX}.agents.a1.>", subjects.offer("a1"),
+        f"{subjects.PREFIX}.agents.*.cmd.>", subjects.all_data_to("a2"),
+        subjects.ALL_TASK_EVENTS, "$SYS.>", f"$KV.{RESULTS}.>",
+    ]  # fmt: skip
 
-    await attempt(topo, who, attack)
+    async def attack(h: Hostile) -> None:
+        for subject in steps:
+            await h.refused_sub(subject)
+
+    assert await attempt(topo, who, attack) == all_refused(who, steps, "subscription")
 
 
 # -- (11) agent subjects and JetStream administration --------------------------------------------
@@ -600,16 +630,18 @@ async def test_streams_created_or_deleted(topo: Topology, who: Who) -> None:
 
 @pytest.mark.parametrize("who", [BOB, OPS], ids=str)
 async def test_user_on_agent_subjects(topo: Topology, who: Who) -> None:
+    steps = [
+        subjects.advert("a1"), subjects.heartbeat("a1"),
+        subjects.task_event("p", "t", "a1"), subjects.data_from("a2", "a1"),
+        subjects.fetch("a1"), subjects.probe("a1"), subjects.DISCOVER,
+        subjects.CLUSTER_EVENTS, subjects.replica_cancel("h1"),
+    ]  # fmt: skip
+
     async def attack(h: Hostile) -> None:
-        for subject in (
-            subjects.advert("a1"), subjects.heartbeat("a1"),
-            subjects.task_event("p", "t", "a1"), subjects.data_from("a2", "a1"),
-            subjects.fetch("a1"), subjects.probe("a1"), subjects.DISCOVER,
-            subjects.CLUSTER_EVENTS, subjects.replica_cancel("h1"),
-        ):  # fmt: skip
+        for subject in steps:
             await h.refused_pub(subject)
 
-    await attempt(topo, who, attack)
+    assert await attempt(topo, who, attack) == all_refused(who, steps)
 
 
 # -- (12) the pipeline beside an attacker --------------------------------------------------------

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -71,11 +72,7 @@ class Deployment:
 
 async def ready(srv: Server) -> None:
     srv.start()
-    for _ in range(400):
-        if srv.ready():
-            return
-        await asyncio.sleep(0.025)
-    raise RuntimeError(srv.tail())
+    await srv.wait_logged("Server is ready", time.monotonic() + 10)
 
 
 @pytest_asyncio.fixture
@@ -165,10 +162,8 @@ async def test_added_agent_joins_after_reload(dep: Deployment) -> None:
     assert "created identity a9" in out
     assert dep.leaf.proc is not None
     dep.leaf.proc.send_signal(signal.SIGHUP)
-    for _ in range(200):  # the reload is applied asynchronously: its log line says when
-        if "Reloaded server configuration" in dep.leaf.tail(1 << 20):
-            break
-        await asyncio.sleep(0.025)
+    # the reload is applied asynchronously: its log line says when
+    await dep.leaf.wait_logged("Reloaded server configuration", time.monotonic() + 10)
     errors: list[Exception] = []
 
     async def on_error(exc: Exception) -> None:
