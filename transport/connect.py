@@ -121,7 +121,11 @@ def public_nkey() -> str | None:
     if not seed:
         return None
     try:
-        kp = nkeys.from_seed(bytearray(Path(seed).read_bytes().strip()))
-        return str(kp.public_key.decode())
+        return public_key(Path(seed).read_bytes().strip())
     except (OSError, nkeys.NkeysError):
         return None
+
+
+def public_key(seed: bytes) -> str:
+    """The public nkey (U...) of a user seed (SU...)."""
+    return str(nkeys.from_seed(bytearray(seed)).public_key.decode())

@@ -132,11 +132,6 @@ class Vault:
         return kc
 
 
-def public_key(seed: bytes) -> str:
-    kp = nkeys.from_seed(bytearray(seed))
-    return str(kp.public_key.decode())
-
-
 def generate(sites: SitesFile, layout: Layout) -> Generated:
     made = Generated(out=layout.out)
     layout.out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +143,7 @@ def generate(sites: SitesFile, layout: Layout) -> Generated:
     sec = Secrets(
         route_password=vault.password("route"),
         leaf_passwords={s.name: vault.password(f"leaf-{s.name}") for s in sites.sites},
-        nkeys={n: public_key(sd) for n, sd in seeds.items()},
+        nkeys={n: connect.public_key(sd) for n, sd in seeds.items()},
     )
     vault.save(pw_keys)
     replicas = 3 if len(sites.hub) >= 3 else 1
