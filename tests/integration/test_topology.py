@@ -130,7 +130,16 @@ async def test_hub_node_killed_mid_pipeline(topo: Topology) -> None:
         # the pipeline, so its own counters start after the loss)
         nc = await topo.connect("replica", "h3" if info.cluster.leader != "h3" else "h1")
         kv = await topo.js(nc).key_value("MARS_RESULTS")
-        chunk = decode((await kv.get(f"{rep.pipeline_id}.0")).value or b"", TaskResults)
+        # (the results' last write may reach this node's copy of the bucket after the status
+        # said so: watched, not read once)
+        watch = await kv.watch(f"{rep.pipeline_id}.0")
+        chunk = TaskResults(pipeline_id=rep.pipeline_id)
+        async with asyncio.timeout(30):
+            while len(chunk.results) < len(st.tasks):
+                entry = await watch.updates(timeout=30)
+                if entry is not None and entry.value:
+                    chunk = decode(entry.value, TaskResults)
+        await watch.stop()
         await nc.close()
         assert sorted(r.task_id for r in chunk.results) == ["filter", "merge", "other", "sense"]
         ran = {t.task_id: t.agent_id for t in st.tasks}
