@@ -29,10 +29,24 @@ Model (one event queue, `heapq`, ties in insertion order):
 
 Recovery of a failure: from the crash until every task that was running on the dead devices
 runs again elsewhere (see `FailureRecord`).
+
+Same random draws for every policy: each purpose has its own random stream, seeded from
+`SimConfig.seed` and what the draw is for, never one stream consumed in the order a policy's
+events happen. A task's duration factor is drawn for (pipeline, task, attempt), whatever
+device and time it runs at; failure k's detection delay from (k); the device an unnamed
+failure or slowdown hits is the first busy live device in a random order of all devices drawn
+for that event (so two policies lose the same node when it is busy under both). Arrivals and
+incident times are the scenario's, shared as they are.
+
+Planning time: before the first arrival the policy plans that arrival's pipeline once, on a
+copy, and the result is dropped (`SimConfig.warmup`), so one-off costs of a first call
+(imports, compilation, caches) do not land in the timed planning calls.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import heapq
 import math
 import time
@@ -64,6 +78,9 @@ from sim.policies import Occupancy, Policy
 
 QUEUED, RUNNING, DONE = 0, 1, 2
 
+NOISE, DETECT, FAIL_PICK, SLOW_PICK = range(1, 5)
+"""What a random stream is for (the second word of its seed, after `SimConfig.seed`)."""
+
 _ARRIVE, _FINISH, _READY, _FAIL, _DETECT, _SLOW = range(6)
 
 
@@ -76,6 +93,7 @@ class SimConfig:
     seed: int = 0
     detection: Detection = HEARTBEAT
     replan_s: float | None = None
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if not self.noise_sigma >= 0:
@@ -96,6 +114,8 @@ class SimResult:
     plans: dict[int, Plan]
     capacity: list[tuple[int, float, float]]
     """(slots, alive from, alive until) per device: what utilisation is measured against."""
+    warmup_wall_s: float = math.nan
+    """The untimed warm-up plan's wall time (not in `plan_wall_s`); NaN when none ran."""
     wall_s: float = 0.0
     end: float = 0.0
     events: int = 0
@@ -106,6 +126,7 @@ class _Pipe:
     """Mutable state of one pipeline's tasks (index-based, as the TaskGraph)."""
 
     __slots__ = (
+        "attempts",
         "dev",
         "done",
         "expect",
@@ -123,6 +144,7 @@ class _Pipe:
         "start",
         "status",
         "topo_pos",
+        "z",
     )
 
     def __init__(self, graph: TaskGraph, rec: PipelineRecord) -> None:
@@ -141,6 +163,8 @@ class _Pipe:
         self.ready: list[float | None] = [None] * n
         self.release = [rec.arrival] * n
         self.done = 0
+        self.attempts = [0] * n
+        self.z: list[float] = []
         self.topo_pos = [0] * n
         for pos, i in enumerate(graph.topo):
             self.topo_pos[i] = pos
@@ -168,7 +192,6 @@ class Simulator:
             raise ValueError("the simulated cluster must start idle (no busy windows)")
         self.cost, self.policy = cost, policy
         self.config = config or SimConfig()
-        self.rng = np.random.default_rng(self.config.seed)
         self.base: list[Device] = list(cluster.devices)
         self.actual: list[Device] = list(cluster.devices)
         self.index = dict(cluster.index)
@@ -216,7 +239,36 @@ class Simulator:
         self.seq += 1
         heapq.heappush(self.events, (at, self.seq, kind, payload))
 
+    def stream(self, purpose: int, *key: int) -> np.random.Generator:
+        """The random stream for one purpose and key (see the module doc)."""
+        return np.random.default_rng([self.config.seed, purpose, *key])
+
+    def _noise(self, p: int, i: int) -> float:
+        """Standard normal draw for task i of pipeline p, this attempt of it."""
+        pipe = self.pipes[p]
+        k = pipe.attempts[i]
+        pipe.attempts[i] += 1
+        if k == 0:
+            if not pipe.z:  # one stream per pipeline for the first attempts
+                pipe.z = self.stream(NOISE, p).standard_normal(len(pipe.graph)).tolist()
+            return pipe.z[i]
+        return float(self.stream(NOISE, p, i, k).standard_normal())
+
+    def _warmup(self) -> float:
+        """Plan the first arrival once on a copy of the policy, untimed; its wall seconds."""
+        if not self.config.warmup or not self.arrivals:
+            return math.nan
+        policy = copy.deepcopy(self.policy)  # a cursor or random stream must not move
+        m = len(self.view)
+        occ = Occupancy(0.0, np.zeros(m, dtype=np.float64), np.zeros(m, dtype=np.float64))
+        graph = self.arrivals[0].graph
+        t0 = time.perf_counter()
+        with contextlib.suppress(Unschedulable):  # a rejected pipeline warms up too
+            policy.plan(graph, self.view, self.cost, fixed={}, now=0.0, occ=occ)
+        return time.perf_counter() - t0
+
     def run(self) -> SimResult:
+        warm = self._warmup()
         started = time.perf_counter()
         handlers = {
             _ARRIVE: self._on_arrival,
@@ -242,6 +294,7 @@ class Simulator:
             slowdowns=self.slow_records,
             plans=self.plans,
             capacity=capacity,
+            warmup_wall_s=warm,
             wall_s=time.perf_counter() - started,
             end=self.now,
             events=self.n_events,
@@ -407,7 +460,7 @@ class Simulator:
         dur = planned
         if self.config.noise_sigma > 0 and planned > 0:
             s = self.config.noise_sigma
-            dur = planned * math.exp(float(self.rng.normal(-s * s / 2, s)))
+            dur = planned * math.exp(-s * s / 2 + s * self._noise(p, i))
         pipe.status[i] = RUNNING
         pipe.start[i] = self.now
         pipe.expect[i] = self.now + planned
@@ -449,32 +502,33 @@ class Simulator:
                 self.running[sid] = None
             self._try_start(sid)
 
-    def _pick(self, device: str | None, whole_agent: bool) -> list[int]:
-        """The device(s) an event hits: named, else a seeded pick of a busy live device."""
+    def _pick(self, device: str | None, whole_agent: bool, rng: np.random.Generator) -> list[int]:
+        """The device(s) an event hits: named, else the first busy live device in a random
+        order of all devices drawn from `rng` (the first live one when none is busy)."""
         if device is not None:
             chosen = self.index[device]
         else:
-            busy = sorted({self.slot_dev[s] for s, r in enumerate(self.running) if r is not None})
-            pool = [d for d in busy if self.alive[d]] or [
-                d for d in range(len(self.base)) if self.alive[d]
-            ]
-            if not pool:
+            busy = {self.slot_dev[s] for s, r in enumerate(self.running) if r is not None}
+            order = rng.permutation(len(self.base)).tolist()
+            live = [d for d in order if self.alive[d]]
+            if not live:
                 return []
-            chosen = pool[int(self.rng.integers(len(pool)))]
+            chosen = next((d for d in live if d in busy), live[0])
         if not whole_agent:
             return [chosen]
         agent = self.base[chosen].agent_id
         return [d for d, dev in enumerate(self.base) if dev.agent_id == agent and self.alive[d]]
 
     def _on_fail(self, payload: tuple[int, ...]) -> None:
-        spec = self.fail_specs[payload[0]]
-        hit = self._pick(spec.device, spec.whole_agent)
+        k = payload[0]
+        spec = self.fail_specs[k]
+        hit = self._pick(spec.device, spec.whole_agent, self.stream(FAIL_PICK, k))
         if not hit:
             return
         rec = FailureRecord(
             at=self.now,
             devices=tuple(self.base[d].id for d in hit),
-            detection_s=self.config.detection.sample(self.rng),
+            detection_s=self.config.detection.sample(self.stream(DETECT, k)),
         )
         for d in hit:
             self.alive[d] = False
@@ -598,7 +652,7 @@ class Simulator:
 
     def _on_slow(self, payload: tuple[int, ...]) -> None:
         spec = self.slow_specs[payload[0]]
-        hit = self._pick(spec.device, whole_agent=False)
+        hit = self._pick(spec.device, False, self.stream(SLOW_PICK, payload[0]))
         if not hit:
             return
         d = hit[0]

@@ -34,6 +34,8 @@ class Detection:
     sweep_s: float = 0.0
     extra_s: float = 0.0
     source: str = ""
+    short: str = ""
+    """A few words for a table's detection column (default: the name)."""
 
     def sample(self, rng: np.random.Generator) -> float:
         u, v = float(rng.random()), float(rng.random())
@@ -43,9 +45,17 @@ class Detection:
     def worst_s(self) -> float:
         return self.timeout_s + self.sweep_s + self.extra_s
 
+    @property
+    def best_s(self) -> float:
+        return max(0.0, self.timeout_s - self.beat_s + self.extra_s)
+
     def describe(self) -> str:
-        lo = max(0.0, self.timeout_s - self.beat_s + self.extra_s)
-        return f"{self.name}: {lo:g}-{self.worst_s:g} s ({self.source})"
+        return f"{self.name}: {self.best_s:g}-{self.worst_s:g} s ({self.source})"
+
+    @property
+    def label(self) -> str:
+        """Short name and range, e.g. `heartbeat 1-1.5 s`."""
+        return f"{self.short or self.name} ({self.best_s:g}-{self.worst_s:g} s)"
 
 
 def heartbeat(interval_s: float = 0.5, misses: int = 3, sweep_s: float = 0.0) -> Detection:
@@ -55,6 +65,7 @@ def heartbeat(interval_s: float = 0.5, misses: int = 3, sweep_s: float = 0.0) ->
         timeout_s=interval_s * misses,
         beat_s=interval_s,
         sweep_s=sweep_s,
+        short=f"heartbeat {interval_s:g} s x {misses}",
         source="MARS ClusterView: agent dead after misses x heartbeat_interval_s of silence",
     )
 
@@ -68,6 +79,7 @@ def kubernetes(grace_s: float = 40.0, eviction_s: float = 300.0) -> Detection:
         beat_s=10.0,
         sweep_s=5.0,
         extra_s=eviction_s,
+        short=f"k8s {grace_s:g} s grace + {eviction_s:g} s toleration",
         source=(
             "kubelet node-status-update-frequency 10 s, node-monitor-period 5 s, "
             "node-monitor-grace-period 40 s, default NoExecute toleration 300 s"

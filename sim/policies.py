@@ -12,7 +12,8 @@ windows, so it is used as is.
 
 Big clusters: `portfolio` and `heft` plan on about `candidates` devices, picked by the core's
 pre-filter on a copy of the cluster where each device is busy until its first free slot (so a
-fast but fully booked device does not crowd out an idle one).
+fast but fully booked device does not crowd out an idle one). `kube-like` scores only a share
+of the feasible devices, as kube-scheduler's default `percentageOfNodesToScore` does.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from orchestrator.scheduling import (
     round_robin,
     weighted_random,
 )
+from orchestrator.scheduling.baseline_state import ListState
 from orchestrator.scheduling.prefilter import prefilter_indices
 
 
@@ -237,7 +239,81 @@ class WeightedRandom:
         )
 
 
-POLICIES = ("portfolio", "heft", "least-loaded", "round-robin", "weighted-random", "earliest-start")
+MIN_FEASIBLE_NODES = 100
+"""kube-scheduler's `minFeasibleNodesToFind`: it looks for at least this many feasible nodes."""
+
+MIN_PERCENTAGE = 5
+"""kube-scheduler's floor of the adaptive percentage of nodes to score."""
+
+
+def nodes_to_score(nodes: int, percentage: int = 0) -> int:
+    """How many feasible nodes kube-scheduler looks for before it scores (its
+    `numFeasibleNodesToFind`): every node up to 100; else `percentage` of them (0, the
+    default: adaptive, 50 - nodes/125 in integers, at least 5), but at least 100."""
+    if nodes < MIN_FEASIBLE_NODES or percentage >= 100:
+        return nodes
+    pct = percentage
+    if pct <= 0:
+        pct = max(MIN_PERCENTAGE, 50 - nodes // 125)
+    return max(MIN_FEASIBLE_NODES, nodes * pct // 100)
+
+
+@dataclass(slots=True)
+class KubeLike:
+    """kube-scheduler's default cycle, per task (a pod) over devices (nodes): filter, then
+    score only the first `nodes_to_score(all devices)` feasible ones met from a start index
+    that rotates by the devices looked at (its `nextStartNodeIndex`), by free capacity
+    (LeastAllocated: the least booked compute per slot, every pipeline's work counted); the
+    best score wins, ties to the first one met. Feasible = the task may run there (kind,
+    memory); like the real one, it ignores device speed and where the data is."""
+
+    percentage: int = 0
+    start: int = 0
+    scored: list[int] | None = None
+    """When a list: the number of devices scored for each task is appended (for tests)."""
+    name: str = "kube-like"
+
+    def plan(
+        self,
+        graph: TaskGraph,
+        cluster: Cluster,
+        cost: CostModel,
+        *,
+        fixed: Mapping[str, Placement],
+        now: float,
+        occ: Occupancy,
+    ) -> Plan:
+        st = ListState(graph, cluster, cost, fixed, now)
+        m = len(cluster)
+        want = nodes_to_score(m, self.percentage)
+        slots = np.asarray(cluster.slots, dtype=np.float64)
+        booked = st.fixed_load() + occ.load
+        start = self.start % max(m, 1)
+        for i in st.order:
+            order = np.roll(np.arange(m), -start)
+            feasible = np.flatnonzero(st.usable(i)[order])
+            found = feasible[:want]
+            looked = int(found[-1]) + 1 if len(found) == want else m
+            cand = order[found]
+            d = int(cand[int(np.argmin(booked[cand] / slots[cand]))])
+            if self.scored is not None:
+                self.scored.append(len(cand))
+            st.place_on(i, d, st.ready(i))
+            booked[d] += st.w[i, d]
+            start = (start + looked) % m
+        self.start = start
+        return st.plan("kube-like")
+
+
+POLICIES = (
+    "portfolio",
+    "heft",
+    "kube-like",
+    "least-loaded",
+    "round-robin",
+    "weighted-random",
+    "earliest-start",
+)
 
 
 def make_policy(name: str, *, seed: int = 0, candidates: int = 64) -> Policy:
@@ -246,6 +322,8 @@ def make_policy(name: str, *, seed: int = 0, candidates: int = 64) -> Policy:
         return Portfolio(candidates=candidates)
     if name == "heft":
         return Heft(candidates=candidates)
+    if name == "kube-like":
+        return KubeLike()
     if name == "least-loaded":
         return LeastLoaded()
     if name == "round-robin":

@@ -9,6 +9,7 @@ placement that prices data movement gains over ones that do not.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,15 @@ from orchestrator.scheduling import LinkCostModel
 from sim.des import SimConfig
 from sim.des_events import poisson_arrivals
 from sim.policies import POLICIES
-from sim.report import Setup, Variant, log, policy_table, run_variants, summaries, write_outputs
+from sim.report import (
+    Setup,
+    Variant,
+    policy_table,
+    ratio_line,
+    run_seeds,
+    seeds_note,
+    write_outputs,
+)
 from sim.scenarios.workload import MBPS, edge_mix
 from sim.workloads import tiered_cluster
 
@@ -45,16 +54,16 @@ def build(seed: int, quick: bool) -> Setup:
     )
 
 
-def run(out: Path, seed: int, quick: bool, plots: bool = True) -> dict[str, Any]:
-    setup = build(seed, quick)
-    log(f"edge-cloud: {setup.params}")
-    results = run_variants(setup, [Variant(p, p) for p in POLICIES], seed=seed)
-    sums = summaries(setup, results)
-    print("edge-cloud: data-heavy edge/cloud pipelines over WAN links (simulated)")
-    print(policy_table(sums))
-    ll = sums["least-loaded"]["response_s"]["mean"]
-    ours = sums["portfolio"]["response_s"]["mean"]
-    print(f"\nportfolio mean response vs least-loaded: {100 * (1 - ours / ll):.1f}% shorter")
-    files = write_outputs(out, "edge-cloud", setup, results, sums, None, plots)
-    print(f"wrote {', '.join(str(f) for f in files)}")
-    return {"summary": sums, "files": [str(f) for f in files]}
+def run(out: Path, seeds: Sequence[int], quick: bool, plots: bool = True) -> dict[str, Any]:
+    variants = [Variant(p, p) for p in POLICIES]
+    runs = run_seeds(build, variants, seeds, quick, "edge-cloud")
+    print("edge-cloud: data-heavy edge/cloud pipelines over WAN links (simulated), no failures")
+    print(seeds_note(runs))
+    print(policy_table(runs, variants, recovery=False))
+    print()
+    print(
+        ratio_line(runs, variants, "portfolio", "mean response", lambda s: s["response_s"]["mean"])
+    )
+    files = write_outputs(out, "edge-cloud", runs, variants, None, plots)
+    print(f"\nwrote {', '.join(str(f) for f in files)}")
+    return {"runs": runs, "files": [str(f) for f in files]}

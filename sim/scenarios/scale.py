@@ -2,14 +2,17 @@
 
 Setup: `tiered_cluster(10000)` (~54,000 slots), 100 random DAGs of 100 tasks (CCR 1 against
 a 35 Mbit/s WAN), Poisson arrivals, noise sigma 0.2, two node failures and two slowdowns.
-Policies: portfolio and HEFT (each on ~64 pre-filtered candidate devices) and least-loaded
-(on all 10,000). Reports the simulated outcome and the real wall-clock time of each run.
+Policies: portfolio and HEFT (each on ~64 pre-filtered candidate devices), kube-like (scores
+the share of feasible devices kube-scheduler's default would: 5% of 10,000, 42% of 1,000),
+least-loaded and round-robin (on all of them). Reports the simulated outcome and the real
+wall-clock time of each run.
 `--quick`: 1,000 devices and 1,000 tasks.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +22,10 @@ from sim.des_events import Failure, Slowdown, poisson_arrivals
 from sim.report import (
     Setup,
     Variant,
-    log,
+    ci95,
     policy_table,
-    run_variants,
-    summaries,
+    run_seeds,
+    seeds_note,
     table,
     write_outputs,
 )
@@ -59,42 +62,32 @@ def build(seed: int, quick: bool) -> Setup:
     )
 
 
-def run(out: Path, seed: int, quick: bool, plots: bool = True) -> dict[str, Any]:
-    setup = build(seed, quick)
-    log(f"scale-10k: {setup.params}")
-    variants = [Variant(p, p) for p in ("portfolio", "heft", "least-loaded")]
-    results = run_variants(setup, variants, seed=seed)
-    sums = summaries(setup, results)
-    n_dev, n_tasks = setup.params["devices"], setup.params["tasks"]
+POLICIES = ("portfolio", "heft", "kube-like", "least-loaded", "round-robin")
+
+
+def run(out: Path, seeds: Sequence[int], quick: bool, plots: bool = True) -> dict[str, Any]:
+    variants = [Variant(p, p) for p in POLICIES]
+    runs = run_seeds(build, variants, seeds, quick, "scale-10k")
+    params = runs[0].setup.params
+    n_dev, n_tasks = params["devices"], params["tasks"]
     print(f"scale: {n_dev:,} devices, {n_tasks:,} tasks (simulated outcome)")
-    print(policy_table(sums))
+    print(seeds_note(runs))
+    print(policy_table(runs, variants))
     rows = [
         [
-            label,
-            r.wall_s,
-            sum(r.plan_wall_s),
-            r.events,
-            r.end,
-            sums[label]["planning_ms"]["p99"],
+            v.label,
+            ci95([r.results[v.label].wall_s for r in runs]).cell(),
+            ci95([sum(r.results[v.label].plan_wall_s) for r in runs]).cell(),
+            ci95([float(r.results[v.label].events) for r in runs]).cell(),
+            ci95([r.results[v.label].end for r in runs]).cell(),
         ]
-        for label, r in results.items()
+        for v in variants
     ]
     print()
-    print("real wall-clock time of each simulation on this machine:")
-    print(
-        table(
-            rows,
-            [
-                "policy",
-                "sim wall s",
-                "of which planning s",
-                "events",
-                "simulated s",
-                "plan p99 ms",
-            ],
-        )
-    )
-    print(f"(building the cluster and workload: {setup.params['build_s']:.1f} s)")
-    files = write_outputs(out, "scale-10k", setup, results, sums, None, plots)
+    print("real wall-clock time of each simulation on this machine (mean ± 95% CI):")
+    print(table(rows, ["policy", "sim wall s", "of which planning s", "events", "simulated s"]))
+    build_s = ci95([r.setup.params["build_s"] for r in runs])
+    print(f"(building the cluster and workload: {build_s.cell()} s)")
+    files = write_outputs(out, "scale-10k", runs, variants, None, plots)
     print(f"wrote {', '.join(str(f) for f in files)}")
-    return {"summary": sums, "files": [str(f) for f in files]}
+    return {"runs": runs, "files": [str(f) for f in files]}
