@@ -1,6 +1,6 @@
 """Our schedulers against anrg-saga's reference schedulers, same instances, same cost model.
 
-    python -m benchmarks.saga_compare [--quick] [--budget S] [--json out.json]
+    python -m benchmarks.saga_compare [--quick] [--budget S | --orchestrator-rule] [--json F]
 
 Instances: every WfInstance in ../shared/datasets/wfinstances mapped onto an edge/fog/cloud
 cluster of 8-32 devices, and random Topcuoglu-style DAGs across CCR 0.1-10. The cost model is
@@ -14,7 +14,10 @@ matrices are built on its first request and kept, as between requests against on
 view) and with a new cost model per call (`x_cold`: everything built each time, as saga does).
 saga 2.0.2 (the newest release) ships HEFT and CPoP but no PEFT, so the reference is the best
 of saga's HEFT and CPoP. The portfolio runs at its default call (budget 0.05 s; admission from
-this process's measured loop speed, printed first) unless --budget is given.
+this process's measured loop speed, printed first) unless --budget is given; with
+--orchestrator-rule it runs as the orchestrator calls it: the budget `placement.budget`
+gives a pipeline of that size at the default `--plan-budget-ms`, and at most
+`PLAN_MAX_SHARE` of HEFT's makespan beyond HEFT.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from typing import Any
 
 from benchmarks.common import median, pct, progress, table, timed
 from benchmarks.saga_model import Instance, related_instance, saga_plan, to_saga
+from orchestrator.placement.budget import BUDGET_CAP_S, BUDGET_TASKS, plan_budget
+from orchestrator.placement.planning import PLAN_BUDGET_S, PLAN_MAX_SHARE
 from orchestrator.scheduling import (
     Cluster,
     LinkCostModel,
@@ -79,6 +84,7 @@ class Row:
     speedup_heft_cold: float  # the same with t_heft_cold_ms
     speedup_portfolio: float  # saga heft time / our portfolio time
     saga_valid: bool
+    budget_ms: float  # the portfolio call's budget beyond HEFT
 
 
 def tiered_instance(name: str, graph: Any, n_devices: int, seed: int) -> Instance:
@@ -132,14 +138,21 @@ def _fresh(cost: LinkCostModel) -> LinkCostModel:
     return LinkCostModel(cost.links, lan=cost.lan, wan=cost.wan, local_Bps=cost.local_Bps)
 
 
-def run_instance(inst: Instance, budget_s: float | None = None) -> Row:
+def orchestrator_call(tasks: int) -> dict[str, float]:
+    """The portfolio's keywords as the orchestrator sets them for a pipeline of `tasks`."""
+    return {"budget_s": plan_budget(PLAN_BUDGET_S, tasks), "max_share": PLAN_MAX_SHARE}
+
+
+def run_instance(inst: Instance, budget_s: float | None = None, rule: bool = False) -> Row:
     from saga.schedulers import CpopScheduler, HeftScheduler
 
     h, th = _ours(heft, inst)
     _, th_cold = timed(lambda: heft(inst.graph, inst.cluster, _fresh(inst.cost)), 3, MIN_TOTAL_S)
     c, _ = _ours(cpop, inst)
     p, _ = _ours(peft, inst)
-    kw = {} if budget_s is None else {"budget_s": budget_s}
+    kw: dict[str, float] = {} if budget_s is None else {"budget_s": budget_s}
+    if rule:
+        kw = orchestrator_call(len(inst.graph))
     port, tp = _ours(portfolio, inst, **kw)
     network, task_graph = to_saga(inst)
     saga: dict[str, tuple[float, float]] = {}
@@ -165,7 +178,7 @@ def run_instance(inst: Instance, budget_s: float | None = None) -> Row:
         t_saga_heft_ms=saga["heft"][1] * 1e3, t_saga_cpop_ms=saga["cpop"][1] * 1e3,
         speedup_heft=saga["heft"][1] / th, speedup_heft_cold=saga["heft"][1] / th_cold,
         speedup_portfolio=saga["heft"][1] / tp,
-        saga_valid=valid,
+        saga_valid=valid, budget_ms=1e3 * kw.get("budget_s", DEFAULT_BUDGET_S),
     )  # fmt: skip
 
 
@@ -201,9 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer and smaller instances")
     ap.add_argument("--json", type=Path, help="write per-instance rows as JSON")
-    ap.add_argument(
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument(
         "--budget", type=float, default=None,
         help=f"portfolio budget_s (default: the default call, {DEFAULT_BUDGET_S} s)",
+    )  # fmt: skip
+    how.add_argument(
+        "--orchestrator-rule", action="store_true",
+        help="call the portfolio as the orchestrator does (budget by pipeline size)",
     )  # fmt: skip
     args = ap.parse_args(argv)
     from orchestrator.scheduling import calibration, compiled
@@ -215,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     budget = (
         f"{DEFAULT_BUDGET_S} s (the default call)" if args.budget is None else f"{args.budget} s"
     )
+    if args.orchestrator_rule:
+        budget = (
+            f"the orchestrator's rule: {PLAN_BUDGET_S * 1e3:g} ms up to "
+            f"{BUDGET_TASKS} tasks, in proportion above, at most {BUDGET_CAP_S:g} s, and at "
+            f"most {PLAN_MAX_SHARE:.0%} of HEFT's makespan"
+        )
     print(
         f"portfolio budget: {budget}; admission from this process's loop, HEFT measured at "
         f"{calibration.measure():.4g} x the formula, scale {calibration.loop_scale():.4g}"
@@ -226,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             f"[{i}/{len(insts)}] {inst.name} ({len(inst.graph)} tasks, "
             f"{len(inst.cluster.devices)} devices)"
         )
-        rows.append(run_instance(inst, args.budget))
+        rows.append(run_instance(inst, args.budget, args.orchestrator_rule))
     header = [
         "instance",
         "tasks",
@@ -308,6 +332,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.t_portfolio_ms:.1f} ms, saga HEFT {r.t_saga_heft_ms:.0f} ms "
             f"({r.speedup_heft:.0f}x / {r.speedup_portfolio:.0f}x)"
         )
+    tp = [r.t_portfolio_ms for r in rows]
+    over = [r for r in rows if r.t_portfolio_ms > r.budget_ms + r.t_heft_cold_ms]
+    print(
+        f"portfolio call: median {median(tp):.1f} ms, max {max(tp):.1f} ms; over its budget "
+        f"plus one cold HEFT on {len(over)}/{len(rows)}"
+        + (f" (worst {max(r.t_portfolio_ms - r.budget_ms for r in over):.1f} ms over)" if over else "")
+    )
     print(f"saga schedules valid under our model: {sum(r.saga_valid for r in rows)}/{len(rows)}")
     print()
     print(timing_at_scale((8,) if args.quick else (8, 16, 32)))

@@ -56,6 +56,8 @@ GUARD_SLACK_S = 0.5
 MONEY_ONLY_WEIGHT = 1e9
 
 Runner = Callable[[Prepared], Plan]
+#: Size (tasks) up to which candidates' factors were measured as constants.
+GROWTH_FROM = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +70,16 @@ class Candidate:
     run: Runner
     weight: float
     weight_jit: float
+    #: the factor grows as (tasks / GROWTH_FROM) ** growth above that size (look-ahead's does:
+    #: it tries each task's children on every device)
+    growth: float = 0.0
 
-    def factor(self) -> float:
-        """Its cost relative to one HEFT run on the loop this process uses."""
-        return self.weight_jit if compiled.runner() is not None else self.weight
+    def factor(self, tasks: int = 0) -> float:
+        """Its cost relative to one HEFT run on the loop this process uses, for `tasks`."""
+        base = self.weight_jit if compiled.runner() is not None else self.weight
+        if self.growth and tasks > GROWTH_FROM:
+            base *= (tasks / GROWTH_FROM) ** self.growth
+        return base
 
 
 def heft_estimate(prep: Prepared) -> float:
@@ -79,6 +87,16 @@ def heft_estimate(prep: Prepared) -> float:
     decide what fits; the first call measures the loop, `calibration.loop_scale`)."""
     n, e, m = len(prep.todo), len(prep.graph.edges), len(prep.cluster)
     return calibration.formula(n, e, m) * calibration.loop_scale()
+
+
+def devices_reversed(prep: Prepared) -> Plan:
+    """HEFT with ties between devices going to the last one listed instead of the first (the
+    same devices, in reverse order): on clusters of identical devices the choice shapes where
+    later tasks find room."""
+    flipped = Prepared(
+        prep.graph, Cluster(prep.cluster.devices[::-1]), prep.cost, prep.fixed, prep.now
+    )
+    return replace(heft_prepared(flipped), algorithm="heft-ties-lastdev")
 
 
 def self_pairs(prep: Prepared) -> float:
@@ -89,7 +107,7 @@ def self_pairs(prep: Prepared) -> float:
 
 
 TIME_CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("peft", peft_prepared, 3.0, 33.0),
+    Candidate("peft", peft_prepared, 3.0, 37.0),
     Candidate("cpop", cpop_prepared, 2.2, 29.0),
     Candidate("heft-selfpairs", lambda p: heft_prepared(p, comm=self_pairs(p)), 1.1, 1.6),
     Candidate(
@@ -111,9 +129,12 @@ TIME_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("cpop-comm0.5", lambda p: cpop_prepared(p, 0.5), 2.2, 29.0),
     Candidate("heft-comm1.5", lambda p: heft_prepared(p, comm=1.5), 1.1, 1.8),
     Candidate("heft-comm0.25", lambda p: heft_prepared(p, comm=0.25), 1.1, 1.5),
-    Candidate("heft-iter", iterative_heft_prepared, 3.5, 7.1),
+    Candidate("heft-ties-late", lambda p: heft_prepared(p, ties="late"), 1.1, 1.6),
+    Candidate("heft-ties-work", lambda p: heft_prepared(p, ties="work"), 1.1, 1.8),
+    Candidate("heft-ties-lastdev", devices_reversed, 1.5, 4.0),
+    Candidate("heft-iter", iterative_heft_prepared, 3.5, 8.0),
     Candidate("heft-noins", lambda p: heft_prepared(p, insertion=False), 0.85, 0.9),
-    Candidate("heft-lookahead", lookahead_prepared, 10.5, 116.0),
+    Candidate("heft-lookahead", lookahead_prepared, 10.5, 140.0, growth=0.65),
 )
 
 
@@ -201,7 +222,7 @@ def portfolio(
         *TIME_CANDIDATES,
     ]
     for cand in queue:
-        est = unit * cand.factor()
+        est = unit * cand.factor(len(prep.todo))
         if spent + est > extra_budget:
             continue
         if time.perf_counter() > deadline:

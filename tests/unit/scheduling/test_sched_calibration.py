@@ -56,11 +56,11 @@ def _spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return ran
 
 
-def _admitted(unit: float, budget: float) -> list[str]:
+def _admitted(unit: float, budget: float, tasks: int = 400) -> list[str]:
     spent, out = unit, []
     for c in TIME_CANDIDATES:
-        if spent + unit * c.factor() <= budget:
-            spent += unit * c.factor()
+        if spent + unit * c.factor(tasks) <= budget:
+            spent += unit * c.factor(tasks)
             out.append(c.name)
     return out
 
@@ -99,7 +99,7 @@ def test_loop_is_measured_once_per_process(monkeypatch: pytest.MonkeyPatch) -> N
 
     def measure() -> float:
         calls.append(1)
-        return 0.0123  # log2 -6.35: rounds to 2**-6
+        return 0.0123  # log2 -6.35: rounds to 2**-6.25 (quarter powers of two)
 
     monkeypatch.setattr(calibration, "measure", measure)
     calibration.set_loop_scale(None)
@@ -107,7 +107,16 @@ def test_loop_is_measured_once_per_process(monkeypatch: pytest.MonkeyPatch) -> N
     portfolio(graph, cluster, cost)
     portfolio(graph, cluster, cost)
     assert calls == [1]
-    assert calibration.loop_scale() == 2.0**-6
+    assert calibration.loop_scale() == 2.0**-6.25
+
+
+def test_the_loop_is_timed_in_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neighbours competing for the cores stretch wall time, not this thread's CPU time: a
+    wall clock that leaps a second between reads must not change the measurement."""
+    wall = iter(range(0, 10_000, 1))
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(wall)))
+    measured = calibration.measure()
+    assert 0 < measured < 1.0  # a second per call would read as ~40x the formula
 
 
 def test_measure_times_heft_on_the_fixed_problem() -> None:
@@ -122,3 +131,12 @@ def test_candidate_cost_follows_the_loop_in_use(monkeypatch: pytest.MonkeyPatch)
     assert peft.factor() == peft.weight
     monkeypatch.setattr(compiled, "runner", lambda: object())
     assert peft.factor() == peft.weight_jit
+
+
+def test_lookahead_cost_grows_faster_than_heft_on_large_graphs() -> None:
+    look = next(c for c in TIME_CANDIDATES if c.name == "heft-lookahead")
+    base = look.factor(0)
+    assert look.factor(portfolio_module.GROWTH_FROM) == base
+    assert look.factor(4 * portfolio_module.GROWTH_FROM) == pytest.approx(base * 4**look.growth)
+    peft = next(c for c in TIME_CANDIDATES if c.name == "peft")
+    assert peft.factor(10_000) == peft.factor(0)  # measured constant at every size
