@@ -292,7 +292,7 @@ def _fail(exc: Exception, silent: tuple[str, str] = ("", "")) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from console.pipeline_files import load_pipeline
-    from console.report import plan_table, timeline_table
+    from console.report import plan_line, plan_table, timeline_table
 
     async def go(client: Any) -> int:
         given = await _store_inputs(client, args.input) if args.input else []
@@ -302,8 +302,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(reply.model_dump_json(indent=2))
             return 0
         print(
-            f"pipeline {reply.pipeline_id}: {reply.state} ({reply.algorithm}, "
-            f"predicted makespan {reply.makespan_s:.3f} s)"
+            f"pipeline {reply.pipeline_id}: {reply.state} "
+            f"({plan_line(reply.algorithm, reply.makespan_s, reply.cost)})"
         )
         print(plan_table(reply))
         if not args.wait:
@@ -371,15 +371,17 @@ async def _still_running(client: Any, pipeline_id: str, waited: float) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from console.report import timeline_table
+    from console.report import plan_line, timeline_table
 
     async def go(client: Any) -> int:
         st = await client.status(args.pipeline_id)
-        print(
-            st.model_dump_json(indent=2)
-            if args.json
-            else f"{st.pipeline_id} {st.name}: {st.state} {st.reason}\n{timeline_table(st)}"
-        )
+        if args.json:
+            print(st.model_dump_json(indent=2))
+            return 0
+        print(f"{st.pipeline_id} {st.name}: {st.state} {st.reason}")
+        if st.plan:
+            print(f"plan: {plan_line(st.algorithm, st.planned_makespan_s, st.planned_cost)}")
+        print(timeline_table(st))
         return 0
 
     try:

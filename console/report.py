@@ -10,6 +10,11 @@ if TYPE_CHECKING:
     from orchestrator.reservations.listing import KeyBookings
 
 
+def plan_line(algorithm: str, makespan_s: float, cost: float) -> str:
+    """A plan's headline: what made it, its predicted makespan and cost (dollars)."""
+    return f"{algorithm}, predicted makespan {makespan_s:.3f} s, cost ${cost:.6g}"
+
+
 def plan_table(reply: SubmitReply | StatusReply) -> str:
     rows = [f"{'task':<16} {'agent':<14} {'device':<8} {'start s':>8} {'finish s':>9}"]
     for p in reply.plan:

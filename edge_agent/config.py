@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from edge_agent.allowlist import ExecRule, ModuleName
 from schemas.agent import DeviceSpec, LinkSpec, TaskKind, Tier, default_kinds
-from schemas.limits import MAX_PROBE_BYTES, Ident, Labels
+from schemas.limits import MAX_PROBE_BYTES, Ident, Labels, NonNegFloat
 from schemas.presence import DEFAULT_HEARTBEAT_S
 
 
@@ -46,7 +46,13 @@ class AgentConfig(BaseModel):
     #: Devices declared by the operator; mark emulated ones `emulated: true`. A declared device
     #: with the id of a probed one overrides the fields it names.
     devices: list[DeviceSpec] = Field(default_factory=list)
-    #: Declared link costs (measured ones replace these once probing runs).
+    #: Price of this host's devices, in dollars per hour of a device's time (what a plan is
+    #: charged for the tasks it runs here): every device that does not name its own
+    #: `cost_per_hour` (in `devices`) is advertised at it. None: each device's own (0: free).
+    cost_per_hour: NonNegFloat | None = None
+    #: Declared links to other sites: latency, bandwidth and `cost_per_gb` (dollars per GB
+    #: sent there, e.g. cloud egress). Measured latency and bandwidth replace the declared
+    #: ones once probing runs; the price stays as declared.
     links: list[LinkSpec] = Field(default_factory=list)
     allowed_kinds: list[TaskKind] = Field(default_factory=default_kinds)
     #: A sparse backstop: a crash or a silent link is found by the server (its connection

@@ -287,4 +287,16 @@ def build_devices(config: AgentConfig, *, calibrate: bool = True) -> list[Device
     devices = merge_declared(probed, config.devices)
     if not devices:
         raise ValueError("agent has no devices: enable probe_cpu or declare devices")
-    return devices
+    return priced(devices, config)
+
+
+def priced(devices: Sequence[DeviceSpec], config: AgentConfig) -> list[DeviceSpec]:
+    """The devices with the config's agent-wide `cost_per_hour` on each that does not
+    declare its own price."""
+    if config.cost_per_hour is None:
+        return list(devices)
+    own = {d.device_id for d in config.devices if "cost_per_hour" in d.model_fields_set}
+    return [
+        d if d.device_id in own else d.model_copy(update={"cost_per_hour": config.cost_per_hour})
+        for d in devices
+    ]

@@ -48,6 +48,9 @@ class SubmitReply(WireModel):
     algorithm: ShortText
     makespan_s: NonNegFloat
     plan: Annotated[list[PlannedTask], Field(max_length=MAX_TASKS)]
+    #: What the plan is predicted to cost, in dollars (device time at each device's $/hour,
+    #: data crossing sites at each link's $/GB); 0 where nothing is priced.
+    cost: NonNegFloat = 0.0
 
 
 class StatusRequest(WireModel):
@@ -82,6 +85,8 @@ class StatusReply(WireModel):
     reason: Text = ""
     algorithm: ShortText = ""
     planned_makespan_s: NonNegFloat = 0.0
+    #: What its current plan is predicted to cost, in dollars (as `SubmitReply.cost`).
+    planned_cost: NonNegFloat = 0.0
     elapsed_s: NonNegFloat = 0.0
     plan: Annotated[list[PlannedTask], Field(max_length=MAX_TASKS)] = Field(default_factory=list)
     tasks: Annotated[list[TaskStatus], Field(max_length=MAX_TASKS)] = Field(default_factory=list)

@@ -16,6 +16,8 @@ ErrorCode = Literal[
     "invalid",
     "not_found",
     "unschedulable",
+    #: No plan fits the pipeline's budget; `details` say the cheapest plan found's cost.
+    "over_budget",
     "conflict",
     "unavailable",
     "internal",

@@ -81,6 +81,7 @@ class PipelineRecord(WireModel):
     reason: Text = ""
     algorithm: ShortText = ""
     planned_makespan_s: NonNegFloat = 0.0
+    planned_cost: NonNegFloat = 0.0
     plan: Annotated[list[PlannedTask], Field(max_length=MAX_TASKS)] = Field(default_factory=list)
     placements: Annotated[list[PlacedTask], Field(max_length=MAX_TASKS)] = Field(
         default_factory=list

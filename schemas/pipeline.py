@@ -190,6 +190,13 @@ class PipelineSpec(WireModel):
     priority: Annotated[int, Field(ge=0, le=1000)] = 100
     preemptible: bool = False
     deadline_s: Seconds | None = None
+    #: Most dollars its plan may cost (device $/hour over its tasks' run time, plus data
+    #: crossing sites at each link's $/GB, as agents advertise them): the shortest plan within
+    #: it is chosen, and a submission no plan fits is refused (`over_budget`). None: no limit.
+    budget: PosFloat | None = None
+    #: Seconds of makespan a dollar is worth: plans are ranked by makespan + money_weight x
+    #: dollars. 0 (the default): time alone (within `budget`, if any).
+    money_weight: NonNegFloat = 0.0
     description: ShortText = ""
     #: The user who submitted it (the token of the per-user API subject it came on:
     #: `mars.v1.api.submit.<user>`), set by the replica that took it; None: submitted on the

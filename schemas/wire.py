@@ -19,8 +19,17 @@ from typing import Any
 
 from schemas.advisories import AdvisoryClient, ConnectionAdvisory
 from schemas.agent import AgentAdvert
-from schemas.api import AgentSummary, ListReply, ListRequest, PipelineSummary, TaskStatus
+from schemas.api import (
+    AgentSummary,
+    ListReply,
+    ListRequest,
+    PipelineSummary,
+    StatusReply,
+    SubmitReply,
+    TaskStatus,
+)
 from schemas.base import WireModel
+from schemas.errors import ErrorCode
 from schemas.events import TaskEvent, TaskOutcome
 from schemas.failover import PipelineRecord
 from schemas.pipeline import ExecRun, OnnxRun, PipelineSpec, PythonRun, TaskSpec
@@ -36,7 +45,7 @@ from schemas.recovery import TaskResult
 
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
-WIRE_LEVEL = 5
+WIRE_LEVEL = 6
 #: The first level whose agents name themselves in the subjects of what they send one
 #: another and the orchestrators (task events, `input_gone`, data pushes and acks:
 #: schemas/subjects.py); to an older agent the older forms are used, and from one accepted.
@@ -60,7 +69,6 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     TaskStatus: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     ExecRun: {"output": 3},
     PythonRun: {"bundle": 3},
-    PipelineSpec: {"inputs": 3, "user": 5},
     TaskOffer: {"window_start": 3, "window_end": 3, "priority": 3, "pipeline_inputs": 3},
     OfferBatch: {"sent_at": 3},
     CommitCommand: {"sent_at": 3},
@@ -79,14 +87,22 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     TaskSpec: {"inputs": 3, "output_type": 3, "keep_output": 5},
     # level 5 too: whose a pipeline is, as the per-user API subject it was submitted on says
     # (`PipelineSpec.user`, kept in its record too), and `list` of one user's
-    PipelineRecord: {"user": 5},
+    PipelineRecord: {"user": 5, "planned_cost": 6},
     # the server's connection advisories (its format, read only, never sent by MARS): who
     # the server authenticated, and why it closed a connection
     AdvisoryClient: {"user": 5},
     ConnectionAdvisory: {"reason": 5},
     # (and in `mars agents`, a draining agent told from a silent one: AgentSummary.draining;
     # `mars list` in pages of every kept record: ListRequest.offset, ListReply.total)
+    # level 6: money a user can reach: a pipeline's budget and time-for-money weight, and
+    # what its plan is predicted to cost on the submit and status replies and its record
+    PipelineSpec: {"inputs": 3, "user": 5, "budget": 6, "money_weight": 6},
+    SubmitReply: {"cost": 6},
+    StatusReply: {"planned_cost": 6},
 }
+#: Error codes added after level 1: the level that added each, and the code a requester of
+#: an older level is answered with instead (one it knows).
+ADDED_CODES: dict[str, tuple[int, ErrorCode]] = {"over_budget": (6, "unschedulable")}
 
 
 def level_of(headers: Mapping[str, str] | None) -> int:
@@ -96,6 +112,12 @@ def level_of(headers: Mapping[str, str] | None) -> int:
     if raw is None or len(raw) > 4 or not (raw.isascii() and raw.isdigit()):
         return 1  # ("²".isdigit() holds, and int("²") raises: any header may be hostile)
     return max(1, min(int(raw), WIRE_LEVEL))
+
+
+def code_for(code: ErrorCode, level: int) -> ErrorCode:
+    """The error code a requester of `level` is answered with (see `ADDED_CODES`)."""
+    added = ADDED_CODES.get(code)
+    return added[1] if added is not None and added[0] > level else code
 
 
 def _holds_added(model: type[WireModel], seen: set[type[WireModel]]) -> bool:

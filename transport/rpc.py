@@ -27,7 +27,7 @@ from schemas.codec import (
     headers_for,
 )
 from schemas.errors import ServiceError
-from schemas.wire import WIRE_LEVEL, level_of
+from schemas.wire import WIRE_LEVEL, code_for, level_of
 
 log = logging.getLogger("mars.rpc")
 
@@ -69,7 +69,8 @@ def _reply(
     """The reply in the request's encoding, with only what the requester's level reads."""
     enc = encoding_of(headers)
     if isinstance(out, ServiceError):
-        return error_reply(out.code, out.message, out.details, enc)
+        code = code_for(out.code, level_of(headers))
+        return error_reply(code, out.message, out.details, enc)
     return encode(out, enc, level_of(headers)), headers_for(enc)
 
 

@@ -22,6 +22,7 @@ from nats.micro.request import Request
 from orchestrator.api.users import as_user, user_of
 from orchestrator.infra import eventloop
 from orchestrator.placement.placer import PlacementFailed
+from orchestrator.placement.pricing import OverBudget
 from orchestrator.scheduling import Unschedulable
 from orchestrator.state import lifecycle
 from orchestrator.state.pipelines import PipelineRun
@@ -276,6 +277,8 @@ class Submissions:
         await o.placer.withdrawn(pid)  # its offers are withdrawn before its client is told
         ended = lifecycle.step(run, lifecycle.NotPlaced(unsched, str(failed)), o.mono())
         await o.carry_out(run, ended)
+        if isinstance(cause, OverBudget):  # nothing of it was booked or offered
+            raise ServiceError("over_budget", str(cause), cause.details()) from failed
         raise ServiceError(
             "unschedulable" if unsched else "conflict", str(failed)[:2048], failed.details
         ) from failed
@@ -362,6 +365,7 @@ class Submissions:
             algorithm=run.algorithm,
             makespan_s=run.planned_makespan_s,
             plan=run.plan,
+            cost=run.planned_cost,
         )
 
 

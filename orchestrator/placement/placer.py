@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from orchestrator.placement.planning import MIN_TASK_S, Planned, plan_pipeline
+from orchestrator.placement.pricing import OverBudget
 from orchestrator.reservations.book import Blocking, effective_priority
 from orchestrator.reservations.store import BookResult, device_key, device_of_key
 from orchestrator.scheduling import Placement, Unschedulable
@@ -228,8 +229,13 @@ class Placer:
             return
         raise PlacementFailed(f"no placement after {MAX_ROUNDS} rounds", st.reasons)
 
-    def _plan(self, run: PipelineRun, st: Round, now: float, blocks: Blocking) -> Planned:
-        """Plan the round on the cached view and reservations (under the booking lock)."""
+    def _plan(
+        self, run: PipelineRun, st: Round, now: float, blocks: Blocking, first: bool = False
+    ) -> Planned:
+        """Plan the round on the cached view and reservations (under the booking lock). Only
+        a `first` placement is refused for its budget (`pricing.OverBudget`): one placed again
+        (recovery, eviction, adoption) keeps its objective but runs on, at the cheapest plan
+        found when none fits."""
         o, spec = self.o, run.spec
         excluded = st.excluded
         if o.store.full:  # devices whose queue of booked windows is as deep as allowed
@@ -243,9 +249,10 @@ class Placer:
                 fixed=st.fixed,
                 rel_now=max(0.0, now - st.t0), budget_s=st.steps["budget"],
                 predictor=o.predictor, measured=run.measured_bytes(), reads=run.reads,
+                refuse_over_budget=first,
             )  # fmt: skip
         except Unschedulable as exc:
-            if st.full:  # say which of the refusals were full devices
+            if st.full and not isinstance(exc, OverBudget):  # which refusals were full devices
                 exc = Unschedulable({
                     t: {d: st.full.get(d, why) if why == NO_COMPUTE_TIME else why
                         for d, why in per.items()}
@@ -271,7 +278,7 @@ class Placer:
             # a plan through them (a producer placed again beside its own booked consumer
             # lost every round to that window)
             blocks = Blocking(run.pipeline_id, eff, now, frozenset(st.fixed))
-            planned = self._plan(run, st, now, blocks)
+            planned = self._plan(run, st, now, blocks, first=only is None)
             plan = planned.plan
             steps["plan"] += clock() - t_plan
             t_build = clock()
@@ -534,7 +541,9 @@ class Placer:
         plan = att.planned.plan
         lifecycle.step(
             run,
-            lifecycle.Bound(placements, planned_view(placements), plan.algorithm, bound),
+            lifecycle.Bound(
+                placements, planned_view(placements), plan.algorithm, bound, plan.cost or 0.0
+            ),
             self.o.mono(),
         )
         return True

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.placement.pricing import held_to, objective_of
 from orchestrator.placement.registry import ClusterView
 from orchestrator.predictor.model import Estimates, Predictor
 from orchestrator.reservations.book import Blocking
@@ -281,10 +282,15 @@ def plan_pipeline(
     max_share: float | None = PLAN_MAX_SHARE,
     measured: Mapping[str, int] | None = None,
     reads: StoreReads | None = None,
+    refuse_over_budget: bool = False,
 ) -> Planned:
     """Plan on the live view (and the cached reservations); raises scheduling.Unschedulable
     with per-device reasons. Times in the plan are seconds after `t0`. `measured`: the
-    output sizes of tasks that ran; `reads`: what tasks fetch from the object store."""
+    output sizes of tasks that ran; `reads`: what tasks fetch from the object store.
+
+    Plans are ranked by the spec's objective (`pricing.objective_of`: its budget and money
+    weight) and priced (`plan.cost`, dollars). No plan within the budget: the cheapest
+    found, or with `refuse_over_budget` (a first placement) `pricing.OverBudget`."""
     cluster, links = view.snapshot(now)
     if not len(cluster):
         raise Unschedulable({t.id: {} for t in spec.tasks})  # says: the cluster has no devices
@@ -306,8 +312,13 @@ def plan_pipeline(
     while drop := [t for t in live_fixed if any(d not in live_fixed for d in deps[t])]:
         for t in drop:
             del live_fixed[t]
+    objective = objective_of(spec)
     plan = portfolio(
         graph, cluster, cost, fixed=live_fixed, now=rel_now, budget_s=budget_s,
-        max_share=max_share,
+        max_share=max_share, objective=objective,
+    )  # fmt: skip
+    plan = held_to(
+        plan, objective, graph, cluster, cost, fixed=live_fixed, now=rel_now,
+        refuse=refuse_over_budget,
     )  # fmt: skip
     return Planned(plan, graph, cluster, cost)

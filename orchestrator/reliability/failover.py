@@ -218,6 +218,7 @@ class Failover:
             algorithm=st.algorithm,
             makespan_s=st.planned_makespan_s,
             plan=st.plan,
+            cost=st.planned_cost,
         )
 
     # -- persistence ----------------------------------------------------------------------------

@@ -394,6 +394,7 @@ def record_fields(
         "reason": run.reason[:2048],
         "algorithm": run.algorithm[:256],
         "planned_makespan_s": max(0.0, run.planned_makespan_s),
+        "planned_cost": max(0.0, run.planned_cost),
         "plan": [
             {
                 "task_id": p.task_id, "agent_id": p.agent_id, "device_id": p.device_id,
@@ -478,6 +479,7 @@ def from_record(
         reason=rec.reason,
         algorithm=rec.algorithm,
         planned_makespan_s=rec.planned_makespan_s,
+        planned_cost=rec.planned_cost,
         plan=list(rec.plan),
         committed_at=on_mono(rec.committed_wall),
         finished_at=on_mono(rec.finished_wall),

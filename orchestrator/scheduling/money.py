@@ -2,7 +2,8 @@
 
 A plan pays for device time (each device's $/hour over the time its tasks run, idle time is
 free) and for data crossing sites (each edge whose ends sit in different sites pays bytes/1e9
-x the link's $/GB; only a LinkCostModel knows link prices, other models make transfers free).
+x the link's $/GB; only a LinkCostModel knows link prices, or a model that keeps one as its
+`links` (the orchestrator's), other models make transfers free).
 
 `Objective` turns (makespan, dollars) into a sort key the portfolio minimises; `money_weight`
 is in seconds per dollar, the exchange rate at which a user trades time for money. With a
@@ -31,6 +32,15 @@ from orchestrator.scheduling.ranks import priority_keys
 GB = 1e9
 
 
+def priced_links(cost: CostModel) -> LinkCostModel | None:
+    """The link table whose $/GB a plan pays: the model itself, or the LinkCostModel it keeps
+    as `links` (a model that adds predictions to measured links); None: transfers are free."""
+    if isinstance(cost, LinkCostModel):
+        return cost
+    links = getattr(cost, "links", None)
+    return links if isinstance(links, LinkCostModel) else None
+
+
 def plan_cost(plan: Plan, graph: TaskGraph, cluster: Cluster, cost: CostModel) -> float:
     """Dollars: device time at each device's $/hour plus cross-site bytes at $/GB."""
     devices = cluster.devices
@@ -41,7 +51,8 @@ def plan_cost(plan: Plan, graph: TaskGraph, cluster: Cluster, cost: CostModel) -
         if d is None:
             raise ValueError(f"{p.task_id}: unknown device {p.device_id!r}")
         total += devices[d].cost_per_hour * (p.finish - p.start) / 3600.0
-    if not isinstance(cost, LinkCostModel):
+    links = priced_links(cost)
+    if links is None:
         return total
     for (src, dst), nbytes in graph.edges.items():
         ps, pd = plan.placements.get(src), plan.placements.get(dst)
@@ -49,7 +60,7 @@ def plan_cost(plan: Plan, graph: TaskGraph, cluster: Cluster, cost: CostModel) -
             continue
         a, b = devices[index[ps.device_id]].site, devices[index[pd.device_id]].site
         if a != b:
-            total += nbytes / GB * cost.link(a, b).cost_per_gb
+            total += nbytes / GB * links.link(a, b).cost_per_gb
     return total
 
 
@@ -58,7 +69,8 @@ class Objective:
     """How the portfolio ranks plans; the default is makespan alone.
 
     Without a budget: minimise time_weight x makespan + money_weight x dollars.
-    With a budget (dollars): the shortest plan within it; if none is, the cheapest.
+    With a budget (dollars): the best plan by that sum within it (with money_weight 0: the
+    shortest); if none is, the cheapest.
     """
 
     time_weight: float = 1.0
@@ -79,21 +91,23 @@ class Objective:
 
     def key(self, makespan: float, dollars: float) -> tuple[float, float]:
         """Smaller is better; equal keys are ties (the portfolio keeps the earlier plan)."""
+        weighed = self.time_weight * makespan + self.money_weight * dollars
         if self.budget is not None:
-            return (0.0, makespan) if dollars <= self.budget else (1.0, dollars)
-        return (self.time_weight * makespan + self.money_weight * dollars, 0.0)
+            return (0.0, weighed) if dollars <= self.budget else (1.0, dollars)
+        return (weighed, 0.0)
 
 
 def site_prices(cluster: Cluster, cost: CostModel) -> NDArray[np.float64] | None:
     """$/byte from each site (row, by site code) to each device (column); None if free."""
-    if not isinstance(cost, LinkCostModel):
+    model = priced_links(cost)
+    if model is None:
         return None
     sites = cluster.sites
-    per_site = np.full((len(sites), len(sites)), cost.wan.cost_per_gb / GB, dtype=np.float64)
-    for (a, b), link in cost.links.items():  # the same fallbacks as LinkCostModel.link
+    per_site = np.full((len(sites), len(sites)), model.wan.cost_per_gb / GB, dtype=np.float64)
+    for (a, b), link in model.links.items():  # the same fallbacks as LinkCostModel.link
         if a in sites and b in sites:
             per_site[sites[a], sites[b]] = link.cost_per_gb / GB
-            if (b, a) not in cost.links:
+            if (b, a) not in model.links:
                 per_site[sites[b], sites[a]] = link.cost_per_gb / GB
     np.fill_diagonal(per_site, 0.0)  # data inside a site is free
     if not per_site.any():

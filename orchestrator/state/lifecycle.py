@@ -46,6 +46,8 @@ class Bound:
     plan: list[PlannedTask]
     algorithm: str
     tasks: Mapping[str, BoundTask]
+    #: What the whole plan is predicted to cost (dollars).
+    cost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -311,6 +313,7 @@ def _bind(run: PipelineRun, b: Bound) -> None:
     run.plan = b.plan
     run.algorithm = b.algorithm
     run.planned_makespan_s = max((p.finish for p in b.placements.values()), default=0.0)
+    run.planned_cost = b.cost
     for tid, x in b.tasks.items():
         tr = run.tasks[tid]
         tr.agent_id, tr.device_id, tr.token = x.agent_id, x.device_id, x.token

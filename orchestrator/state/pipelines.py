@@ -85,6 +85,8 @@ class PipelineRun:
     reason: str = ""
     algorithm: str = ""
     planned_makespan_s: float = 0.0
+    #: What the current plan is predicted to cost (dollars).
+    planned_cost: float = 0.0
     plan: list[PlannedTask] = field(default_factory=list)
     committed_at: float | None = None
     finished_at: float | None = None
@@ -358,6 +360,7 @@ class PipelineRun:
             reason=self.reason[:2048],
             algorithm=self.algorithm,
             planned_makespan_s=self.planned_makespan_s,
+            planned_cost=self.planned_cost,
             elapsed_s=max(0.0, end - start),
             plan=self.plan,
             tasks=[self.tasks[t.id].status() for t in self.spec.tasks],
