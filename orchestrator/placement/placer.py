@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orchestrator.placement.budget import plan_budget
 from orchestrator.placement.planning import MIN_TASK_S, Planned, plan_pipeline
 from orchestrator.placement.pricing import OverBudget
 from orchestrator.reservations.book import Blocking, effective_priority
@@ -146,11 +147,12 @@ class Placer:
         #: (`withdrawn`)
         self._withdrawals: dict[str, asyncio.Task[None]] = {}
 
-    def budget_s(self) -> float:
-        """The portfolio's time beyond HEFT for the next plan: all of it when this placement
-        is the only one under way, none while others are (they queue behind the planner, so
-        under load plans come sooner rather than better; HEFT's are still link-aware)."""
-        return self.o.plan_budget_s if self.placing <= 1 else 0.0
+    def budget_s(self, tasks: int) -> float:
+        """The portfolio's time beyond HEFT for the next plan, of `tasks` tasks: all of it
+        (`budget.plan_budget`) when this placement is the only one under way, none while
+        others are (they queue behind the planner, so under load plans come sooner rather
+        than better; HEFT's are still link-aware)."""
+        return plan_budget(self.o.plan_budget_s, tasks) if self.placing <= 1 else 0.0
 
     async def place(
         self,
@@ -272,7 +274,7 @@ class Placer:
         now = o.wall()
         eff = effective_priority(spec.priority, run.submitted_wall, now)
         async with self._booking:
-            steps["budget"] = self.budget_s()
+            steps["budget"] = self.budget_s(len(spec.tasks))
             t_plan = clock()
             # the windows of tasks held where they are stay, and the write would refuse
             # a plan through them (a producer placed again beside its own booked consumer
