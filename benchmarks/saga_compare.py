@@ -3,7 +3,9 @@
     python -m benchmarks.saga_compare [--quick] [--budget S | --orchestrator-rule] [--json F]
 
 Instances: every WfInstance in ../shared/datasets/wfinstances mapped onto an edge/fog/cloud
-cluster of 8-32 devices, and random Topcuoglu-style DAGs across CCR 0.1-10. The cost model is
+cluster of 8-32 devices; workflows generated from WfCommons' recipes of nine applications
+(~120, 250 and 500 tasks, CCR 0.1, 1 and 10, on 4-16 random devices; `benchmarks.wfgen`);
+and random Topcuoglu-style DAGs across CCR 0.1-10. The cost model is
 saga's related-machines model (time = cost / speed, transfer = bytes / link speed, no latency);
 saga's schedules are re-checked with our Plan.validate under the same model. Per instance it
 prints makespans, the ratio of our portfolio to the best saga scheduler, and planning-time
@@ -34,6 +36,7 @@ from typing import Any
 
 from benchmarks.common import median, pct, progress, table, timed
 from benchmarks.saga_model import Instance, related_instance, saga_plan, to_saga
+from benchmarks.wfgen import RECIPES, recipe_workflow, with_ccr
 from orchestrator.placement.budget import BUDGET_CAP_S, BUDGET_TASKS, plan_budget
 from orchestrator.placement.planning import PLAN_BUDGET_S, PLAN_MAX_SHARE
 from orchestrator.scheduling import (
@@ -55,6 +58,9 @@ from sim.workloads import (
 )
 
 CCRS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
+#: Generated WfCommons workflows: about this many tasks, at these CCRs.
+GENERATED_SIZES = (120, 250, 500)
+GENERATED_CCRS = (0.1, 1.0, 10.0)
 #: The portfolio's default planning budget (the default call; --budget overrides it).
 DEFAULT_BUDGET_S: float = inspect.signature(portfolio).parameters["budget_s"].default
 #: Both sides: best of 3 runs, more while under this much time in all (the same rule for
@@ -110,6 +116,30 @@ def random_instance(v: int, ccr: float, alpha: float, n_devices: int, seed: int)
     )
 
 
+def generated_instances(quick: bool) -> list[Instance]:
+    """Workflows from WfCommons recipes at several sizes, on 4-16 random heterogeneous devices
+    with unit bandwidth, edge bytes scaled to a CCR of 0.1, 1 or 10."""
+    out: list[Instance] = []
+    k = 0
+    for app in RECIPES:
+        for size in (120,) if quick else GENERATED_SIZES:
+            graph = recipe_workflow(app, size)
+            for ccr in (1.0,) if quick else GENERATED_CCRS:
+                k += 1
+                cluster = random_cluster((4, 8, 16)[k % 3], beta=1.0, seed=k)
+                speeds = {d.id: d.speed for d in cluster.devices}
+                mean = sum(speeds.values()) / len(speeds)
+                out.append(
+                    related_instance(
+                        f"wfgen-{app}-{len(graph)}-ccr{ccr:g}",
+                        with_ccr(graph, ccr, mean, 1.0),
+                        speeds,
+                        lambda a, b: 1.0,
+                    )
+                )
+    return out
+
+
 def instances(quick: bool) -> list[Instance]:
     out: list[Instance] = []
     sizes = (8, 16, 32)
@@ -118,6 +148,7 @@ def instances(quick: bool) -> list[Instance]:
         if quick and len(wf.graph) > 500:
             continue
         out.append(tiered_instance(path.stem, wf.graph, sizes[i % 3], seed=i))
+    out.extend(generated_instances(quick))
     seeds = (1,) if quick else (1, 2, 3)
     for ccr in CCRS:
         for v in (50, 100, 200):
@@ -303,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     within = sum(1 for x in ratios if x <= 1.0 + 1e-9)
     print()
     n_rand = sum(1 for r in rows if r.instance.startswith("rand"))
-    print(f"instances: {len(rows)}  (WfInstances: {len(rows) - n_rand}, random DAGs: {n_rand})")
+    n_gen = sum(1 for r in rows if r.instance.startswith("wfgen"))
+    print(
+        f"instances: {len(rows)}  (WfInstances: {len(rows) - n_rand - n_gen}, generated "
+        f"WfCommons workflows: {n_gen}, random DAGs: {n_rand})"
+    )
     print(
         f"portfolio <= best of saga HEFT/CPoP: {within}/{len(rows)} = "
         f"{100 * within / len(rows):.1f}%   worst ratio {max(ratios):.4f}   "
