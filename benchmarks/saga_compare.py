@@ -28,6 +28,7 @@ import argparse
 import inspect
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -91,6 +92,7 @@ class Row:
     speedup_portfolio: float  # saga heft time / our portfolio time
     saga_valid: bool
     budget_ms: float  # the portfolio call's budget beyond HEFT
+    t_portfolio_cpu_ms: float  # the same call in this thread's CPU time
 
 
 def tiered_instance(name: str, graph: Any, n_devices: int, seed: int) -> Instance:
@@ -185,6 +187,8 @@ def run_instance(inst: Instance, budget_s: float | None = None, rule: bool = Fal
     if rule:
         kw = orchestrator_call(len(inst.graph))
     port, tp = _ours(portfolio, inst, **kw)
+    call = partial(portfolio, inst.graph, inst.cluster, inst.cost, **kw)  # type: ignore[arg-type]
+    _, tp_cpu = timed(call, 3, MIN_TOTAL_S, clock=time.thread_time)
     network, task_graph = to_saga(inst)
     saga: dict[str, tuple[float, float]] = {}
     valid = True
@@ -210,6 +214,7 @@ def run_instance(inst: Instance, budget_s: float | None = None, rule: bool = Fal
         speedup_heft=saga["heft"][1] / th, speedup_heft_cold=saga["heft"][1] / th_cold,
         speedup_portfolio=saga["heft"][1] / tp,
         saga_valid=valid, budget_ms=1e3 * kw.get("budget_s", DEFAULT_BUDGET_S),
+        t_portfolio_cpu_ms=tp_cpu * 1e3,
     )  # fmt: skip
 
 
@@ -267,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.orchestrator_rule:
         budget = (
             f"the orchestrator's rule: {PLAN_BUDGET_S * 1e3:g} ms up to "
-            f"{BUDGET_TASKS} tasks, in proportion above, at most {BUDGET_CAP_S:g} s, and at "
+            f"{BUDGET_TASKS} tasks, x (tasks / {BUDGET_TASKS})^2 above, at most "
+            f"{BUDGET_CAP_S:g} s, and at "
             f"most {PLAN_MAX_SHARE:.0%} of HEFT's makespan"
         )
     print(
@@ -367,17 +373,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.t_portfolio_ms:.1f} ms, saga HEFT {r.t_saga_heft_ms:.0f} ms "
             f"({r.speedup_heft:.0f}x / {r.speedup_portfolio:.0f}x)"
         )
-    tp = [r.t_portfolio_ms for r in rows]
-    over = [
-        r.t_portfolio_ms - r.budget_ms
-        for r in rows
-        if r.t_portfolio_ms > r.budget_ms + r.t_heft_cold_ms
-    ]
-    print(
-        f"portfolio call: median {median(tp):.1f} ms, max {max(tp):.1f} ms; over its budget "
-        f"plus one cold HEFT on {len(over)}/{len(rows)}"
-        + (f" (worst {max(over):.1f} ms over)" if over else "")
-    )
+    for label, of in (
+        ("wall", lambda r: r.t_portfolio_ms),
+        ("CPU", lambda r: r.t_portfolio_cpu_ms),
+    ):
+        tp = [of(r) for r in rows]
+        over = [of(r) - r.budget_ms for r in rows if of(r) > r.budget_ms + r.t_heft_cold_ms]
+        print(
+            f"portfolio call, {label} time: median {median(tp):.1f} ms, max {max(tp):.1f} ms; "
+            f"over its budget plus one cold HEFT on {len(over)}/{len(rows)}"
+            + (f" (worst {max(over):.1f} ms over)" if over else "")
+        )
     print(f"saga schedules valid under our model: {sum(r.saga_valid for r in rows)}/{len(rows)}")
     print()
     print(timing_at_scale((8,) if args.quick else (8, 16, 32)))

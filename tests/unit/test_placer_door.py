@@ -226,10 +226,10 @@ async def test_the_portfolio_budget_is_spent_only_when_one_placement_is_under_wa
 
     first = asyncio.create_task(placer.place(new_run(svc), gate=gate()))
     await at_gate.wait()  # planned, holding the booking lock
-    assert (placer.placing, placer.budget_s(20), placer.budget_s(200)) == (1, 0.002, 0.02)
+    assert (placer.placing, placer.budget_s(20), placer.budget_s(100)) == (1, 0.002, 0.05)
     second = asyncio.create_task(placer.place(PipelineRun("p2", spec(), svc.now)))
     await asyncio.sleep(0)  # one loop turn: the new task takes its first step, then queues
-    assert (placer.placing, placer.budget_s(20), placer.budget_s(200)) == (2, 0.0, 0.0)
+    assert (placer.placing, placer.budget_s(20), placer.budget_s(100)) == (2, 0.0, 0.0)
     release.set()
     with pytest.raises(RuntimeError, match="claim was lost"):
         await first

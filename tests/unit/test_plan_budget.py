@@ -14,10 +14,11 @@ def test_small_pipelines_get_the_base_budget() -> None:
         assert plan_budget(PLAN_BUDGET_S, tasks) == PLAN_BUDGET_S
 
 
-def test_larger_pipelines_get_it_in_proportion_up_to_the_cap() -> None:
-    assert plan_budget(0.002, 100) == pytest.approx(0.010)
-    assert plan_budget(0.002, 500) == pytest.approx(0.050)
-    assert plan_budget(0.002, 2_500) == pytest.approx(BUDGET_CAP_S)
+def test_larger_pipelines_get_it_by_the_square_of_their_size_up_to_the_cap() -> None:
+    assert plan_budget(0.002, 50) == pytest.approx(0.0125)
+    assert plan_budget(0.002, 100) == pytest.approx(0.050)
+    assert plan_budget(0.002, 200) == pytest.approx(0.200)
+    assert plan_budget(0.002, 240) == pytest.approx(BUDGET_CAP_S)
     assert plan_budget(0.002, 100_000) == BUDGET_CAP_S
 
 
