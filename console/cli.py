@@ -736,8 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=2.0,
         help=(
-            "time the plan portfolio may spend beyond HEFT on a request placed alone "
-            "(default 2; 0: HEFT only); none while other placements are under way"
+            "time the plan portfolio may spend beyond HEFT on a pipeline of up to 20 tasks "
+            "placed alone (default 2; 0: HEFT only); larger pipelines get it x (tasks/20)^2, "
+            "at most 250 ms; none while other placements are under way"
         ),
     )
     o.add_argument(
