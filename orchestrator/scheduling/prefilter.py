@@ -17,8 +17,8 @@ about `k` devices:
    SITE_DEVICES), its devices by site (`_best_sites`): sites in order of their best device,
    each keeping its devices among the class's top k plus at least its best SITE_DEVICES, so
    a comm-heavy plan finds site-mates for the tasks that follow the first ones onto a fast
-   device, instead of the fastest devices scattered one per site (issue 45: plans 5.5-21%
-   longer). Graphs of several classes keep the ranking alone (by site, the biggest class
+   device, instead of the fastest devices scattered one per site (which made plans
+   5.5-21% longer). Graphs of several classes keep the ranking alone (by site, the biggest class
    crowded out the others: +135% on video analytics);
 3. for any task still without a usable kept device (a cost model may refuse single tasks),
    its best device.
