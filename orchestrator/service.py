@@ -243,8 +243,9 @@ class Orchestrator:
     async def start(self) -> None:
         # the compiled planning loop (when numba is installed) loads before the first request
         compiled.warm_up()
-        # and the portfolio's measure of this process's loop, which a first plan would pay
+        # and the portfolio's measures of this process's loops, which a first plan would pay
         calibration.loop_scale()
+        calibration.wide_scale()
         self.nc = await nats.connect(
             connect.servers(self.nats_url),
             # the order given: a replica's own hub node first (`mars deploy`), the rest after

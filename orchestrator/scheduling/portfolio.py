@@ -86,7 +86,7 @@ def heft_estimate(prep: Prepared) -> float:
     """Estimated seconds for one HEFT run on `prep` on this process's loop (used only to
     decide what fits; the first call measures the loop, `calibration.loop_scale`)."""
     n, e, m = len(prep.todo), len(prep.graph.edges), len(prep.cluster)
-    return calibration.formula(n, e, m) * calibration.loop_scale()
+    return calibration.estimate(n, e, m, prep.cluster.n_slots)
 
 
 def devices_reversed(prep: Prepared) -> Plan:
@@ -201,6 +201,8 @@ def portfolio(
     objective = objective or Objective()
     compiled.warm_up()  # a first call would otherwise spend the budget loading the kernel
     calibration.loop_scale()  # measured once per process, before the clock starts
+    if calibration.is_wide(len(graph), len(cluster), cluster.n_slots):
+        calibration.wide_scale()
     started = time.perf_counter()
     deadline = started + GUARD_FACTOR * budget_s + GUARD_SLACK_S
     prep, spent = _prepare(graph, cluster, cost, fixed, now, prefilter)

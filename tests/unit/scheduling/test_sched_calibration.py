@@ -4,6 +4,7 @@ process, so that one graph and one budget give one plan."""
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -117,6 +118,40 @@ def test_the_loop_is_timed_in_cpu_time_not_wall_time(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(calibration.time, "perf_counter", lambda: float(next(wall)))
     measured = calibration.measure()
     assert 0 < measured < 1.0  # a second per call would read as ~40x the formula
+
+
+def test_clusters_beyond_the_dense_loops_are_estimated_on_their_own_scale() -> None:
+    """The general path costs several times more per task than the dense loops: a single
+    scale estimated 1,000 x 1,000 HEFT at 1.3 ms where it ran 49 ms."""
+    calibration.set_loop_scale(1 / 128, wide=1 / 8)
+    small = Prepared(*_layered(200, 16), None, 0.0)
+    wide = Prepared(*_layered(200, 300), None, 0.0)
+    assert not calibration.is_wide(200, 16, small.cluster.n_slots)
+    assert calibration.is_wide(200, 300, wide.cluster.n_slots)
+    e_small, e_wide = len(small.graph.edges), len(wide.graph.edges)
+    assert heft_estimate(small) == pytest.approx(calibration.formula(200, e_small, 16) / 128)
+    assert heft_estimate(wide) == pytest.approx(calibration.wide_formula(200, e_wide, 300) / 8)
+    # the wide formula grows faster than linearly in the task count
+    assert calibration.wide_formula(400, 0, 300) > 2 * calibration.wide_formula(200, 0, 300)
+
+
+def test_the_wide_scale_is_measured_once_on_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def measure_wide() -> float:
+        calls.append(1)
+        return 0.15
+
+    monkeypatch.setattr(calibration, "measure_wide", measure_wide)
+    calibration.set_loop_scale(1 / 128)  # the wide one: measured again on next use
+    graph, cluster, cost = _layered(40, 300)
+    portfolio(graph, cluster, cost)
+    portfolio(graph, cluster, cost)
+    assert calls == [1]
+    assert calibration.wide_scale() == pytest.approx(2.0 ** (round(4 * math.log2(0.15)) / 4))
+    graph, cluster, cost = _layered(40, 4)
+    portfolio(graph, cluster, cost)  # dense: no wide measure needed
+    assert calls == [1]
 
 
 def test_measure_times_heft_on_the_fixed_problem() -> None:
