@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("wfcommons")
 
-from benchmarks.wfgen import recipe_workflow, with_ccr  # noqa: E402
+from benchmarks.wfgen import recipe_workflow, with_ccr
 
 
 def test_a_seed_fixes_the_workflow() -> None:
