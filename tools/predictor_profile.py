@@ -4,16 +4,30 @@
         --out orchestrator/predictor/data
 
 Each device configuration is a (provider, intra-op threads) pair; on a CPU-only host the
-1-thread and 2-thread CPU sessions are two configurations because they have different speeds
-and scaling (the agent runs 1 thread; 2 threads stands in for a wider CPU). The device features
-recorded for each configuration are what an agent on this host would advertise (the agent's own
-calibration), so the model learns against the figures it will be given.
+1-thread and 2-thread CPU sessions are two configurations of *one* CPU (the agent runs
+1 thread; 2 threads stands in for a wider CPU, and on a shared 2-core host it does not repeat).
+The device features recorded for each configuration are what an agent on this host would
+advertise (the agent's own calibration), so the model learns against the figures it will be
+given.
 
-Timing: per (model, batch, configuration) 3 warm-up calls, then at least 11 timed calls (more
-for fast models, ~0.2 s in total); the row keeps the median, the 10th/90th percentiles and the
-median of each of two passes taken minutes apart (their gap is the measurement noise floor).
-Before measuring, the profiler waits for the 1-minute load average to drop below a threshold;
-the load is recorded per row and in the provenance.
+Timing (`measure_rows`, pure over a clock and callables so its rules are unit-tested):
+
+- every row (model, batch, configuration) is warmed up, then its *call* is sized so that one
+  timed call lasts >= `min_call_s` (5 ms): a call wraps `iters` back-to-back `sess.run`s, and
+  times are divided by `iters`, so labels stay per `sess.run` at the row's batch;
+- `rounds` (4) interleaved rounds: each round visits every row (odd rounds in order, even
+  rounds in reverse) for `calls` (3) timed calls, so a slow period hits many rows a little
+  rather than one row fully;
+- pass A = minimum over the odd rounds, pass B = minimum over the even rounds (the same
+  statistic over the same number of calls: their gap is the noise floor, like with like);
+  a row whose passes differ by more than `tolerance` (5 %) is re-measured (fresh rounds, up
+  to `max_remeasure` times); the label is the minimum over all its timed calls;
+- a reference kernel (`cal_matmul`, a fixed 512x512 MatMul) is measured as a row of every
+  configuration in the same rounds; its label is stored per row (`ref_s`) and in the
+  provenance, so times can be normalised across runs and hosts (`label_s / ref_s`).
+
+Before measuring, the profiler waits (bounded) for the 1-minute load average to drop below a
+threshold; the load and the CPU share other processes used are recorded in the provenance.
 """
 
 from __future__ import annotations
@@ -29,10 +43,10 @@ import socket
 import statistics
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import fields
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -42,12 +56,145 @@ from schemas.agent import DeviceSpec
 
 MEASUREMENTS = "measurements.csv"
 PROVENANCE = "provenance.json"
+REFERENCE = "cal_matmul"
 GRAPH_COLS = [f.name for f in fields(GraphFeatures)]
 COLUMNS = [
     "model", "family", "split", "config", "provider", "threads", "kind", "gflops", "mem_gbps",
-    "call_overhead_ms", *GRAPH_COLS, "median_s", "p10_s", "p90_s", "pass_a_s", "pass_b_s",
-    "foreign_cpu", "runs", "loadavg_1m",
+    "call_overhead_ms", *GRAPH_COLS, "label_s", "median_s", "pass_a_s", "pass_b_s",
+    "first_pass_a_s", "first_pass_b_s", "remeasured", "iters", "runs", "ref_s",
 ]  # fmt: skip
+
+MIN_CALL_S = 0.005
+ROUNDS = 4
+CALLS = 3
+TOLERANCE = 0.05
+MAX_REMEASURE = 2
+WARMUP = 3
+
+Clock = Callable[[], float]
+K = TypeVar("K", bound=Hashable)
+
+
+def sized_iterations(
+    run: Callable[[], Any],
+    min_call_s: float,
+    clock: Clock = time.perf_counter,
+    max_iters: int = 100_000,
+    probes: int = 3,
+) -> int:
+    """How many back-to-back `run()`s one timed call must wrap to last >= `min_call_s`: sized
+    from the fastest of `probes` single runs (with 20 % margin), then re-timed and grown until
+    a wrapped call is long enough."""
+    one = math.inf
+    for _ in range(probes):
+        t0 = clock()
+        run()
+        one = min(one, clock() - t0)
+    iters = max(1, min(max_iters, math.ceil(1.2 * min_call_s / max(one, 1e-9))))
+    while True:
+        t0 = clock()
+        for _ in range(iters):
+            run()
+        took = clock() - t0
+        if took >= min_call_s or iters >= max_iters:
+            return iters
+        grow = math.ceil(iters * 1.2 * min_call_s / max(took, 1e-9))
+        iters = min(max_iters, max(iters + 1, grow))
+
+
+def pair_gap(a: float, b: float) -> float:
+    """Relative gap of two passes: |a - b| / min(a, b)."""
+    return abs(a - b) / max(min(a, b), 1e-12)
+
+
+@dataclass
+class RowTiming:
+    """Per-call seconds of one row: every timed call, by attempt and round."""
+
+    iters: int
+    attempts: list[list[list[float]]] = field(default_factory=list)  # [attempt][round][call]
+
+    def passes(self, attempt: int = -1) -> tuple[float, float]:
+        """(pass A, pass B) of an attempt: minimum over its odd / even rounds."""
+        rounds = self.attempts[attempt]
+        a = min(x for r in rounds[0::2] for x in r)
+        b = min(x for r in rounds[1::2] for x in r)
+        return a, b
+
+    @property
+    def label(self) -> float:
+        return min(x for att in self.attempts for r in att for x in r)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(x for att in self.attempts for r in att for x in r)
+
+    @property
+    def runs(self) -> int:
+        return sum(len(r) for att in self.attempts for r in att)
+
+    @property
+    def remeasured(self) -> int:
+        return len(self.attempts) - 1
+
+
+def _interleaved(
+    rows: Mapping[K, Callable[[], Any]],
+    iters: Mapping[K, int],
+    keys: Sequence[K],
+    rounds: int,
+    calls: int,
+    clock: Clock,
+) -> dict[K, list[list[float]]]:
+    """`rounds` rounds over `keys` (odd rounds in order, even rounds reversed), `calls` timed
+    calls per row per round, each wrapping `iters[key]` runs; per-run seconds."""
+    out: dict[K, list[list[float]]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys if r % 2 == 0 else list(reversed(keys)):
+            run, n, got = rows[k], iters[k], []
+            for _ in range(calls):
+                t0 = clock()
+                for _ in range(n):
+                    run()
+                got.append((clock() - t0) / n)
+            out[k].append(got)
+    return out
+
+
+def measure_rows(
+    rows: Mapping[K, Callable[[], Any]],
+    *,
+    rounds: int = ROUNDS,
+    calls: int = CALLS,
+    min_call_s: float = MIN_CALL_S,
+    tolerance: float = TOLERANCE,
+    max_remeasure: int = MAX_REMEASURE,
+    warmup: int = WARMUP,
+    clock: Clock = time.perf_counter,
+    log: Callable[[str], None] | None = None,
+) -> dict[K, RowTiming]:
+    """Time every row by the rules in the module docstring. `rows` maps a key to a callable
+    making one `sess.run`; keys keep their order in every odd round."""
+    if rounds < 2 or rounds % 2 or rounds * calls < 7:
+        raise ValueError("need an even number >= 2 of rounds and >= 7 timed calls in all")
+    keys = list(rows)
+    for k in keys:
+        for _ in range(warmup):
+            rows[k]()
+    iters = {k: sized_iterations(rows[k], min_call_s, clock) for k in keys}
+    out = {k: RowTiming(iters[k]) for k in keys}
+    todo = keys
+    for attempt in range(max_remeasure + 1):
+        got = _interleaved(rows, iters, todo, rounds, calls, clock)
+        for k in todo:
+            out[k].attempts.append(got[k])
+        todo = [k for k in todo if pair_gap(*out[k].passes()) > tolerance]
+        if log is not None:
+            log(f"attempt {attempt + 1}: {len(got)} rows measured, {len(todo)} over "
+                f"{100 * tolerance:.0f}% apart")  # fmt: skip
+        if not todo:
+            break
+    return out
 
 
 def wait_for_idle(threshold: float, poll_s: float, max_wait_s: float) -> float:
@@ -95,23 +242,15 @@ def _session(path: Path, provider: str, threads: int) -> Any:
     return ort.InferenceSession(str(path), opts, providers=[provider])
 
 
-def time_calls(sess: Any, batch: int, min_runs: int = 11, budget_s: float = 0.2) -> list[float]:
-    """Wall time of single `run` calls, as the agent's executor makes them."""
+def _runner(sess: Any, batch: int | None) -> Callable[[], Any]:
+    """One `sess.run` at `batch` (the first dimension; None keeps the input's own shape), as
+    the agent calls it."""
     inp = sess.get_inputs()[0]
-    shape = [batch] + [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape[1:]]
-    x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
-    feed = {inp.name: x}
-    t0 = time.perf_counter()
-    for _ in range(3):
-        sess.run(None, feed)
-    warm = (time.perf_counter() - t0) / 3
-    n = int(min(61, max(min_runs, math.ceil(budget_s / max(warm, 1e-6)))))
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        sess.run(None, feed)
-        out.append(time.perf_counter() - t)
-    return out
+    shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
+    if batch is not None:
+        shape[0] = batch
+    feed = {inp.name: np.random.default_rng(0).standard_normal(shape, dtype=np.float32)}
+    return lambda: sess.run(None, feed)
 
 
 class Interference:
@@ -137,25 +276,6 @@ class Interference:
         t1 = self._read()
         total = max(t1[0] - self._t0[0], 1e-9)
         return max(0.0, (t1[1] - self._t0[1]) - (t1[2] - self._t0[2])) / total
-
-
-def measure(
-    sess: Any, batches: Sequence[int], max_share: float, tries: int = 4
-) -> tuple[dict[int, list[float]], float]:
-    """Time every batch size; retried (up to `tries`) while other processes used more than
-    `max_share` of the CPU meanwhile. Returns the timings and the share seen on the kept try."""
-    best: tuple[dict[int, list[float]], float] | None = None
-    for _ in range(tries):
-        probe = Interference()
-        res = {b: time_calls(sess, b) for b in batches}
-        share = probe.share()
-        if best is None or share < best[1]:
-            best = (res, share)
-        if share <= max_share:
-            break
-        time.sleep(0.5)  # back off while someone else holds the CPU
-    assert best is not None
-    return best
 
 
 def host_facts() -> dict[str, Any]:
@@ -184,14 +304,18 @@ def profile(
     *,
     batches: Sequence[int] = (1, 8),
     threads: Sequence[int] = (1, 2),
-    passes: int = 3,
-    max_share: float = 0.1,
+    rounds: int = ROUNDS,
+    calls: int = CALLS,
+    min_call_s: float = MIN_CALL_S,
+    tolerance: float = TOLERANCE,
     idle_below: float = 0.8,
     idle_poll_s: float = 30.0,
     idle_max_s: float = 1200.0,
     limit: int | None = None,
 ) -> Path:
-    manifest = json.loads((corpus / "manifest.json").read_text(encoding="utf-8"))[:limit]
+    manifest = json.loads((corpus / "manifest.json").read_text(encoding="utf-8"))
+    if limit is not None:  # a subset that still spans every family and split
+        manifest = [e for e in manifest if e["index"] < limit]
     from edge_agent.executors import BUILTIN_MODELS
     from orchestrator.predictor.features import shipped_book
 
@@ -202,21 +326,24 @@ def profile(
     load0 = wait_for_idle(idle_below, idle_poll_s, idle_max_s)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     devices = calibrated_cpu(threads)
-    times: dict[tuple[str, int, int], list[list[float]]] = {}
-    loads: dict[tuple[str, int, int], float] = {}
-    shares: dict[tuple[str, int, int], list[float]] = {}
     t_start = time.monotonic()
-    for p in range(passes):
+    rows: dict[Hashable, Callable[[], Any]] = {}
+    for t in threads:  # the reference kernel first: it is a row of every round
+        rows[(REFERENCE, t, 1)] = _runner(
+            _session(corpus / f"{REFERENCE}.onnx", "CPUExecutionProvider", t), None
+        )
+    for e in manifest:
         for t in threads:
-            for e in manifest:
-                sess = _session(corpus / e["file"], "CPUExecutionProvider", t)
-                res, share = measure(sess, batches, max_share)
-                for b in batches:
-                    times.setdefault((e["name"], t, b), []).append(res[b])
-                    loads[(e["name"], t, b)] = os.getloadavg()[0]
-                    shares.setdefault((e["name"], t, b), []).append(share)
-            print(f"pass {p + 1}/{passes} threads={t} done "
-                  f"({time.monotonic() - t_start:.0f}s)", flush=True)  # fmt: skip
+            sess = _session(corpus / e["file"], "CPUExecutionProvider", t)
+            for b in batches:
+                rows[(e["name"], t, b)] = _runner(sess, b)
+    probe = Interference()
+    timed = measure_rows(
+        rows, rounds=rounds, calls=calls, min_call_s=min_call_s, tolerance=tolerance,
+        log=lambda s: print(f"{s} ({time.monotonic() - t_start:.0f}s)", flush=True),
+    )  # fmt: skip
+    foreign = probe.share()
+    ref = {t: timed[(REFERENCE, t, 1)] for t in threads}
     out.mkdir(parents=True, exist_ok=True)
     with (out / MEASUREMENTS).open("w", newline="", encoding="utf-8") as fh:
         w = csv.DictWriter(fh, COLUMNS)
@@ -226,9 +353,9 @@ def profile(
             for t in threads:
                 d = devices[t]
                 for b in batches:
-                    runs = times[(e["name"], t, b)]
-                    allr = sorted(x for r in runs for x in r)
-                    meds = [statistics.median(r) for r in runs]
+                    rt = timed[(e["name"], t, b)]
+                    a, bb = rt.passes()
+                    a0, b0 = rt.passes(0)
                     g = base.at_batch(per, b)
                     w.writerow({
                         "model": e["name"], "family": e["family"], "split": e["split"],
@@ -237,13 +364,11 @@ def profile(
                         "mem_gbps": f"{d.mem_bandwidth_gbps:.4g}",
                         "call_overhead_ms": f"{d.call_overhead_ms:.4g}",
                         **{k: f"{v:.6g}" for k, v in g.as_dict().items()},
-                        "median_s": f"{statistics.median(meds):.6g}",
-                        "p10_s": f"{allr[len(allr) // 10]:.6g}",
-                        "p90_s": f"{allr[(len(allr) * 9) // 10]:.6g}",
-                        "pass_a_s": f"{meds[0]:.6g}",
-                        "pass_b_s": f"{meds[-1]:.6g}",
-                        "foreign_cpu": f"{max(shares[(e['name'], t, b)]):.3f}",
-                        "runs": len(allr), "loadavg_1m": f"{loads[(e['name'], t, b)]:.2f}",
+                        "label_s": f"{rt.label:.6g}", "median_s": f"{rt.median:.6g}",
+                        "pass_a_s": f"{a:.6g}", "pass_b_s": f"{bb:.6g}",
+                        "first_pass_a_s": f"{a0:.6g}", "first_pass_b_s": f"{b0:.6g}",
+                        "remeasured": rt.remeasured, "iters": rt.iters, "runs": rt.runs,
+                        "ref_s": f"{ref[t].label:.6g}",
                     })  # fmt: skip
     prov = {
         **host_facts(),
@@ -252,10 +377,11 @@ def profile(
         "duration_s": round(time.monotonic() - t_start, 1),
         "loadavg_1m_at_start": round(load0, 2),
         "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+        "foreign_cpu_share": round(foreign, 3),
         "idle_threshold": idle_below,
         "models": len(manifest),
+        "subset": None if limit is None else f"corpus models with index < {limit}, per family",
         "batches": list(batches),
-        "passes": passes,
         "configs": {
             f"cpu-ort-t{t}": {
                 "provider": "CPUExecutionProvider",
@@ -264,14 +390,22 @@ def profile(
                 "mem_bandwidth_gbps": devices[t].mem_bandwidth_gbps,
                 "call_overhead_ms": devices[t].call_overhead_ms,
                 "calibration": "edge_agent.calibrate.calibrate_device, median of 5 (shared)",
+                "reference_s": ref[t].label,
+                "reference_passes_s": list(ref[t].passes()),
             }
             for t in threads
         },
-        "timing": "3 warm-up calls, then >= 11 timed sess.run calls (~0.2 s) per pass; "
-        "median_s is the median of the per-pass medians",
-        "max_foreign_cpu": max_share,
-        "retry_rule": "a (model, config) block is re-measured (up to 4 tries) while other "
-        "processes used more than max_foreign_cpu of the CPU; the least disturbed try is kept",
+        "reference_kernel": f"{REFERENCE}: MatMul of a 512x512 input by a 512x512 weight "
+        "(float32, 268 MFLOP), a row of every round; label_s / ref_s normalises across runs",
+        "timing": f"{WARMUP} warm-up runs; a timed call wraps `iters` sess.run calls so it lasts "
+        f">= {1e3 * min_call_s:g} ms (times are per sess.run); {rounds} interleaved rounds "
+        f"(odd in order, even reversed) of {calls} calls per row; pass A = min over odd rounds, "
+        "pass B = min over even rounds; label_s = min over all timed calls, median_s = their "
+        "median",
+        "remeasure_rule": f"a row whose passes differ by more than {100 * tolerance:g}% is "
+        f"re-measured in fresh interleaved rounds, up to {MAX_REMEASURE} times; pass_a_s / "
+        "pass_b_s are the last attempt's, first_pass_* the first attempt's",
+        "remeasured_rows": sum(1 for rt in timed.values() if rt.remeasured),
     }
     (out / PROVENANCE).write_text(json.dumps(prov, indent=1) + "\n", encoding="utf-8")
     return out / MEASUREMENTS
@@ -283,15 +417,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=DATA_DIR)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--passes", type=int, default=3)
-    p.add_argument("--max-foreign-cpu", type=float, default=0.1)
+    p.add_argument("--rounds", type=int, default=ROUNDS)
+    p.add_argument("--calls", type=int, default=CALLS, help="timed calls per row per round")
+    p.add_argument("--min-call-ms", type=float, default=1e3 * MIN_CALL_S)
+    p.add_argument("--tolerance", type=float, default=TOLERANCE)
     p.add_argument("--idle-below", type=float, default=0.8)
     p.add_argument("--idle-max-s", type=float, default=1200.0)
-    p.add_argument("--limit", type=int, default=None, help="first N corpus models only")
+    p.add_argument("--limit", type=int, default=None,
+                   help="only corpus models with index < N in each family")  # fmt: skip
     args = p.parse_args(argv)
     path = profile(
-        args.corpus, args.out, batches=args.batches, threads=args.threads, passes=args.passes,
-        max_share=args.max_foreign_cpu,
+        args.corpus, args.out, batches=args.batches, threads=args.threads, rounds=args.rounds,
+        calls=args.calls, min_call_s=args.min_call_ms / 1e3, tolerance=args.tolerance,
         idle_below=args.idle_below, idle_max_s=args.idle_max_s, limit=args.limit,
     )  # fmt: skip
     print(f"wrote {path}")
