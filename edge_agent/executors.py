@@ -32,6 +32,13 @@ class Output:
     data: bytes
     result: str
     media_type: MediaType = values.BYTES
+    #: An ONNX run's timing, said apart on its end event: the seconds of its model runs
+    #: alone (`session.run` calls, timed as the predictor's labels are), the seconds spent
+    #: loading the model and creating its session for this run (0 when one was ready), and
+    #: whether the session was created for it. None for other executors.
+    run_s: float | None = None
+    load_s: float | None = None
+    cold: bool | None = None
 
 
 #: ONNX Runtime's element types, as numpy dtypes (the ones a value on the wire may carry).
@@ -149,12 +156,14 @@ class OnnxExecutor:
             return f"model {run.model!r} sha256 mismatch"
         return None
 
-    def _session(self, path: Path, provider: str) -> object:
+    def _session(self, path: Path, provider: str) -> tuple[object, bool]:
+        """The session of a model file on a provider, and whether it was created now."""
         import onnxruntime as ort
 
         key = (str(path), provider)
         with self._lock:
             sess = self._sessions.get(key)
+            created = sess is None
             if sess is None:
                 available = ort.get_available_providers()
                 providers = [provider] if provider in available else []
@@ -165,7 +174,7 @@ class OnnxExecutor:
                 opts.log_severity_level = 3
                 sess = ort.InferenceSession(str(path), opts, providers=providers)
                 self._sessions[key] = sess
-            return sess
+            return sess, created
 
     def _run_sync(
         self,
@@ -219,15 +228,21 @@ class OnnxExecutor:
         path = self.model_path(run.model)
         if path is None:
             raise ExecutionError(f"model {run.model!r} not found")
-        sess: Any = self._session(path, device.provider)
+        t0 = time.perf_counter()
+        sess: Any
+        sess, cold = self._session(path, device.provider)
+        load_s = time.perf_counter() - t0 if cold else 0.0
         feeds = self._feeds(run, sess, given)
         names = [o.name for o in sess.get_outputs()]
         outs: list[np.ndarray] = []
+        run_s = 0.0  # the session.run calls alone: no load, input preparation or output
         for i in range(run.iterations):
             if stop is not None and stop.terminate:  # between runs; ORT stops inside one
                 raise self._terminated(i, run)
             try:
+                t1 = time.perf_counter()
                 outs = sess.run(None, feeds, stop)
+                run_s += time.perf_counter() - t1
             except Exception as exc:
                 if stop is not None and stop.terminate:
                     raise self._terminated(i, run) from exc
@@ -237,9 +252,11 @@ class OnnxExecutor:
         if first.ndim >= 2 and first.shape[0] and np.issubdtype(first.dtype, np.floating):
             said = f"top1=class{int(np.argmax(first[0]))} {said}"  # a classifier's, for people
         if len(outs) == 1:
-            return Output(values.npy(first), said, values.NPY)
-        arrays = {n: np.asarray(o) for n, o in zip(names, outs, strict=True)}
-        return Output(values.npz(arrays), f"{len(outs)} outputs: {said}, ...", values.NPZ)
+            data, media = values.npy(first), values.NPY
+        else:
+            data = values.npz({n: np.asarray(o) for n, o in zip(names, outs, strict=True)})
+            media, said = values.NPZ, f"{len(outs)} outputs: {said}, ..."
+        return Output(data, said, media, run_s=run_s, load_s=load_s, cold=cold)
 
     def _terminated(self, done: int, run: OnnxRun) -> ExecutionError:
         with self._lock:

@@ -648,7 +648,9 @@ class Agent:
         ok = False
         try:
             out = await self._run_reported(job, t0)
-            duration = time.perf_counter() - t0
+            # an ONNX run says its model runs' time alone, its load and session apart (what
+            # the predictor predicts); other runs their wall time
+            duration = out.run_s if out.run_s is not None else time.perf_counter() - t0
             # kept until every consumer has it, from now on (its job is let go below);
             # shipped in the background, offline or not, to where the consumers are now (a
             # routing update may have come while it ran)
@@ -804,6 +806,7 @@ class Agent:
             duration=duration, output=output, error=error,
             input_tokens=dict(job.input_tokens) if ended else None,
             output_key=kept, output_type=offer.task.output_type, output_sha256=digest,
+            load_s=output.load_s if output else None, cold=output.cold if output else None,
         )  # fmt: skip
         if state == "started":
             job.start_reported = True
@@ -825,6 +828,8 @@ class Agent:
         output_key: str | None = None,
         output_type: MediaType | None = None,
         output_sha256: str | None = None,
+        load_s: float | None = None,
+        cold: bool | None = None,
     ) -> tuple[str, str, bytes]:
         """Send a task event (subject, event id and data returned); `output_sha256`: the
         output's digest, when the caller has it."""
@@ -846,6 +851,8 @@ class Agent:
             output_sha256=(output_sha256 or sha256_hex(output.data)) if output else None,
             output_type=(output_type or output.media_type) if output else None,
             output_key=output_key,
+            load_s=load_s,
+            cold=cold,
         )
         sent = (subjects.task_event(pipeline_id, task_id, self.agent_id), ev.event_id, encode(ev))
         # journaled first: sent now if connected, replayed in order after a reconnect or restart

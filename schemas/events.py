@@ -49,6 +49,14 @@ class TaskEvent(TaskOutcome):
     #: -> token). The owner commits the result only if every one is its producer's committed
     #: run, and runs the task again otherwise. None: not said (an agent of an older release).
     input_tokens: Annotated[dict[Ident, Count], Field(max_length=MAX_DEPS)] | None = None
+    #: On an end of an ONNX run: seconds spent loading the model and creating its ONNX
+    #: Runtime session for this run (0 when a session was ready), kept out of `duration_s`,
+    #: which is then the time of the model's runs alone. None: not said (another kind of
+    #: task, or an agent of an older release, whose `duration_s` includes any load).
+    load_s: NonNegFloat | None = None
+    #: Whether the run's session was created for it (its first run on the agent, whose
+    #: runs are slower than later ones); None: not said.
+    cold: bool | None = None
 
 
 class PipelineEvent(WireModel):

@@ -10,6 +10,9 @@ from schemas.base import WireModel
 from schemas.limits import Count, ShortText
 
 Ratio = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+#: A run's or a load's seconds.
+Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
+RunSeconds = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
 
 
 class CorrectionTrack(WireModel):
@@ -21,6 +24,14 @@ class CorrectionTrack(WireModel):
     pending: Annotated[list[Ratio], Field(max_length=64)] = Field(default_factory=list)
     rejected: Count = 0
     updated: Annotated[float, Field(ge=0.0, le=1e11, allow_inf_nan=False)] = 0.0
+    #: Added with history first (a record without them, written before, still loads: its
+    #: track starts its history afresh): the last warm run times and their robust centre,
+    #: and the cold runs' count, average run time and average load, kept apart.
+    warm: Annotated[list[RunSeconds], Field(max_length=64)] = Field(default_factory=list)
+    warm_s: Seconds = 0.0
+    cold_n: Count = 0
+    cold_s: Seconds = 0.0
+    load_s: Seconds = 0.0
 
 
 class CorrectionRecord(WireModel):

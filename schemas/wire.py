@@ -41,11 +41,12 @@ from schemas.placement import (
     OfferBatch,
     TaskOffer,
 )
+from schemas.predictor import CorrectionTrack
 from schemas.recovery import TaskResult
 
 WIRE_HEADER = "Mars-Wire"
 #: This release's level.
-WIRE_LEVEL = 6
+WIRE_LEVEL = 7
 #: The first level whose agents name themselves in the subjects of what they send one
 #: another and the orchestrators (task events, `input_gone`, data pushes and acks:
 #: schemas/subjects.py); to an older agent the older forms are used, and from one accepted.
@@ -63,7 +64,14 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     AgentSummary: {"wire": 2, "draining": 3},
     # level 3 (2026-12-06): the producer runs a task's inputs came from, on its end event;
     # booked windows on offers, and the booking clock on offers and commits
-    TaskEvent: {"input_tokens": 3, "output_sha256": 3, "output_type": 3, "output_key": 3},
+    TaskEvent: {
+        "input_tokens": 3,
+        "output_sha256": 3,
+        "output_type": 3,
+        "output_key": 3,
+        "load_s": 7,  # level 7 (below)
+        "cold": 7,
+    },
     TaskOutcome: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     TaskResult: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     TaskStatus: {"output_sha256": 3, "output_type": 3, "output_key": 3},
@@ -99,6 +107,11 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     PipelineSpec: {"inputs": 3, "user": 5, "budget": 6, "money_weight": 6},
     SubmitReply: {"cost": 6},
     StatusReply: {"planned_cost": 6},
+    # level 7: an ONNX run's end event says the model's load and session creation apart
+    # from its run time (`TaskEvent.load_s`), and whether its session was made for it
+    # (`TaskEvent.cold`; TaskEvent above); the predictor's stored tracks keep warm runs'
+    # history and cold runs apart (a replica of an older release skips such a record)
+    CorrectionTrack: {"warm": 7, "warm_s": 7, "cold_n": 7, "cold_s": 7, "load_s": 7},
 }
 #: Error codes added after level 1: the level that added each, and the code a requester of
 #: an older level is answered with instead (one it knows).

@@ -1,15 +1,24 @@
-"""Online correction: per (task signature, device) a factor learned from reported durations.
+"""Online correction: per (task signature, device) what reported durations say.
 
-Pure and synchronous (the KV persistence is a thin shell in `history.py`). The rule, on the
-log ratio r = ln(actual / base prediction):
+Pure and synchronous (the KV persistence is a thin shell in `history.py`). History first:
 
-* the first observations are averaged exactly (alpha = 1/n), later ones enter an EWMA with
-  alpha = ALPHA_MIN, so a repeated task lands on its measured time after one report and
-  follows drift afterwards;
-* from MIN_FOR_MAD accepted reports on, r is an outlier when |r - median| exceeds
-  MAD_K * max(1.4826 * MAD, MAD_FLOOR) over the last WINDOW accepted ratios; outliers are not
-  applied, but MAX_STREAK outliers in a row that agree with each other mean the task really
-  changed speed (new hardware, new input size), and restart the track from them.
+* warm runs (a session already made; `cold` not said counts as warm) are kept, the last
+  WARM_WINDOW of them; once a track has HISTORY_MIN, its estimate is their robust centre
+  (`robust_centre`: the median of those within MAD_K * max(1.4826 * MAD, HISTORY_FLOOR) of
+  the median, in log terms), whatever the model said. MAX_STREAK warm runs in a row beyond
+  that bound on one side mean the task changed speed: the history restarts from them;
+* cold runs (a session created for the run: slower, and reported with the model's load
+  apart) never enter it: their run time and load are averaged apart (`cold_s`, `load_s`);
+* before HISTORY_MIN warm runs, the model's prediction times a factor stands. The factor
+  learns from warm runs only, on the log ratio r = ln(actual / base prediction): the first
+  observations are averaged exactly (alpha = 1/n), later ones enter an EWMA with alpha =
+  ALPHA_MIN; from MIN_FOR_MAD accepted reports on, r is an outlier when |r - median|
+  exceeds MAD_K * max(1.4826 * MAD, MAD_FLOOR) over the last WINDOW accepted ratios;
+  outliers are not applied, but MAX_STREAK outliers in a row that agree with each other
+  mean the task really changed speed, and restart the factor from them.
+
+Runs reported while the device ran other work are not told apart: a task event does not
+say what else ran.
 """
 
 from __future__ import annotations
@@ -27,6 +36,12 @@ MIN_FOR_MAD = 3
 MAD_K = 3.5
 MAD_FLOOR = 0.05
 MAX_STREAK = 3
+#: Warm runs kept per track, and how many make the history the estimate.
+WARM_WINDOW = 16
+HISTORY_MIN = 3
+#: The least spread (log terms, ~5 %) the history's outlier bound assumes: runs within
+#: MAD_K times this (~19 %) of the median are never rejected.
+HISTORY_FLOOR = 0.05
 #: Factors are kept within [1/100, 100]: beyond that the task is not the one we predicted.
 MAX_LOG = math.log(100.0)
 
@@ -44,16 +59,76 @@ class Track:
     pending: tuple[float, ...] = ()
     rejected: int = 0
     updated: float = 0.0
+    #: The last warm run times (seconds), and their robust centre once there are
+    #: HISTORY_MIN (0.0 before).
+    warm: tuple[float, ...] = ()
+    warm_s: float = 0.0
+    #: Cold runs, apart: how many, and the average of their run times and loads (seconds).
+    cold_n: int = 0
+    cold_s: float = 0.0
+    load_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.recent, self.pending = tuple(self.recent), tuple(self.pending)
+        self.warm = tuple(self.warm)
+        if len(self.warm) >= HISTORY_MIN and self.warm_s <= 0.0:
+            self.warm_s = robust_centre(self.warm)
 
     @property
     def factor(self) -> float:
         return math.exp(self.log_factor)
 
+    @property
+    def level(self) -> float:
+        """What the track says, in log terms: its warm history's centre once it has one,
+        else its factor (what a change of is worth writing down)."""
+        return math.log(self.warm_s) if self.warm_s > 0.0 else self.log_factor
+
+    def seconds(self, base_s: float) -> float:
+        """The estimate of a warm run: the history's centre, else `base_s` times the factor."""
+        return self.warm_s if self.warm_s > 0.0 else base_s * self.factor
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "recent": list(self.recent), "pending": list(self.pending)}
+        return {
+            **asdict(self),
+            "recent": list(self.recent),
+            "pending": list(self.pending),
+            "warm": list(self.warm),
+        }
+
+
+def _spread(logs: Sequence[float], floor: float) -> tuple[float, float]:
+    """The median of `logs` and the MAD rule's bound around it."""
+    med = statistics.median(logs)
+    mad = statistics.median(abs(x - med) for x in logs)
+    return med, MAD_K * max(1.4826 * mad, floor)
+
+
+def robust_centre(runs: Sequence[float]) -> float:
+    """The median of the runs within the MAD rule's bound of their median (in log terms)."""
+    logs = [math.log(x) for x in runs]
+    med, bound = _spread(logs, HISTORY_FLOOR)
+    return statistics.median(
+        [x for x, lx in zip(runs, logs, strict=True) if abs(lx - med) <= bound]
+    )
+
+
+def add_warm(t: Track, actual_s: float) -> None:
+    """One warm run into the history (see the module doc)."""
+    w = (*t.warm, actual_s)[-WARM_WINDOW:]
+    old, new = w[:-MAX_STREAK], w[-MAX_STREAK:]
+    if len(old) >= HISTORY_MIN:
+        med, bound = _spread([math.log(x) for x in old], HISTORY_FLOOR)
+        off = [math.log(x) - med for x in new]
+        if all(d > bound for d in off) or all(d < -bound for d in off):
+            w = new  # the task changed speed: what came before says nothing of it now
+    t.warm = w
+    t.warm_s = robust_centre(w) if len(w) >= HISTORY_MIN else 0.0
+
+
+def _mean_into(mean: float, n: int, x: float) -> float:
+    """An average over the first observations, an EWMA after (as the factor's)."""
+    return mean + max(1.0 / n, ALPHA_MIN) * (x - mean)
 
 
 def is_outlier(recent: Sequence[float], r: float) -> bool:
@@ -124,18 +199,38 @@ class Corrections:
         t = self._tracks.get((sig, device))
         return t.factor if t is not None else 1.0
 
-    def observe(self, sig: str, device: str, base_s: float, actual_s: float, now: float) -> bool:
-        """One reported duration against the uncorrected prediction it replaces."""
-        if base_s <= 0.0 or actual_s <= 0.0:
+    def observe(
+        self,
+        sig: str,
+        device: str,
+        base_s: float,
+        actual_s: float,
+        now: float,
+        *,
+        cold: bool | None = None,
+        load_s: float | None = None,
+    ) -> bool:
+        """One reported duration against the uncorrected prediction it replaces; `cold`: its
+        session was created for it (None: not said, taken as warm), `load_s`: that took.
+        True if the track took it in (a warm run the factor rejects still enters the
+        history, whose own rule judges it)."""
+        if base_s <= 0.0 or actual_s <= 0.0 or not math.isfinite(actual_s):
             return False
         t = self._tracks.get((sig, device))
         if t is None:
             t = self.put(sig, device, Track())
         else:
             self._tracks.move_to_end((sig, device))
-        ok = update(t, math.log(actual_s / base_s), now)
         self.version += 1
-        return ok
+        if cold:
+            t.updated = now
+            t.cold_n += 1
+            t.cold_s = _mean_into(t.cold_s, t.cold_n, actual_s)
+            if load_s is not None and math.isfinite(load_s) and load_s >= 0.0:
+                t.load_s = _mean_into(t.load_s, t.cold_n, load_s)
+            return True
+        add_warm(t, actual_s)
+        return update(t, math.log(actual_s / base_s), now)
 
     def put(self, sig: str, device: str, track: Track) -> Track:
         """Hold `track` as the most recent one; past the bound the least recently observed

@@ -2,10 +2,11 @@
 hot path, read back on start so a restarted orchestrator keeps what it learned.
 
 Not every change is written: a track is first written once it has MIN_SAVE_N observations,
-then again when its observation count has doubled, or its factor has moved by MIN_SAVE_SHIFT
-(in log terms) since a write at least MIN_SHIFT_GAP_S old, and at stop whatever changed. On
-noisy work each observation moves the factor by more than MIN_SAVE_SHIFT (the EWMA takes 30%
-of every accepted sample), so without the gap a busy track would be written at nearly every
+then again when its observation count has doubled, or what it says (its warm history's
+centre once it has one, else its factor: `Track.level`) has moved by MIN_SAVE_SHIFT (in log
+terms) since a write at least MIN_SHIFT_GAP_S old, and at stop whatever changed. On noisy
+work each observation moves the factor by more than MIN_SAVE_SHIFT (the EWMA takes 30% of
+every accepted sample), so without the gap a busy track would be written at nearly every
 flush, for a restart to remember a second's drift. On a fleet running ever new work (each
 task's parameters a little different) writing every track would cost a KV write per finished
 task for a single, noisy sample; this way a restart forgets at most a track's last small
@@ -40,7 +41,7 @@ FLUSH_EVERY_S = 1.0
 MIN_SAVE_N = 2
 #: Track writes a flush keeps in flight at once.
 SAVE_AT_ONCE = 32
-#: Change of log(factor) since the last write that makes a track due again (~5%).
+#: Change of a track's level (log terms) since the last write that makes it due again (~5%).
 MIN_SAVE_SHIFT = 0.05
 #: A moved factor is written only once the track's last write is at least this old.
 MIN_SHIFT_GAP_S = 60.0
@@ -50,7 +51,7 @@ KEEP_S = 30 * 24 * 3600.0
 #: ... and one still in use is written again at least this often, so it never expires.
 REFRESH_S = KEEP_S / 3
 
-#: A track's (observation count, log factor, time of its last observation) when last written.
+#: A track's (observation count, level, time of its last observation) when last written.
 Saved = tuple[int, float, float]
 #: Every key of a KV bucket, or None when it holds values but listing them kept failing.
 KeyLister = Callable[[Any], Awaitable[list[str] | None]]
@@ -64,11 +65,11 @@ def due(track: Track, last: Saved | None, final: bool = False) -> bool:
         return True
     n0, lf0, at0 = last
     if final:
-        return (track.n, track.log_factor) != (n0, lf0)
+        return (track.n, track.level) != (n0, lf0)
     age = track.updated - at0
     return (
         track.n >= 2 * n0
-        or (abs(track.log_factor - lf0) >= MIN_SAVE_SHIFT and age >= MIN_SHIFT_GAP_S)
+        or (abs(track.level - lf0) >= MIN_SAVE_SHIFT and age >= MIN_SHIFT_GAP_S)
         or age >= REFRESH_S
     )
 
@@ -165,7 +166,7 @@ class History:
         # more in the bucket than the bound: the least recently updated are not held
         held = self.corrections.load(read)
         for sig, device, track in held:
-            self.saved[(sig, device)] = (track.n, track.log_factor, track.updated)
+            self.saved[(sig, device)] = (track.n, track.level, track.updated)
         return len(held)
 
     async def _keys(self) -> list[str]:
@@ -185,7 +186,7 @@ class History:
         )
         try:
             await self.kv.put(kv_key(sig, device), body)
-            self.saved[(sig, device)] = (track.n, track.log_factor, track.updated)
+            self.saved[(sig, device)] = (track.n, track.level, track.updated)
             self.writes += 1
         except Exception as exc:
             log.warning("saving correction %s@%s failed: %s", sig, device, exc)

@@ -41,8 +41,8 @@ from schemas.agent import DeviceSpec
 from schemas.pipeline import OnnxRun, Profile, TaskSpec
 
 MODEL_FILE = Path(__file__).resolve().parent / "predictor.onnx"
-SOURCES = ("declared", "prior", "model")
-DECLARED, PRIOR, MODEL = 0, 1, 2
+SOURCES = ("declared", "prior", "model", "history")
+DECLARED, PRIOR, MODEL, HISTORY = 0, 1, 2, 3
 #: Band of a prior on hardware never measured: a factor of 3 either way (a guess, said so).
 UNSEEN_BAND = (-math.log(3.0), math.log(3.0))
 #: Cached base figures per (task signature, device set): bytes of their rows (4 floats per
@@ -212,9 +212,20 @@ class Predictor:
             for i, s in enumerate(sigs):
                 for k, tr in self.corrections.for_signature(s).items():
                     j = col.get(k)
-                    if j is not None:
+                    if j is None:
+                        continue
+                    if tr.warm_s > 0.0 and base[i, j] > 0.0:  # history first
+                        factor[i, j] = tr.warm_s / base[i, j]
+                        src[i, j] = HISTORY
+                    else:
                         factor[i, j] = tr.factor
         return Estimates(base * factor, base, lo * factor, hi * factor, src, factor)
+
+    def load_estimate(self, task: TaskSpec, key: str) -> float | None:
+        """Seconds a cold start of `task` on device `key` spends loading its model and making
+        its session, from the cold runs reported there; None before any."""
+        tr = self.corrections.get(task_signature(task), key)
+        return tr.load_s if tr is not None and tr.cold_n else None
 
     def _set_id(self, dev_key: tuple[Any, ...], devices: Sequence[DeviceSpec]) -> int:
         got = self._set_ids.get(dev_key)
@@ -314,14 +325,18 @@ class Predictor:
         actual_s: float,
         now: float,
         base_s: float | None = None,
+        *,
+        cold: bool | None = None,
+        load_s: float | None = None,
     ) -> tuple[str, str] | None:
         """A reported duration; returns the (signature, device key) whose track changed.
         `base_s`: the uncorrected estimate the plan used, when the caller kept it (saves an
-        inference per finished task); otherwise it is estimated again."""
+        inference per finished task); otherwise it is estimated again. `cold`: the run's
+        session was made for it (kept apart from warm runs), `load_s`: what that took."""
         if base_s is None:
             base_s = float(self.estimate([task], [device], [key]).base[0, 0])
         sig = task_signature(task)
-        if self.corrections.observe(sig, key, base_s, actual_s, now):
+        if self.corrections.observe(sig, key, base_s, actual_s, now, cold=cold, load_s=load_s):
             return sig, key
         track = self.corrections.get(sig, key)
         return (sig, key) if track is not None else None

@@ -72,8 +72,9 @@ class TaskRun:
 
 def ran_since(t: float, ev: TaskEvent) -> float:
     """When (run clock) the task began, by the time it says it has run: a `started` event is
-    sent a while into the run, and a short task's end event is the only one."""
-    return max(0.0, t - (ev.duration_s or 0.0))
+    sent a while into the run, and a short task's end event is the only one. An ONNX run's
+    end says its model's load apart from its run time: both were spent on the run."""
+    return max(0.0, t - (ev.duration_s or 0.0) - (ev.load_s or 0.0))
 
 
 @dataclass
