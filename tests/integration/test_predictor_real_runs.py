@@ -1,0 +1,93 @@
+"""History first, on real runs: a real agent runs a real ONNX model again and again over a real
+nats-server; its end events say the model's load apart from the run time, and after a few runs
+the orchestrator predicts the task on that device within 5 % of the warm time it reported."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import statistics
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from orchestrator.predictor.model import task_signature
+from schemas import PipelineSpec, subjects
+from schemas.codec import decode, encoding_of
+from schemas.events import TaskEvent
+from tests.harness import EMULATED_CPU, RecordingAgent, agent_config, start_cluster, stop_cluster
+
+pytestmark = pytest.mark.integration
+
+RUNS = 5
+#: ~10 ms of model runs per task on this host: long enough to time, short enough to repeat.
+TASK = {"id": "cnn", "run": {"kind": "onnx", "model": "tiny_cnn", "batch": 64,
+                             "iterations": 5, "random_inputs": True}}  # fmt: skip
+
+
+async def test_after_five_real_runs_the_prediction_is_the_warm_run_time(nats_url: str) -> None:
+    configs = {"a1": agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])}
+    orch, agents = await start_cluster(nats_url, configs)
+    nc = await nats.connect(nats_url)
+    ends: asyncio.Queue[TaskEvent] = asyncio.Queue()
+
+    async def heard(msg: Msg) -> None:
+        ev = decode(msg.data, TaskEvent, encoding_of(msg.headers))
+        if ev.state == "succeeded":
+            ends.put_nowait(ev)
+
+    sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=heard)
+    try:
+        spec = PipelineSpec.model_validate({"name": "rep", "tasks": [TASK]})
+        task, key = spec.tasks[0], "a1:cpu0"
+        _, device = orch.view.device_spec(key)
+        sig = task_signature(task)
+
+        def observed(runs: int) -> bool:
+            """Whether the orchestrator has learned from this many runs."""
+            tr = orch.predictor.corrections.get(sig, key)
+            return tr is not None and tr.cold_n + len(tr.warm) >= runs
+
+        got: list[TaskEvent] = []
+        errors: list[float] = []
+        for i in range(RUNS):
+            pid = f"rep{i}"
+            await orch.submit_spec(spec, pid)
+            run = await orch.wait_terminal(pid, 60.0)
+            assert run.state == "succeeded", (run.reason, run.placement_log)
+            ev = await asyncio.wait_for(ends.get(), 10.0)
+            assert ev.pipeline_id == pid
+            got.append(ev)
+            async with asyncio.timeout(10.0), orch.changed:  # the orchestrator learned it
+                await orch.changed.wait_for(functools.partial(observed, i + 1))
+            warm = [e.duration_s for e in got if e.cold is False and e.duration_s is not None]
+            if warm:
+                predicted = float(orch.predictor.estimate([task], [device], [key]).seconds[0, 0])
+                errors.append(abs(predicted - statistics.median(warm)) / statistics.median(warm))
+        print(
+            f"runs (s): {[(e.duration_s, e.load_s, e.cold) for e in got]}; prediction's error "
+            f"against the warm runs' median after each run from the second: {errors}"
+        )
+
+        first, *later = got
+        # the first run made the session: said cold, with its load apart and not in its time
+        assert first.cold is True and first.load_s is not None and first.load_s > 0.0
+        (agent,) = agents
+        assert isinstance(agent, RecordingAgent)
+        (start, end) = next((s, e) for p, t, _, s, e in agent.log if p == "rep0")
+        assert first.duration_s is not None
+        assert first.duration_s + first.load_s <= end - start
+        # later runs found it ready
+        assert all(e.cold is False and e.load_s == 0.0 for e in later)
+        warm = [e.duration_s for e in later if e.duration_s is not None]
+        assert len(warm) == RUNS - 1
+        centre = statistics.median(warm)
+        est = orch.predictor.estimate([task], [device], [key])
+        assert est.source_name(0, 0) == "history"
+        assert abs(float(est.seconds[0, 0]) - centre) / centre <= 0.05, (est.seconds, warm)
+        assert orch.predictor.load_estimate(task, key) == pytest.approx(first.load_s)
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
+        await stop_cluster(orch, agents)
