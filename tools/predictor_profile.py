@@ -22,9 +22,11 @@ Timing (`measure_rows`, pure over a clock and callables so its rules are unit-te
   statistic over the same number of calls: their gap is the noise floor, like with like);
   a row whose passes differ by more than `tolerance` (5 %) is re-measured (fresh rounds, up
   to `max_remeasure` times); the label is the minimum over all its timed calls;
-- a reference kernel (`cal_matmul`, a fixed 512x512 MatMul) is measured as a row of every
-  configuration in the same rounds; its label is stored per row (`ref_s`) and in the
-  provenance, so times can be normalised across runs and hosts (`label_s / ref_s`).
+- rows are grouped by configuration (so a 1-thread row never follows a 2-thread one inside a
+  block: the 2-thread pool's spinning slowed it), and a reference kernel (`cal_matmul`, a
+  fixed 512x512 MatMul) heads every configuration's block in the same rounds; its label is
+  stored per row (`ref_s`) and in the provenance, so times can be normalised across runs and
+  hosts (`label_s / ref_s`).
 
 Before measuring, the profiler waits (bounded) for the 1-minute load average to drop below a
 threshold; the load and the CPU share other processes used are recorded in the provenance.
@@ -327,13 +329,14 @@ def profile(
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     devices = calibrated_cpu(threads)
     t_start = time.monotonic()
+    # Rows grouped by configuration (each block starting with the reference kernel): a
+    # 2-thread session's pool keeps a core busy for a while after its run, which slowed the
+    # 1-thread row after it when configurations alternated row by row.
     rows: dict[Hashable, Callable[[], Any]] = {}
-    for t in threads:  # the reference kernel first: it is a row of every round
-        rows[(REFERENCE, t, 1)] = _runner(
-            _session(corpus / f"{REFERENCE}.onnx", "CPUExecutionProvider", t), None
-        )
-    for e in manifest:
-        for t in threads:
+    for t in threads:
+        ref_path = corpus / f"{REFERENCE}.onnx"
+        rows[(REFERENCE, t, 1)] = _runner(_session(ref_path, "CPUExecutionProvider", t), None)
+        for e in manifest:
             sess = _session(corpus / e["file"], "CPUExecutionProvider", t)
             for b in batches:
                 rows[(e["name"], t, b)] = _runner(sess, b)
@@ -396,10 +399,12 @@ def profile(
             for t in threads
         },
         "reference_kernel": f"{REFERENCE}: MatMul of a 512x512 input by a 512x512 weight "
-        "(float32, 268 MFLOP), a row of every round; label_s / ref_s normalises across runs",
+        "(float32, 268 MFLOP), heading each configuration's block in every round; "
+        "label_s / ref_s normalises across runs",
         "timing": f"{WARMUP} warm-up runs; a timed call wraps `iters` sess.run calls so it lasts "
         f">= {1e3 * min_call_s:g} ms (times are per sess.run); {rounds} interleaved rounds "
-        f"(odd in order, even reversed) of {calls} calls per row; pass A = min over odd rounds, "
+        f"(odd in order, even reversed; rows grouped by configuration) of {calls} calls per "
+        "row; pass A = min over odd rounds, "
         "pass B = min over even rounds; label_s = min over all timed calls, median_s = their "
         "median",
         "remeasure_rule": f"a row whose passes differ by more than {100 * tolerance:g}% is "
