@@ -154,7 +154,7 @@ def train_mlp(
     hidden: int = HIDDEN,
     epochs: int = 6000,
     lr: float = 3e-3,
-    l2: float = 1e-4,
+    l2: float = 1e-3,
 ) -> tuple[Mlp, dict[str, float]]:
     """Full-batch Adam on mean squared log error; keeps the weights best on `val`."""
     rng = np.random.default_rng(seed)
