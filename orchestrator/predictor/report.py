@@ -84,6 +84,7 @@ class Regret:
     mean: float  # mean over those pairs of t(picked) / t(best) - 1
     worst: float
     skipped: int  # pairs within the noise floor: no right answer to score
+    ties: int = 0  # scored pairs the predictor could not tell apart (the first row is picked)
 
 
 def pair_regret(
@@ -97,7 +98,7 @@ def pair_regret(
     task on different devices). A pair is scored only when its labels differ by more than
     max(`floor`, either row's own pass-to-pass gap `noise`); regret = t(picked)/t(best) - 1."""
     regrets: list[float] = []
-    right = skipped = 0
+    right = skipped = ties = 0
     for g in groups:
         for k, i in enumerate(g):
             for j in g[k + 1 :]:
@@ -105,6 +106,7 @@ def pair_regret(
                 if gap <= max(floor, noise[i], noise[j]):
                     skipped += 1
                     continue
+                ties += int(pred[i] == pred[j])
                 pick = i if pred[i] <= pred[j] else j
                 best = i if actual[i] <= actual[j] else j
                 right += int(pick == best)
@@ -115,6 +117,7 @@ def pair_regret(
         float(np.mean(regrets)) if regrets else 0.0,
         max(regrets, default=0.0),
         skipped,
+        ties,
     )
 
 
@@ -227,6 +230,7 @@ def right_fastest(ds: Dataset, model: LearnedModel) -> str:
             f"  {name:<6} scored pairs {r.pairs} (skipped within noise {r.skipped}): "
             f"right {r.right}/{r.pairs} = {100.0 * r.right / max(r.pairs, 1):.1f}%, "
             f"mean regret {100 * r.mean:.1f}%, worst {100 * r.worst:.1f}%"
+            + (f"; {r.ties} ties (equal predictions: the first row is picked)" if r.ties else "")
         )
     return "\n".join(lines)
 

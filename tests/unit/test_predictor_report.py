@@ -24,7 +24,14 @@ def test_regret_scores_only_pairs_apart_by_more_than_the_noise_floor() -> None:
 def test_regret_of_a_perfect_ranking_is_zero() -> None:
     actual = np.array([1.0, 2.0, 4.0])
     r = pair_regret([[0, 1, 2]], actual * 3.0, actual, np.zeros(3))
-    assert (r.pairs, r.right, r.mean, r.worst, r.skipped) == (3, 3, 0.0, 0.0, 0)
+    assert (r.pairs, r.right, r.mean, r.worst, r.skipped, r.ties) == (3, 3, 0.0, 0.0, 0, 0)
+
+
+def test_equal_predictions_are_counted_as_ties_and_pick_the_first_row() -> None:
+    actual = np.array([2.0, 1.0])
+    r = pair_regret([[0, 1]], np.array([5.0, 5.0]), actual, np.zeros(2))
+    assert (r.pairs, r.right, r.ties) == (1, 0, 1)
+    assert r.mean == pytest.approx(1.0)
 
 
 def test_within_uses_the_gap_relative_to_the_smaller_value() -> None:
