@@ -199,6 +199,19 @@ def measure_rows(
     return out
 
 
+def row_keys(
+    models: Sequence[str], threads: Sequence[int], batches: Sequence[int]
+) -> list[tuple[str, int, int]]:
+    """Rows in measuring order: grouped by configuration (a 2-thread session's pool keeps a
+    core busy for a while after its run, which slowed the 1-thread row after it when
+    configurations alternated row by row), each block headed by the reference kernel."""
+    return [
+        key
+        for t in threads
+        for key in [(REFERENCE, t, 1), *((m, t, b) for m in models for b in batches)]
+    ]
+
+
 def wait_for_idle(threshold: float, poll_s: float, max_wait_s: float) -> float:
     """Block until the 1-minute load average is below `threshold` (or give up); returns it."""
     deadline = time.monotonic() + max_wait_s
@@ -329,17 +342,16 @@ def profile(
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     devices = calibrated_cpu(threads)
     t_start = time.monotonic()
-    # Rows grouped by configuration (each block starting with the reference kernel): a
-    # 2-thread session's pool keeps a core busy for a while after its run, which slowed the
-    # 1-thread row after it when configurations alternated row by row.
-    rows: dict[Hashable, Callable[[], Any]] = {}
-    for t in threads:
-        ref_path = corpus / f"{REFERENCE}.onnx"
-        rows[(REFERENCE, t, 1)] = _runner(_session(ref_path, "CPUExecutionProvider", t), None)
-        for e in manifest:
-            sess = _session(corpus / e["file"], "CPUExecutionProvider", t)
-            for b in batches:
-                rows[(e["name"], t, b)] = _runner(sess, b)
+    files = {e["name"]: corpus / e["file"] for e in manifest}
+    files[REFERENCE] = corpus / f"{REFERENCE}.onnx"
+    sessions = {
+        (name, t): _session(path, "CPUExecutionProvider", t) for name, path in files.items()
+        for t in threads
+    }  # fmt: skip
+    rows = {
+        (name, t, b): _runner(sessions[(name, t)], None if name == REFERENCE else b)
+        for name, t, b in row_keys([e["name"] for e in manifest], threads, batches)
+    }
     probe = Interference()
     timed = measure_rows(
         rows, rounds=rounds, calls=calls, min_call_s=min_call_s, tolerance=tolerance,

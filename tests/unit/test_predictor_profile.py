@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tools.predictor_profile import RowTiming, measure_rows, pair_gap, sized_iterations
+from tools.predictor_profile import RowTiming, measure_rows, pair_gap, row_keys, sized_iterations
 
 
 class Clock:
@@ -108,3 +108,10 @@ def test_pair_gap_is_relative_to_the_smaller_pass() -> None:
     assert pair_gap(1.0, 1.05) == pytest.approx(0.05)
     assert pair_gap(1.05, 1.0) == pytest.approx(0.05)
     assert RowTiming(1, [[[1.0], [2.0]]]).passes() == (1.0, 2.0)
+
+
+def test_rows_are_grouped_by_configuration_behind_the_reference_kernel() -> None:
+    assert row_keys(["m", "n"], [1, 2], [1, 8]) == [
+        ("cal_matmul", 1, 1), ("m", 1, 1), ("m", 1, 8), ("n", 1, 1), ("n", 1, 8),
+        ("cal_matmul", 2, 1), ("m", 2, 1), ("m", 2, 8), ("n", 2, 1), ("n", 2, 8),
+    ]  # fmt: skip
