@@ -6,6 +6,10 @@ skipped when the store already holds that content); a remove deletes the bytes o
 is left for them, then the entry. So an object is never left without a name, and what an
 interrupted put or remove leaves is an entry whose bytes are missing: `ls` shows it so, an
 agent refuses it saying so, and a put or remove of it again ends it.
+
+An ONNX model's entry carries its graph features (`ArtifactInfo.features`), read here with the
+`onnx` package, so the orchestrator's predictor scores a model it was never built with as it
+does a built-in one; a file that does not parse as a graph is stored all the same, without them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import asyncio
 import base64
 import contextlib
 import re
+import sys
 import time
 import zipfile
 from dataclasses import dataclass
@@ -25,9 +30,16 @@ from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFo
 
 from orchestrator.infra.kvwatch import all_keys
 from schemas import subjects
-from schemas.artifacts import MAX_ARTIFACT_BYTES, ArtifactInfo, ArtifactKind, parse_ref
+from schemas.artifacts import (
+    MAX_ARTIFACT_BYTES,
+    ArtifactInfo,
+    ArtifactKind,
+    ModelFeatures,
+    parse_ref,
+)
 from schemas.codec import DecodeError, decode, encode
 from schemas.digests import sha256_file
+from schemas.wire import ADDED, WIRE_LEVEL
 from transport import connect
 
 CHUNK_BYTES = 128 * 1024
@@ -136,18 +148,55 @@ def _examine(
     return name, kind, sha, size
 
 
+def model_features(path: Path) -> ModelFeatures:
+    """An ONNX model file's graph features, at batch 1 and per batch (orchestrator/predictor/
+    features.py). Any model a put accepts (up to MAX_ARTIFACT_BYTES) is read, its graph and
+    inline weights only: weights kept in external files are neither opened nor needed.
+    Raises whatever the parse raises for a file that is no ONNX graph."""
+    import onnx
+
+    from orchestrator.predictor.features import linear_in_batch
+
+    base, per = linear_in_batch(onnx.load(str(path), load_external_data=False))
+    return ModelFeatures(base=base.as_dict(), per_batch=per.as_dict())
+
+
+def _features_or_none(path: Path) -> ModelFeatures | None:
+    try:
+        return model_features(path)
+    except Exception as exc:  # any parse failure: stored all the same, said so
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__
+        print(
+            f"mars artifact put: {path}: its ONNX graph does not parse ({why}); stored "
+            "without graph features (the predictor scores its tasks by their declared "
+            "profile)",
+            file=sys.stderr,
+        )
+        return None
+
+
+#: The level an entry is written at: one without features reads in every release's agents
+#: and CLIs (a field they do not know is refused), one with them needs level 7.
+_PLAIN_LEVEL = ADDED[ArtifactInfo]["features"] - 1
+
+
 async def put(
     js: Any, path: Path, *, name: str | None = None, kind: ArtifactKind | None = None
 ) -> tuple[ArtifactInfo, bool]:
     """Store the file as an artifact: its entry and whether its bytes were sent (False: the
-    store held them already). The same file put again under the same name changes nothing."""
+    store held them already). The same file put again under the same name changes nothing.
+    An ONNX model's entry carries its graph features (`model_features`); one whose graph
+    does not parse is stored without them, said so on stderr."""
     named, kind_is, sha, size = await asyncio.to_thread(_examine, path, name, kind)
+    features = await asyncio.to_thread(_features_or_none, path) if kind_is == "onnx" else None
     names, objects = await _names(js, True), await _objects(js, True)
     key = subjects.artifact_key(named, sha)
-    info = ArtifactInfo(name=named, sha256=sha, size=size, kind=kind_is, created=time.time())
+    info = ArtifactInfo(
+        name=named, sha256=sha, size=size, kind=kind_is, created=time.time(), features=features
+    )
     created = True
     try:
-        await names.create(key, encode(info))
+        await names.create(key, encode(info, level=WIRE_LEVEL if features else _PLAIN_LEVEL))
     except KeyWrongLastSequenceError:  # put before: that entry stands
         created = False
         info = decode((await names.get(key)).value or b"", ArtifactInfo)

@@ -260,7 +260,7 @@ class Orchestrator:
         )
         nc = self.nc
         js = self.js = connect.jetstream(nc)
-        self.stored = StoreLookup(js)
+        self.stored = StoreLookup(js, self.predictor.book)
         self.store = BookingStore(
             js, key_max_bytes=key_limit(self.booking_key_max_bytes, nc.max_payload)
         )

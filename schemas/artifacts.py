@@ -27,6 +27,23 @@ Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 REF_PATTERN = r"^[A-Za-z0-9_-]{1,128}@[0-9a-f]{64}$"
 ArtifactRefText = Annotated[str, StringConstraints(pattern=REF_PATTERN)]
 _REF = re.compile(REF_PATTERN)
+#: Graph feature values by name (orchestrator/predictor/features.py `GraphFeatures`; a
+#: reader keeps the names it knows).
+FeatureValues = Annotated[
+    dict[
+        Annotated[str, StringConstraints(pattern=r"^[a-z_]{1,32}$")],
+        Annotated[float, Field(allow_inf_nan=False)],
+    ],
+    Field(max_length=64),
+]
+
+
+class ModelFeatures(WireModel):
+    """An ONNX model's graph features, linear in the batch size: `base + per_batch * batch`
+    (read by `mars artifact put`, so the predictor scores a model it was never built with)."""
+
+    base: FeatureValues
+    per_batch: FeatureValues
 
 
 class ArtifactInfo(WireModel):
@@ -38,6 +55,9 @@ class ArtifactInfo(WireModel):
     kind: ArtifactKind
     #: When it was put, on the putting host's wall clock (for people; nothing compares it).
     created: Annotated[float, Field(ge=0.0, le=1e11, allow_inf_nan=False)]
+    #: An ONNX model's graph features (None: not an ONNX model, one its put could not parse,
+    #: or put by a release before level 7).
+    features: ModelFeatures | None = None
 
     @property
     def ref(self) -> str:

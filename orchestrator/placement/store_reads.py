@@ -6,6 +6,11 @@ hold is refused then, saying what is missing, instead of failing a task after it
 placed and booked. The sizes found are what the plan charges each task for the fetch on
 the device it would run on (`planning.SpecCostModel`): pipeline inputs everywhere, an
 artifact only where the agent does not advertise holding it.
+
+An ONNX model's entry also carries its graph features (`mars artifact put` reads them): they
+go into the predictor's feature book under the name tasks give the model (`name@sha256`, as
+`Predictor.graph_of` looks it up), once per artifact, before the pipeline is placed, so its
+tasks are scored by the learned model rather than the FLOPs prior.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
+from orchestrator.predictor.features import FeatureBook, GraphFeatures
 from schemas import subjects
 from schemas.artifacts import ArtifactInfo, ArtifactKind, parse_ref
 from schemas.codec import DecodeError, decode
@@ -32,8 +38,13 @@ LOOKUP_S = 2.0
 class StoreLookup:
     """Checks submissions against the object store (bucket handles kept between them)."""
 
-    def __init__(self, js: Any) -> None:
+    def __init__(self, js: Any, book: FeatureBook | None = None) -> None:
         self.js = js
+        #: Where models' graph features go (the predictor's book); None: not looked for.
+        self.book = book
+        #: The artifacts (`name@sha256`) whose features are in the book already: the bytes
+        #: a ref pins never change, so neither do their features.
+        self._featured: set[str] = set()
         self._inputs: Any = None
         self._names: Any = None
 
@@ -107,8 +118,7 @@ class StoreLookup:
             return f"is {info.size} B in MARS_INPUTS, the spec says {size} B"
         return ""
 
-    @staticmethod
-    async def _artifact(kv: Any, text: str, kind: ArtifactKind) -> tuple[str, int | None]:
+    async def _artifact(self, kv: Any, text: str, kind: ArtifactKind) -> tuple[str, int | None]:
         ref = parse_ref(text)
         if ref is None:  # (artifact_of names refs only)
             return "", None
@@ -127,4 +137,14 @@ class StoreLookup:
             return "", None  # unreadable: the agent that fetches it says why
         if info.kind != kind:
             return f"is of kind {info.kind}, its task needs {kind}", None
+        self._learn(text, info)
         return "", info.size
+
+    def _learn(self, text: str, info: ArtifactInfo) -> None:
+        """The model's graph features into the predictor's book (once per artifact)."""
+        f = info.features
+        if f is None or self.book is None or text in self._featured:
+            return
+        base, per = GraphFeatures.of(f.base), GraphFeatures.of(f.per_batch)
+        self.book.add(text, base, per, info.sha256)
+        self._featured.add(text)

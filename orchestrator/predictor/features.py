@@ -1,11 +1,12 @@
 """The predictor's feature vector, defined once: what a task and a device look like to the model.
 
 Graph features of an ONNX model come from its ModelProto (op counts by class, FLOPs of conv /
-matmul / gemm from the inferred shapes, memory traffic). Parsing needs the `onnx` package, a
-dev dependency only, so it happens at build time: the features of built-in models ship in
-`data/model_features.json` (linear in the batch size: `base + per_batch * batch`, exact for the
-ops we count), and the orchestrator, which never holds model files anyway, only reads that.
-Tasks whose model has no known features are scored by the prior from their declared Profile.
+matmul / gemm from the inferred shapes, memory traffic), parsed with the `onnx` package: the
+features of built-in models ship in `data/model_features.json` (linear in the batch size:
+`base + per_batch * batch`, exact for the ops we count), and those of a model put as an artifact
+are read by `mars artifact put` and kept on its entry; the orchestrator, which never holds model
+files, adds the latter to its book at submission (`placement.store_reads`). Tasks whose model
+has no known features are scored by the prior from their declared Profile.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ class GraphFeatures:
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
+
+    @classmethod
+    def of(cls, values: Mapping[str, float]) -> GraphFeatures:
+        """From `as_dict`'s form; names it does not know (a later release's) are left out."""
+        return cls(**{f.name: float(values[f.name]) for f in fields(cls) if f.name in values})
 
 
 #: The model's input, in order. Task part first, then device part. Counts and sizes are
