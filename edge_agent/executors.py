@@ -7,6 +7,8 @@ import contextlib
 import math
 import threading
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import numpy as np
 
 from edge_agent import values
 from edge_agent.artifacts import ArtifactCache
-from schemas.agent import DeviceSpec
+from schemas.agent import MAX_WARM_MODELS, DeviceSpec
 from schemas.artifacts import parse_ref
 from schemas.digests import sha256_file
 from schemas.pipeline import MediaType, OnnxRun, SyntheticRun
@@ -123,6 +125,13 @@ class OnnxExecutor:
         #: each run: `ArtifactCache.holding`).
         self.artifacts = artifacts
         self._sessions: dict[tuple[str, str], object] = {}
+        #: The models run here whose file has a session, as tasks named them (several names
+        #: may share a file), each with its file; the most recently run last. Bounded: a
+        #: stream of names for one file (`m`, `./m`, `m.onnx`...) does not grow it.
+        self._warm: OrderedDict[str, str] = OrderedDict()
+        #: Called when the models `warm_models` names change (a session made, or dropped
+        #: with its file), in whatever thread that happened: the agent advertises them.
+        self.on_warm_change: Callable[[], None] | None = None
         self._lock = threading.Lock()
         #: Runs computing in worker threads now (a terminated one stops being counted when
         #: its thread has returned).
@@ -143,6 +152,33 @@ class OnnxExecutor:
         with self._lock:
             for key in [k for k in self._sessions if k[0] == str(path)]:
                 del self._sessions[key]
+            gone = [m for m, p in self._warm.items() if p == str(path)]
+            for m in gone:
+                del self._warm[m]
+        if gone and self.on_warm_change is not None:
+            self.on_warm_change()
+
+    def warm_models(self) -> list[str]:
+        """The models (as tasks name them) this executor holds a session for: the
+        `MAX_WARM_MODELS` most recently run, sorted (an agent's advert names them)."""
+        with self._lock:
+            recent = list(self._warm)[-MAX_WARM_MODELS:]
+        return sorted(recent)
+
+    def _ran(self, model: str, path: Path) -> None:
+        """`model` ran from the session of `path`: warm, the most recently run."""
+        with self._lock:
+            warm = self._warm
+            # said already: among those advertised, with this file (most runs: nothing new)
+            said = warm.get(model) == str(path) and (
+                len(warm) <= MAX_WARM_MODELS or model in list(warm)[-MAX_WARM_MODELS:]
+            )
+            warm[model] = str(path)
+            warm.move_to_end(model)
+            while len(warm) > 4 * MAX_WARM_MODELS:
+                warm.popitem(last=False)
+        if not said and self.on_warm_change is not None:
+            self.on_warm_change()
 
     def has_model(self, run: OnnxRun) -> str | None:
         """None if runnable, else why not. An artifact is fetched (and verified) before its
@@ -232,6 +268,7 @@ class OnnxExecutor:
         sess: Any
         sess, cold = self._session(path, device.provider)
         load_s = time.perf_counter() - t0 if cold else 0.0
+        self._ran(run.model, path)
         feeds = self._feeds(run, sess, given)
         names = [o.name for o in sess.get_outputs()]
         outs: list[np.ndarray] = []

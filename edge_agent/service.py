@@ -144,6 +144,10 @@ class Agent:
             on_change=self._artifacts_changed,
         )
         self.onnx.artifacts = self.artifacts
+        self.onnx.on_warm_change = self._models_changed
+        #: The loop this agent runs on, once started (a model's session is made in a worker
+        #: thread, and advertised from here).
+        self._loop: asyncio.AbstractEventLoop | None = None
         journal = Journal(
             self.state_dir / "events.journal", config.buffer_max_bytes, fsync=config.buffer_fsync
         )
@@ -181,6 +185,7 @@ class Agent:
             seq=self._seq,
             artifacts=self.artifacts.held(),
             nkey=connect.public_nkey(),
+            warm_models=self.onnx.warm_models(),
         )
 
     async def start(self) -> None:
@@ -198,6 +203,7 @@ class Agent:
                 self.config.reconnect_max_s,
             )
         nc = self.nc
+        self._loop = asyncio.get_running_loop()
         self.data.attach(nc)
         self.artifacts.attach(connect.jetstream(nc))
         aid = self.agent_id
@@ -399,6 +405,15 @@ class Agent:
         holds it (the periodic advert would say so too, later)."""
         if self.nc is not None and self.online.is_set():
             self._spawn(self._publish_advert())
+
+    def _models_changed(self) -> None:
+        """A model's session made or dropped (`OnnxExecutor.warm_models`), in a worker
+        thread or this one: advertised at once, for placement to charge its load only to
+        agents without it (the next periodic advert would say so too, later)."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: there is no one to tell
+                loop.call_soon_threadsafe(self._artifacts_changed)
 
     async def _publish_advert(self) -> None:
         assert self.nc is not None

@@ -16,6 +16,7 @@ from schemas.limits import (
     Labels,
     NonNegFloat,
     PosFloat,
+    RelativeName,
     ShortText,
 )
 
@@ -26,6 +27,9 @@ TaskKind = Literal["synthetic", "onnx", "exec", "python"]
 
 #: Most artifact digests one advert names (a cache holding more names its most recent).
 MAX_HELD_ARTIFACTS = 256
+#: Most models one advert names warm (an agent with sessions for more names its most
+#: recently run).
+MAX_WARM_MODELS = 64
 
 
 def default_kinds() -> list[TaskKind]:
@@ -95,6 +99,12 @@ class AgentAdvert(WireModel):
     #: The sha256 of each artifact its cache holds (the `MAX_HELD_ARTIFACTS` most recently
     #: used, sorted): placement charges the fetch to agents without it.
     artifacts: Annotated[list[Sha256Hex], Field(max_length=MAX_HELD_ARTIFACTS)] = Field(
+        default_factory=list
+    )
+    #: The models it has a live ONNX Runtime session for, as tasks name them
+    #: (`OnnxRun.model`; the `MAX_WARM_MODELS` most recently run, sorted): placement charges
+    #: a model's load and session creation to agents without it.
+    warm_models: Annotated[list[RelativeName], Field(max_length=MAX_WARM_MODELS)] = Field(
         default_factory=list
     )
 

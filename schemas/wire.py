@@ -85,7 +85,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # the fetch to agents without them); the media type an output was made as, with it
     # between agents, and each consumer's agent's level on offers (a producer's agent sends
     # a level-3 one no media type)
-    AgentAdvert: {"artifacts": 4, "nkey": 5},
+    AgentAdvert: {"artifacts": 4, "nkey": 5, "warm_models": 7},
     DataTransfer: {"media_type": 4, "stream": 5},
     ConsumerRef: {"wire": 4, "site": 5},
     # level 5 (2026-12-08): senders named in subjects (SENDER_SUBJECTS); each producer's
@@ -111,7 +111,9 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # level 7: an ONNX run's end event says the model's load and session creation apart
     # from its run time (`TaskEvent.load_s`), and whether its session was made for it
     # (`TaskEvent.cold`; TaskEvent above); the predictor's stored tracks keep warm runs'
-    # history and cold runs apart (a replica of an older release skips such a record)
+    # history and cold runs apart (a replica of an older release skips such a record); an
+    # agent's advert names the models it holds a session for (`AgentAdvert.warm_models`,
+    # above): placement charges the load to agents without it
     CorrectionTrack: {"warm": 7, "warm_s": 7, "cold_n": 7, "cold_s": 7, "load_s": 7},
     # level 7 too: an ONNX model's graph features on its artifact entry (`mars artifact put`
     # writes an entry without them at level 6, so a release before 7 still reads that one)

@@ -30,7 +30,7 @@ from orchestrator.scheduling import (
 )
 from orchestrator.state.reads import StoreReads
 from schemas.agent import DeviceSpec
-from schemas.pipeline import PipelineSpec, SyntheticRun, TaskSpec
+from schemas.pipeline import OnnxRun, PipelineSpec, SyntheticRun, TaskSpec
 
 
 def output_bytes(task: TaskSpec) -> int:
@@ -94,7 +94,10 @@ class SpecCostModel:
     as measured. A task's time on a device includes fetching what it reads from the object
     store there (`reads`): its pipeline inputs, and its artifact unless the agent holds it
     (`held`: digests by agent), over the link from the nearest store site (`sites`; none
-    known: the device's own site's LAN)."""
+    known: the device's own site's LAN). Where `warm` says which devices' agents hold a
+    session of each model (by model, as tasks name it), an ONNX task's time on a device
+    without its model also includes the model's load (`Predictor.load_estimates`: the load
+    reported there, else a prior); `warm` None: no load is charged anywhere."""
 
     def __init__(
         self,
@@ -107,6 +110,7 @@ class SpecCostModel:
         reads: StoreReads | None = None,
         held: Mapping[str, Collection[str]] | None = None,
         sites: Collection[str] = (),
+        warm: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         self.specs = {t.id: t for t in spec.tasks}
         self.devices = devices
@@ -122,6 +126,9 @@ class SpecCostModel:
         self.held = held or {}
         self.sites = tuple(sorted(sites))
         self._store_link: dict[str, Link] = {}
+        self.warm = warm
+        #: Run time plus load, per (task, device), once computed (`times`).
+        self._times: NDArray[np.float64] | None = None
 
     def store_link(self, site: str) -> Link:
         """The link a device at `site` fetches from the store over: the fastest from a store
@@ -163,6 +170,43 @@ class SpecCostModel:
             self._est = replace(est, seconds=np.maximum(est.seconds, MIN_TASK_S))
         return self._est
 
+    @property
+    def times(self) -> NDArray[np.float64]:
+        """Compute time per (task, device) before fetches: the estimate, plus the model's
+        load where the device's agent holds no session of it (see the class)."""
+        if self._times is None:
+            sec = self.estimates.seconds
+            load = self.loads()
+            self._times = sec if load is None else sec + load
+        return self._times
+
+    def loads(self) -> NDArray[np.float64] | None:
+        """The load charged per (task, device): 0 where the device's agent holds the task's
+        model warm; None when nothing is charged anywhere (`warm` None, or no ONNX task)."""
+        warm = self.warm
+        if warm is None:
+            return None
+        specs = list(self.specs.values())
+        rows: dict[str, list[int]] = {}  # the tasks of each model
+        for i, t in enumerate(specs):
+            if isinstance(t.run, OnnxRun):
+                rows.setdefault(t.run.model, []).append(i)
+        if not rows:
+            return None
+        art = self.reads.artifacts
+        nbytes = [a[1] if (a := art.get(t.id)) else None for t in specs] if art else None
+        out = self.predictor.load_estimates(specs, list(self.devices), nbytes)
+        col = self._col
+        for m, at in rows.items():
+            hot = [j for k in warm.get(m, ()) if (j := col.get(k)) is not None]
+            if not hot:  # (the devices holding it warm)
+                continue
+            if len(at) == 1:  # (a third of np.ix_'s time)
+                out[at[0], hot] = 0.0
+            else:
+                out[np.ix_(at, hot)] = 0.0
+        return out
+
     def estimate(self, task_id: str, device_id: str) -> tuple[float, str, float, float]:
         """(seconds, source, low, high) of one task on one device."""
         e, i, j = self.estimates, self._row[task_id], self._col[device_id]
@@ -176,14 +220,14 @@ class SpecCostModel:
     def compute_time(self, task: Task, device: Device) -> float:
         if (task.id, device.id) in self.excluded:
             return math.inf
-        run = float(self.estimates.seconds[self._row[task.id], self._col[device.id]])
+        run = float(self.times[self._row[task.id], self._col[device.id]])
         return run + self.fetch_time(task.id, device) if self.reads else run
 
     def transfer_time(self, nbytes: float, src: Device, dst: Device) -> float:
         return self.links.transfer_time(nbytes, src, dst)
 
     def compute_matrix(self, tasks: Sequence[Task], cluster: Cluster) -> NDArray[np.float64]:
-        sec = self.estimates.seconds
+        sec = self.times
         rows = [self._row[t.id] for t in tasks]
         cols = [self._col[d.id] for d in cluster.devices]
         out: NDArray[np.float64] = sec[np.ix_(rows, cols)]
@@ -214,6 +258,15 @@ def store_costs(reads: StoreReads | None, view: ClusterView, cluster: Cluster) -
         else {}
     )
     return {"reads": reads, "held": held, "sites": store_sites(cluster)}
+
+
+def warm_models(view: ClusterView, spec: PipelineSpec) -> Mapping[str, Collection[str]] | None:
+    """SpecCostModel's `warm` for `spec`: the devices whose agent advertises a session of
+    each model (`ClusterView.warm_models`). None, charging no load, when `spec` has no ONNX
+    task (nothing to look up)."""
+    if not any(isinstance(t.run, OnnxRun) for t in spec.tasks):
+        return None
+    return view.warm_models()
 
 
 @dataclass(frozen=True)
@@ -300,8 +353,9 @@ def plan_pipeline(
     graph = to_graph(spec, measured)
     tiers = {d.id: d.tier for d in cluster.devices}
     cost = SpecCostModel(
-        spec, devices, links, predictor, tiers, **store_costs(reads, view, cluster)
-    )
+        spec, devices, links, predictor, tiers, **store_costs(reads, view, cluster),
+        warm=warm_models(view, spec),
+    )  # fmt: skip
     if excluded:
         cost.excluded = set(excluded)
     live_fixed = {t: p for t, p in (fixed or {}).items() if p.device_id in cluster}

@@ -90,6 +90,8 @@ class ClusterView:
         #: The live agents (sorted by id) as of (members, from, until): valid for any `now`
         #: in [from, until), until being the first instant a live agent's heartbeat is late.
         self._live: tuple[int, float, float, tuple[AgentEntry, ...]] | None = None
+        #: `warm_models` as of a version.
+        self._warm: tuple[int, Mapping[str, list[str]]] = (-1, {})
 
     def on_advert(self, adv: AgentAdvert, now: float, wire: int = 1) -> bool:
         """Apply an advert (`wire`: the level it was sent with); returns True when it
@@ -208,6 +210,20 @@ class ClusterView:
                 f"{self.salt}/{agent_id}".encode(), digest_size=8
             ).digest()
         return got
+
+    def warm_models(self) -> Mapping[str, list[str]]:
+        """Each model an agent's advert names warm (`AgentAdvert.warm_models`): the keys of
+        the devices of the agents naming it (dead ones too). Made again only when an advert
+        changed (`version`), though every plan of an ONNX task reads it."""
+        if self._warm[0] != self.version:
+            where: dict[str, list[str]] = {}
+            for aid, e in self.agents.items():
+                for m in e.advert.warm_models:
+                    where.setdefault(m, []).extend(
+                        device_key(aid, d.device_id) for d in e.advert.devices
+                    )
+            self._warm = (self.version, where)
+        return self._warm[1]
 
     def device_specs(self, cluster: Cluster) -> dict[str, DeviceSpec]:
         """The advertised spec of every device of `cluster` (a snapshot of this view), made

@@ -53,6 +53,14 @@ CACHE_BYTES = 64 << 20
 #: Device sets remembered (figures as arrays, cached estimates): every single device a
 #: duration is reported for is a set of its own, so this is sized for a fleet.
 MAX_DEVICE_TABLES = 4096
+#: A cold start's load (reading the model, creating its ONNX Runtime session) where none was
+#: reported for the task on the device: this, plus the model's bytes at LOAD_PRIOR_BPS. A
+#: prior, said so: on the 2-core development host a small model's session took 0.5-5 ms
+#: (the first in a process the most), a 3.5 MB one 5-8 ms and a 17 MB one 7-37 ms.
+LOAD_PRIOR_S = 0.005
+LOAD_PRIOR_BPS = 500e6
+#: Model sizes remembered per (name, pinned digest) for the load prior.
+MAX_MODEL_SIZES = 4096
 F64 = NDArray[np.float64]
 
 
@@ -157,6 +165,8 @@ class Predictor:
         self.scored = 0
         self._tables: dict[int, _DeviceTable] = {}
         self.ort_calls = 0
+        #: Bytes of each model's weights (float32) as its graph features say.
+        self._model_bytes: dict[tuple[str, str | None], float] = {}
 
     # -- features ---------------------------------------------------------------------------
     def graph_of(self, task: TaskSpec) -> GraphFeatures | None:
@@ -226,6 +236,57 @@ class Predictor:
         its session, from the cold runs reported there; None before any."""
         tr = self.corrections.get(task_signature(task), key)
         return tr.load_s if tr is not None and tr.cold_n else None
+
+    def load_prior(self, task: TaskSpec, nbytes: float | None = None) -> float:
+        """A cold start's load where none was reported: `LOAD_PRIOR_S` plus the model's
+        bytes (`nbytes`, e.g. its artifact's size; else its weights as its graph features
+        count them; else none) at `LOAD_PRIOR_BPS`. 0 for a task that loads no model."""
+        run = task.run
+        if not isinstance(run, OnnxRun):
+            return 0.0
+        if nbytes is None:
+            key = (run.model, run.sha256)
+            nbytes = self._model_bytes.get(key)
+            if nbytes is None:
+                g = self.book.get(run.model, 1, run.sha256)
+                nbytes = 0.0  # (not kept: an artifact's features may be added to the book)
+                if g is not None:
+                    if len(self._model_bytes) >= MAX_MODEL_SIZES:
+                        self._model_bytes.clear()
+                    nbytes = self._model_bytes[key] = 4.0 * g.params
+        return LOAD_PRIOR_S + nbytes / LOAD_PRIOR_BPS
+
+    def load_estimates(
+        self,
+        tasks: Sequence[TaskSpec],
+        keys: Sequence[str],
+        nbytes: Sequence[float | None] | None = None,
+    ) -> F64:
+        """Seconds a cold start of each task costs on each device (`keys`), as a (task,
+        device) matrix: the load reported there (`load_estimate`), else `load_prior` (with
+        `nbytes[i]`, the model's size where known); 0 for tasks that load no model. Charged
+        by placement where the device's agent holds no session of the model."""
+        prior = [
+            self.load_prior(t, nbytes[i] if nbytes is not None else None)
+            for i, t in enumerate(tasks)
+        ]
+        out = np.empty((len(tasks), len(keys)))
+        out[:] = np.asarray(prior)[:, None]
+        if not len(self.corrections):
+            return out
+        col: dict[str, int] | None = None
+        for i, t in enumerate(tasks):
+            if not isinstance(t.run, OnnxRun):
+                continue
+            tracks = self.corrections.for_signature(task_signature(t))
+            if tracks:
+                if col is None:
+                    col = {k: j for j, k in enumerate(keys)}
+                for k, tr in tracks.items():
+                    j = col.get(k)
+                    if j is not None and tr.cold_n:
+                        out[i, j] = tr.load_s
+        return out
 
     def _set_id(self, dev_key: tuple[Any, ...], devices: Sequence[DeviceSpec]) -> int:
         got = self._set_ids.get(dev_key)

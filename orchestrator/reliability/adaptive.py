@@ -28,7 +28,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.placement.placer import PlacementFailed, descendants
-from orchestrator.placement.planning import SpecCostModel, store_costs, to_graph, with_bookings
+from orchestrator.placement.planning import (
+    SpecCostModel,
+    store_costs,
+    to_graph,
+    warm_models,
+    with_bookings,
+)
 from orchestrator.reservations.book import Blocking
 from orchestrator.reservations.store import device_key_of
 from orchestrator.scheduling import (
@@ -548,7 +554,7 @@ class Adaptive:
         tiers = {d.id: d.tier for d in cluster.devices}
         cost = SpecCostModel(
             run.spec, devices, links, o.predictor, tiers,
-            **store_costs(run.reads, o.view, cluster),
+            **store_costs(run.reads, o.view, cluster), warm=warm_models(o.view, run.spec),
         )  # fmt: skip
         return _Model(mono, wall, cluster, cost, devices)
 

@@ -12,6 +12,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from orchestrator.placement.planning import plan_pipeline
 from orchestrator.predictor.model import task_signature
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of
@@ -90,4 +91,65 @@ async def test_after_five_real_runs_the_prediction_is_the_warm_run_time(nats_url
     finally:
         await sub.unsubscribe()
         await nc.close()
+        await stop_cluster(orch, agents)
+
+
+async def test_after_a_real_run_the_model_is_warm_there_and_its_load_charged_elsewhere(
+    nats_url: str,
+) -> None:
+    """Two alike agents; the task runs on a1 once (pinned). a1 then advertises the model warm
+    (`warm_models`, sent as its session is made), and the orchestrator's cost for the task on
+    a1 is its run time alone, while on a2 it is that plus the model's load; unpinned, the
+    next run goes to a1 and finds the session ready."""
+    configs = {
+        aid: agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])
+        for aid in ("a1", "a2")
+    }
+    orch, agents = await start_cluster(nats_url, configs)
+    try:
+        assert all(orch.view.agents[a].advert.warm_models == [] for a in configs)
+        pinned = {**TASK, "requires": {"pinned_agent": "a1"}}
+        first = PipelineSpec.model_validate({"name": "warm", "tasks": [pinned]})
+        await orch.submit_spec(first, "warm0")
+        run = await orch.wait_terminal("warm0", 60.0)
+        assert run.state == "succeeded", (run.reason, run.placement_log)
+        assert run.tasks["cnn"].agent_id == "a1"
+        async with asyncio.timeout(10.0):  # a1's advert saying so reaches the orchestrator
+            while orch.view.agents["a1"].advert.warm_models != ["tiny_cnn"]:
+                orch.cluster_changed.clear()
+                await orch.cluster_changed.wait()
+        assert orch.view.agents["a2"].advert.warm_models == []
+
+        spec = PipelineSpec.model_validate({"name": "warm", "tasks": [TASK]})
+        task = spec.tasks[0]
+        planned = plan_pipeline(spec, orch.view, orch.mono(), predictor=orch.predictor)
+        cost, devices = planned.cost, {d.id: d for d in planned.cluster.devices}
+        (node,) = planned.graph.tasks
+        run_a1 = cost.estimate("cnn", "a1:cpu0")[0]
+        run_a2 = cost.estimate("cnn", "a2:cpu0")[0]
+        assert run_a1 == run_a2  # alike devices; the cold run taught the estimate nothing
+        loaded = orch.predictor.load_estimate(task, "a1:cpu0")
+        assert loaded is not None and loaded > 0.0  # reported by a1's first (cold) run
+        assert orch.predictor.load_estimate(task, "a2:cpu0") is None
+        assert cost.compute_time(node, devices["a1:cpu0"]) == run_a1
+        assert cost.compute_time(node, devices["a2:cpu0"]) == (
+            run_a2 + orch.predictor.load_prior(task)
+        )
+        assert planned.plan.placements["cnn"].device_id == "a1:cpu0"
+
+        await orch.submit_spec(spec, "warm1")
+        run = await orch.wait_terminal("warm1", 60.0)
+        assert run.state == "succeeded", (run.reason, run.placement_log)
+        assert run.tasks["cnn"].agent_id == "a1"
+        sig = task_signature(task)
+
+        def learned() -> bool:
+            tr = orch.predictor.corrections.get(sig, "a1:cpu0")
+            return tr is not None and tr.cold_n + len(tr.warm) == 2
+
+        async with asyncio.timeout(10.0), orch.changed:
+            await orch.changed.wait_for(learned)
+        track = orch.predictor.corrections.get(sig, "a1:cpu0")
+        assert track is not None and (track.cold_n, len(track.warm)) == (1, 1)  # found warm
+    finally:
         await stop_cluster(orch, agents)

@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.placement.planning import plan_pipeline, to_graph
 from orchestrator.placement.registry import ClusterView
+from orchestrator.predictor.model import LOAD_PRIOR_BPS, LOAD_PRIOR_S
 from orchestrator.state.reads import StoreReads, store_reads
 from schemas import AgentAdvert, DeviceSpec, PipelineSpec
 from schemas.agent import LinkSpec
@@ -47,18 +48,21 @@ def _where(view: ClusterView, spec: PipelineSpec, sizes: dict[str, int]) -> tupl
 
 def test_an_artifact_fetch_is_charged_only_to_agents_that_do_not_hold_it() -> None:
     spec, fifty_mb = _spec(), {SHA: 50_000_000}  # 5 s over the edge's link
+    # (no agent holds a session of the model: each run is charged its load too, a prior on
+    # the model's size where the store said it)
+    load, load_50mb = LOAD_PRIOR_S, LOAD_PRIOR_S + 50e6 / LOAD_PRIOR_BPS
     # size unknown (the store did not say): nothing charged, the faster agent wins
     dev, dur = _where(_view(a_holds=True), spec, {})
-    assert dev == "b:cpu0" and dur == pytest.approx(0.5, rel=0.01)
+    assert dev == "b:cpu0" and dur == pytest.approx(0.5 + load, rel=0.01)
     # a holds it: b's 0.5 s run plus a 5 s fetch loses to a's 1 s run
     dev, dur = _where(_view(a_holds=True), spec, fifty_mb)
-    assert dev == "a:cpu0" and dur == pytest.approx(1.0, rel=0.01)
+    assert dev == "a:cpu0" and dur == pytest.approx(1.0 + load_50mb, rel=0.01)
     # nobody holds it: both fetch, and the one that runs faster wins, charged its fetch
     dev, dur = _where(_view(a_holds=False), spec, fifty_mb)
-    assert dev == "b:cpu0" and dur == pytest.approx(0.5 + 0.02 + 5.0, rel=0.01)
+    assert dev == "b:cpu0" and dur == pytest.approx(0.5 + 0.02 + 5.0 + load_50mb, rel=0.01)
     # both hold it: no fetch at all
     dev, dur = _where(_view(True, True), spec, fifty_mb)
-    assert dev == "b:cpu0" and dur == pytest.approx(0.5, rel=0.01)
+    assert dev == "b:cpu0" and dur == pytest.approx(0.5 + load_50mb, rel=0.01)
 
 
 def test_pipeline_inputs_are_charged_wherever_the_task_runs() -> None:
