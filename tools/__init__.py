@@ -1,0 +1,1 @@
+"""Build and measurement tools run from the repository root (`python -m tools.NAME`)."""
