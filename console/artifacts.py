@@ -7,9 +7,11 @@ is left for them, then the entry. So an object is never left without a name, and
 interrupted put or remove leaves is an entry whose bytes are missing: `ls` shows it so, an
 agent refuses it saying so, and a put or remove of it again ends it.
 
-An ONNX model's entry carries its graph features (`ArtifactInfo.features`), read here with the
-`onnx` package, so the orchestrator's predictor scores a model it was never built with as it
-does a built-in one; a file that does not parse as a graph is stored all the same, without them.
+An ONNX model's graph features, read here with the `onnx` package, go into its object's meta
+(`schemas.artifacts.features_headers`), so the orchestrator's predictor scores a model it was
+never built with as it does a built-in one; a file that does not parse as a graph is stored all
+the same, without them. Its entry is the one every release since level 4 reads: agents and
+CLIs never parse an object's meta headers.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import re
 import sys
 import time
@@ -26,7 +29,12 @@ from pathlib import Path
 from typing import Any, get_args
 
 from nats.js.api import ObjectMeta, ObjectMetaOptions, ObjectStoreConfig
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 
 from orchestrator.infra.kvwatch import all_keys
 from schemas import subjects
@@ -35,11 +43,12 @@ from schemas.artifacts import (
     ArtifactInfo,
     ArtifactKind,
     ModelFeatures,
+    features_headers,
+    features_of_headers,
     parse_ref,
 )
 from schemas.codec import DecodeError, decode, encode
 from schemas.digests import sha256_file
-from schemas.wire import ADDED, WIRE_LEVEL
 from transport import connect
 
 CHUNK_BYTES = 128 * 1024
@@ -124,12 +133,55 @@ async def _objects(js: Any, create: bool) -> Any:
         return await js.object_store(subjects.ARTIFACTS_BUCKET)
 
 
-async def _stored(objects: Any, sha: str, size: int) -> bool:
+async def _stored(objects: Any, sha: str, size: int) -> Any:
+    """The object's info when the store holds these bytes under `sha`, else None."""
     try:
         info = await objects.get_info(sha)
     except NotFoundError:
+        return None
+    held = not info.deleted and info.size == size and _store_hex(info.digest) == sha
+    return info if held else None
+
+
+def _meta_subject(sha: str) -> str:
+    meta = base64.urlsafe_b64encode(sha.encode()).decode()
+    return f"$O.{subjects.ARTIFACTS_BUCKET}.M.{meta}"
+
+
+def _has_features(info: Any) -> bool:
+    try:
+        return features_of_headers(info.headers) is not None
+    except ValueError:
+        return False  # (written over)
+
+
+async def _add_features(js: Any, sha: str, features: ModelFeatures) -> bool:
+    """Put `features` in the meta of the object the store holds under `sha` (one put before
+    they were read, or by an older CLI), its bytes untouched: the meta message is written
+    again only if it is still the one read (a remove or a put meanwhile: False, nothing
+    written), so a removed object never comes back."""
+    subject = _meta_subject(sha)
+    try:
+        msg = await js.get_last_msg(f"OBJ_{subjects.ARTIFACTS_BUCKET}", subject)
+        meta = json.loads(msg.data or b"")
+        if not isinstance(meta, dict) or meta.get("deleted"):
+            return False
+        headers = meta.get("headers")
+        meta["headers"] = {
+            **(headers if isinstance(headers, dict) else {}),
+            **features_headers(features),
+        }
+        await js.publish(
+            subject,
+            json.dumps(meta).encode(),
+            headers={
+                "Nats-Rollup": "sub",
+                "Nats-Expected-Last-Subject-Sequence": str(msg.seq),
+            },
+        )
+    except (APIError, ValueError):  # gone, not JSON, or written meanwhile
         return False
-    return not info.deleted and info.size == size and _store_hex(info.digest) == sha
+    return True
 
 
 def _examine(
@@ -175,36 +227,46 @@ def _features_or_none(path: Path) -> ModelFeatures | None:
         return None
 
 
-#: The level an entry is written at: one without features reads in every release's agents
-#: and CLIs (a field they do not know is refused), one with them needs level 7.
-_PLAIN_LEVEL = ADDED[ArtifactInfo]["features"] - 1
-
-
 async def put(
     js: Any, path: Path, *, name: str | None = None, kind: ArtifactKind | None = None
 ) -> tuple[ArtifactInfo, bool]:
     """Store the file as an artifact: its entry and whether its bytes were sent (False: the
     store held them already). The same file put again under the same name changes nothing.
-    An ONNX model's entry carries its graph features (`model_features`); one whose graph
-    does not parse is stored without them, said so on stderr."""
+    An ONNX model's graph features (`model_features`) go into its object's meta, added to
+    that of an object stored before without them; one whose graph does not parse is stored
+    without them, said so on stderr."""
     named, kind_is, sha, size = await asyncio.to_thread(_examine, path, name, kind)
     features = await asyncio.to_thread(_features_or_none, path) if kind_is == "onnx" else None
     names, objects = await _names(js, True), await _objects(js, True)
     key = subjects.artifact_key(named, sha)
-    info = ArtifactInfo(
-        name=named, sha256=sha, size=size, kind=kind_is, created=time.time(), features=features
-    )
+    info = ArtifactInfo(name=named, sha256=sha, size=size, kind=kind_is, created=time.time())
     created = True
     try:
-        await names.create(key, encode(info, level=WIRE_LEVEL if features else _PLAIN_LEVEL))
+        await names.create(key, encode(info))
     except KeyWrongLastSequenceError:  # put before: that entry stands
         created = False
         info = decode((await names.get(key)).value or b"", ArtifactInfo)
-    if await _stored(objects, sha, size):
+    held = await _stored(objects, sha, size)
+    if held is not None:
+        if (
+            features is not None
+            and not _has_features(held)
+            and not await _add_features(js, sha, features)
+        ):
+            print(
+                f"mars artifact put: {path}: its object changed while its graph features "
+                "were added to it; put it again to add them",
+                file=sys.stderr,
+            )
         return info, False
     try:
         opts = ObjectMetaOptions(max_chunk_size=CHUNK_BYTES)
-        meta = ObjectMeta(name=sha, description=f"{kind_is} {named}", options=opts)
+        meta = ObjectMeta(
+            name=sha,
+            description=f"{kind_is} {named}",
+            headers=features_headers(features) if features is not None else None,
+            options=opts,
+        )
         fh = await asyncio.to_thread(open, path, "rb")
         try:  # read in chunks, in worker threads (nats-py's put of a file)
             got = await objects.put(sha, fh, meta=meta)

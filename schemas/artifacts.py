@@ -6,6 +6,11 @@ An artifact's bytes are stored once, under their sha256, in the object store
 `ArtifactInfo`. A task refers to one as `name@sha256`: the digest pins the bytes (an agent
 verifies them before use), the name says which put it came from. `mars artifact put` and
 `rm` talk to JetStream directly: no orchestrator holds the bytes or answers for them.
+
+An ONNX model's graph features (`ModelFeatures`) live with its bytes, in the object's own meta
+in the object store (header `FEATURES_HEADER`, see `features_headers`), never on its entry:
+an `ArtifactInfo` stays as the releases since level 4 wrote it, since a reader refuses a
+field it does not know and KV entries say nothing of their writer's level.
 """
 
 from __future__ import annotations
@@ -46,6 +51,45 @@ class ModelFeatures(WireModel):
     per_batch: FeatureValues
 
 
+#: The object-store meta header holding an ONNX model's `ModelFeatures`, as compact JSON (in
+#: the object's meta, which readers of the bytes never parse; Go clients' `nats.Header` form:
+#: a list of one string).
+FEATURES_HEADER = "Mars-Features"
+#: Longest header value read (the features of every model are a few KiB).
+MAX_FEATURES_TEXT = 16 * 1024
+
+
+def features_headers(features: ModelFeatures) -> dict[str, list[str]]:
+    """The object meta headers that carry `features` (merged into any others it has)."""
+    from schemas.codec import encode  # (schemas.codec imports this module's importers)
+
+    return {FEATURES_HEADER: [encode(features, "json").decode()]}
+
+
+def features_of_headers(headers: object) -> ModelFeatures | None:
+    """The features an object's meta headers carry: None when they carry none; ValueError
+    when they carry something that is not `ModelFeatures` (whoever wrote the meta)."""
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        raise ValueError(f"object meta headers are a {type(headers).__name__}, not a map")
+    value = headers.get(FEATURES_HEADER)
+    if value is None:
+        return None
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, str):
+        raise ValueError(f"{FEATURES_HEADER} is not one string")
+    if len(value) > MAX_FEATURES_TEXT:
+        raise ValueError(f"{FEATURES_HEADER} is {len(value)} characters, over {MAX_FEATURES_TEXT}")
+    from schemas.codec import DecodeError, decode
+
+    try:
+        return decode(value.encode(), ModelFeatures, "json")
+    except DecodeError as exc:
+        raise ValueError(f"{FEATURES_HEADER} does not read: {exc}") from exc
+
+
 class ArtifactInfo(WireModel):
     """One name given to one artifact's bytes (the value of its key in the names bucket)."""
 
@@ -55,9 +99,8 @@ class ArtifactInfo(WireModel):
     kind: ArtifactKind
     #: When it was put, on the putting host's wall clock (for people; nothing compares it).
     created: Annotated[float, Field(ge=0.0, le=1e11, allow_inf_nan=False)]
-    #: An ONNX model's graph features (None: not an ONNX model, one its put could not parse,
-    #: or put by a release before level 7).
-    features: ModelFeatures | None = None
+    # No field may be added: agents and CLIs of every release since level 4 read entries
+    # (the graph features of an ONNX model are in its object's meta: `features_headers`).
 
     @property
     def ref(self) -> str:

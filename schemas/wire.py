@@ -28,7 +28,6 @@ from schemas.api import (
     SubmitReply,
     TaskStatus,
 )
-from schemas.artifacts import ArtifactInfo
 from schemas.base import WireModel
 from schemas.errors import ErrorCode
 from schemas.events import TaskEvent, TaskOutcome
@@ -115,9 +114,6 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # agent's advert names the models it holds a session for (`AgentAdvert.warm_models`,
     # above): placement charges the load to agents without it
     CorrectionTrack: {"warm": 7, "warm_s": 7, "cold_n": 7, "cold_s": 7, "load_s": 7},
-    # level 7 too: an ONNX model's graph features on its artifact entry (`mars artifact put`
-    # writes an entry without them at level 6, so a release before 7 still reads that one)
-    ArtifactInfo: {"features": 7},
 }
 #: Error codes added after level 1: the level that added each, and the code a requester of
 #: an older level is answered with instead (one it knows).

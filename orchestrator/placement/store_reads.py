@@ -7,23 +7,28 @@ placed and booked. The sizes found are what the plan charges each task for the f
 the device it would run on (`planning.SpecCostModel`): pipeline inputs everywhere, an
 artifact only where the agent does not advertise holding it.
 
-An ONNX model's entry also carries its graph features (`mars artifact put` reads them): they
-go into the predictor's feature book under the name tasks give the model (`name@sha256`, as
-`Predictor.graph_of` looks it up), once per artifact, before the pipeline is placed, so its
-tasks are scored by the learned model rather than the FLOPs prior.
+An ONNX model's graph features (`mars artifact put` reads them) are in its object's meta in
+`MARS_ARTIFACTS` (`schemas.artifacts.features_of_headers`): read by its sha256 once the
+entry says the model is stored, and kept by digest (its bytes, so its features, never
+change), they go into the predictor's feature book under the name tasks give the model
+(`name@sha256`, as `Predictor.graph_of` looks it up), once per artifact, before the pipeline
+is placed, so its tasks are scored by the learned model rather than the FLOPs prior. Meta that
+does not read as features is passed over, said so in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
+from nats.errors import Error as NatsError
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
 
 from orchestrator.predictor.features import FeatureBook, GraphFeatures
 from schemas import subjects
-from schemas.artifacts import ArtifactInfo, ArtifactKind, parse_ref
+from schemas.artifacts import ArtifactInfo, ArtifactKind, features_of_headers, parse_ref
 from schemas.codec import DecodeError, decode
 from schemas.errors import ServiceError
 from schemas.pipeline import PipelineSpec, artifact_of
@@ -33,6 +38,14 @@ log = logging.getLogger("mars.orchestrator.store")
 #: Longest wait for the store's answers at submission; past it the pipeline is placed with
 #: its artifacts' sizes unknown (charged nothing), and an agent says what is missing.
 LOOKUP_S = 2.0
+#: Longest wait for an object's meta (its graph features) at submission: past it the
+#: pipeline is placed without them (asked again at the next submission naming it).
+FEATURES_S = 0.5
+#: How long a digest whose object's meta holds no features is not asked again (a later put
+#: of the same model may add them).
+NO_FEATURES_S = 60.0
+#: Most digests remembered as holding no features (all forgotten past it).
+NO_FEATURES_KEPT = 4096
 
 
 class StoreLookup:
@@ -45,8 +58,13 @@ class StoreLookup:
         #: The artifacts (`name@sha256`) whose features are in the book already: the bytes
         #: a ref pins never change, so neither do their features.
         self._featured: set[str] = set()
+        #: Features read by sha256 (kept: content-addressed), and the digests whose meta held
+        #: none, with when they may be asked again (monotonic).
+        self._features: dict[str, tuple[GraphFeatures, GraphFeatures]] = {}
+        self._none_until: dict[str, float] = {}
         self._inputs: Any = None
         self._names: Any = None
+        self._objects: Any = None
 
     async def _bucket(self, attr: str, open_it: Any) -> Any:
         if getattr(self, attr) is None:
@@ -137,14 +155,48 @@ class StoreLookup:
             return "", None  # unreadable: the agent that fetches it says why
         if info.kind != kind:
             return f"is of kind {info.kind}, its task needs {kind}", None
-        self._learn(text, info)
+        if info.kind == "onnx":
+            await self._learn(text, info)
         return "", info.size
 
-    def _learn(self, text: str, info: ArtifactInfo) -> None:
+    async def _learn(self, text: str, info: ArtifactInfo) -> None:
         """The model's graph features into the predictor's book (once per artifact)."""
-        f = info.features
-        if f is None or self.book is None or text in self._featured:
+        if self.book is None or text in self._featured:
             return
-        base, per = GraphFeatures.of(f.base), GraphFeatures.of(f.per_batch)
-        self.book.add(text, base, per, info.sha256)
+        got = await self._features_of(info.sha256)
+        if got is None:
+            return
+        self.book.add(text, got[0], got[1], info.sha256)
         self._featured.add(text)
+
+    async def _features_of(self, sha: str) -> tuple[GraphFeatures, GraphFeatures] | None:
+        """The features in the meta of the object stored under `sha` (by digest, kept)."""
+        if sha in self._features:
+            return self._features[sha]
+        now = time.monotonic()
+        if self._none_until.get(sha, 0.0) > now:
+            return None
+        try:
+            async with asyncio.timeout(FEATURES_S):
+                objects = await self._bucket(
+                    "_objects", lambda: self.js.object_store(subjects.ARTIFACTS_BUCKET)
+                )
+                meta = None if objects is None else await objects.get_info(sha)
+        except NotFoundError:
+            meta = None
+        except (ConnectionError, OSError, NatsError) as exc:  # asked again next submission
+            log.warning("artifact %s: its object's meta not read (%s)", sha, exc)
+            return None
+        try:
+            f = None if meta is None else features_of_headers(meta.headers)
+        except ValueError as exc:
+            log.warning("artifact %s: its object's meta holds no graph features that read: %s",
+                        sha, str(exc)[:300])  # fmt: skip
+            f = None
+        if f is None:
+            if len(self._none_until) >= NO_FEATURES_KEPT:
+                self._none_until.clear()
+            self._none_until[sha] = now + NO_FEATURES_S
+            return None
+        got = self._features[sha] = (GraphFeatures.of(f.base), GraphFeatures.of(f.per_batch))
+        return got

@@ -4,9 +4,9 @@ Graph features of an ONNX model come from its ModelProto (op counts by class, FL
 matmul / gemm from the inferred shapes, memory traffic), parsed with the `onnx` package: the
 features of built-in models ship in `data/model_features.json` (linear in the batch size:
 `base + per_batch * batch`, exact for the ops we count), and those of a model put as an artifact
-are read by `mars artifact put` and kept on its entry; the orchestrator, which never holds model
-files, adds the latter to its book at submission (`placement.store_reads`). Tasks whose model
-has no known features are scored by the prior from their declared Profile.
+are read by `mars artifact put` and kept in its object's meta; the orchestrator, which never
+holds model files, adds the latter to its book at submission (`placement.store_reads`). Tasks
+whose model has no known features are scored by the prior from their declared Profile.
 """
 
 from __future__ import annotations
