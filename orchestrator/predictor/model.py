@@ -98,6 +98,12 @@ class _DeviceTable:
     overhead: F64
     vectors: NDArray[np.float32]
     ok: NDArray[np.bool_]
+    #: indices of the devices the model applies to, and their feature vectors already
+    #: clipped to the model's training range (the device half of every row it scores)
+    cols: NDArray[np.intp]
+    clipped: NDArray[np.float32]
+    #: whether `cols` is every device (then whole rows are written, not gathered ones)
+    every: bool
     band_lo: F64
     band_hi: F64
 
@@ -126,10 +132,12 @@ class LearnedModel:
     def applies(self, d: DeviceFacts) -> bool:
         return not d.emulated and (d.kind, d.provider) in self.seen
 
-    def run(self, x: NDArray[np.float32], log_roof: NDArray[np.float32]) -> F64:
+    def run(
+        self, x: NDArray[np.float32], log_roof: NDArray[np.float32], *, clipped: bool = False
+    ) -> F64:
         """Seconds per call for each row; features clipped to the training range (beyond it
-        the roofline alone carries the scale)."""
-        xc = np.clip(x, self.lo, self.hi)
+        the roofline alone carries the scale; `clipped`: the caller already did)."""
+        xc = x if clipped else np.clip(x, self.lo, self.hi)
         out = self.session.run(["seconds"], {"x": xc, "log_roofline": log_roof.reshape(-1, 1)})
         return np.asarray(out[0], dtype=np.float64)[:, 0]
 
@@ -315,16 +323,25 @@ class Predictor:
             b = np.where(ok, m.band_prior["q95"] - m.prior_log_scale, UNSEEN_BAND[1])
         else:
             a, b = np.full(len(facts), UNSEEN_BAND[0]), np.full(len(facts), UNSEEN_BAND[1])
+        vectors = np.asarray([device_vector(d) for d in facts], dtype=np.float32).reshape(
+            len(facts), -1
+        )
+        cols = np.flatnonzero(ok)
+        clipped = vectors[cols]
+        if m is not None:
+            nt = len(m.lo) - vectors.shape[1]  # the task half comes first
+            clipped = np.clip(clipped, m.lo[nt:], m.hi[nt:])
         table = _DeviceTable(
             gflops=np.array([d.gflops for d in facts]),
             mem_gbps=np.array([d.mem_gbps for d in facts]),
             overhead=np.array([d.call_overhead_s for d in facts]),
-            vectors=np.asarray([device_vector(d) for d in facts], dtype=np.float32).reshape(
-                len(facts), -1
-            ),
+            vectors=vectors,
             ok=ok,
             band_lo=np.exp(a),
             band_hi=np.exp(b),
+            cols=cols,
+            clipped=np.ascontiguousarray(clipped, dtype=np.float32),
+            every=len(cols) == len(facts),
         )
         self._tables[set_id] = table
         return table
@@ -336,10 +353,11 @@ class Predictor:
         overwrites the pairs the model applies to."""
         m = self.model
         scale = math.exp(m.prior_log_scale) if m is not None else 1.0
-        xs: list[NDArray[np.float32]] = []
+        tvs: list[list[float]] = []
         roofs: list[F64] = []
         where: list[tuple[int, float]] = []  # (row, iterations) per block of ok devices
-        cols = np.flatnonzero(dt.ok)
+        cols = dt.cols
+        nc = len(cols)
         graphs = [self.graph_of(t) for t in tasks]
         # tasks no model knows the graph of: the analytical prior, all in one go
         plain = [k for k, g in enumerate(graphs) if g is None]
@@ -357,25 +375,34 @@ class Predictor:
                 continue
             iters = float(run.iterations) if isinstance(run, OnnxRun) else 1.0
             roof = g.flops / (dt.gflops * 1e9) + g.mem_bytes / (dt.mem_gbps * 1e9) + dt.overhead
-            out[0, i] = iters * roof * scale
-            out[1, i] = out[0, i] * dt.band_lo
-            out[2, i] = out[0, i] * dt.band_hi
-            out[3, i] = PRIOR
-            if len(cols) and m is not None:
-                tv = np.asarray(task_vector(g), dtype=np.float32)
-                xs.append(np.hstack([np.broadcast_to(tv, (len(cols), len(tv))), dt.vectors[cols]]))
-                roofs.append(np.log(roof[cols]))
+            if not (dt.every and m is not None):  # the model overwrites every device's
+                out[0, i] = iters * roof * scale
+                out[1, i] = out[0, i] * dt.band_lo
+                out[2, i] = out[0, i] * dt.band_hi
+                out[3, i] = PRIOR
+            if nc and m is not None:
+                tvs.append(task_vector(g))
+                roofs.append(np.log(roof if dt.every else roof[cols]))
                 where.append((i, iters))
-        if xs and m is not None:
+        if tvs and m is not None:
             self.ort_calls += 1
-            secs = m.run(np.vstack(xs), np.concatenate(roofs).astype(np.float32))
+            # rows: each task's (clipped) half beside every applicable device's clipped half;
+            # clipping is per feature, so this is the whole row clipped
+            nt = len(m.lo) - dt.clipped.shape[1]
+            tv = np.clip(np.asarray(tvs, dtype=np.float32), m.lo[:nt], m.hi[:nt])
+            x = np.empty((len(tvs), nc, len(m.lo)), dtype=np.float32)
+            x[:, :, :nt] = tv[:, None, :]
+            x[:, :, nt:] = dt.clipped[None, :, :]
+            log_roof = np.concatenate(roofs).astype(np.float32)
+            secs = m.run(x.reshape(len(tvs) * nc, -1), log_roof, clipped=True)
             lo, hi = math.exp(m.band_model["q05"]), math.exp(m.band_model["q95"])
+            dst: slice | NDArray[np.intp] = slice(None) if dt.every else cols
             for k, (i, iters) in enumerate(where):
-                s = iters * secs[k * len(cols) : (k + 1) * len(cols)]
-                out[0, i, cols] = s
-                out[1, i, cols] = s * lo
-                out[2, i, cols] = s * hi
-                out[3, i, cols] = MODEL
+                s = iters * secs[k * nc : (k + 1) * nc]
+                out[0, i, dst] = s
+                out[1, i, dst] = s * lo
+                out[2, i, dst] = s * hi
+                out[3, i, dst] = MODEL
 
     # -- learning ---------------------------------------------------------------------------
     def observe(
