@@ -41,7 +41,10 @@ def timeline_table(st: StatusReply) -> str:
             f"{f(t.predicted_s, 9)}  {t.result or t.error}"
         )
     if st.prediction_error_pct is not None:
-        rows.append(f"predicted vs ran: mean error {st.prediction_error_pct:.1f}%")
+        rows.append(
+            f"predicted vs ran: off by {st.prediction_error_pct:.1f}% of the run time "
+            "(|predicted - ran| summed over the tasks that succeeded)"
+        )
     kept = [t for t in st.tasks if t.output_key is not None]
     if kept:
         rows.append(f"outputs (mars get {st.pipeline_id} TASK -o FILE):")

@@ -96,7 +96,8 @@ class StatusReply(WireModel):
     conflicts: Annotated[int, Field(ge=0, le=1 << 31)] = 0
     rejections: Annotated[int, Field(ge=0, le=1 << 31)] = 0
     cas_retries: Annotated[int, Field(ge=0, le=1 << 31)] = 0
-    #: Mean |predicted - actual| / actual over finished tasks (percent); None before any.
+    #: Sum of |predicted - actual| over succeeded tasks, as a percentage of the sum of their
+    #: actual run times; None before any.
     prediction_error_pct: NonNegFloat | None = None
     #: Exactly once: task events dropped as repeats or as coming from a superseded placement,
     #: results committed (once per task, by CAS in KV `MARS_RESULTS`) and results dropped there.
