@@ -540,3 +540,29 @@ class AgentCore:
     @property
     def running_total(self) -> int:
         return sum(self.running.values())
+
+
+class Overlaps:
+    """How many other jobs an agent ran alongside each running one (the most at any time
+    while it ran), said on its end event (`TaskEvent.shared`): the predictor keeps runs
+    that shared the agent apart from those that ran alone. A job's start updates the jobs
+    running then (as many as the agent's slots: cheap); its end reads its own."""
+
+    def __init__(self) -> None:
+        #: id of each running job -> the most other jobs seen running with it.
+        self._peak: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._peak)
+
+    def begin(self, job: object) -> None:
+        others = len(self._peak)
+        if others:
+            for k, seen in self._peak.items():
+                if seen < others:
+                    self._peak[k] = others
+        self._peak[id(job)] = others
+
+    def end(self, job: object) -> int:
+        """The most other jobs that ran with `job` (0 if it ran alone or was not begun)."""
+        return self._peak.pop(id(job), 0)

@@ -27,7 +27,7 @@ from edge_agent.artifacts import ArtifactCache
 from edge_agent.bundle_runner import run_bundle
 from edge_agent.calibrate import Recalibrator
 from edge_agent.config import AgentConfig
-from edge_agent.core import AgentCore, Job
+from edge_agent.core import AgentCore, Job, Overlaps
 from edge_agent.dataplane import CHUNK_HEADER, DataPlane
 from edge_agent.discover import build_devices
 from edge_agent.exec_runner import run_exec
@@ -167,6 +167,9 @@ class Agent:
         #: put on runs from outside, to emulate a device slowed or paused (tests, emulated
         #: fleets). None: tasks run at once.
         self.before_run: Callable[[Job], Awaitable[None]] | None = None
+        #: The jobs running now, and how many others each has run alongside (its end event
+        #: says: `TaskEvent.shared`).
+        self.overlaps = Overlaps()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def advert(self) -> AgentAdvert:
@@ -626,6 +629,7 @@ class Agent:
     # -- execution ------------------------------------------------------------------------------
     def _start_ready(self) -> None:
         for job in self.core.take_ready():
+            self.overlaps.begin(job)
             task = self._running[job.key] = self._spawn(self._execute(job))
             task.add_done_callback(functools.partial(self._ended, job))
         self._recheck_at(self.core.recheck_at)
@@ -649,6 +653,7 @@ class Agent:
         lets the job and its slot go: done here instead (found as a device that ran nothing
         more, its slot held by a job withdrawn as it started)."""
         if self.core.never_ran(job):
+            self.overlaps.end(job)
             if self._running.get(job.key) is task:
                 del self._running[job.key]
             log.debug("%s/%s withdrawn as it started", *job.key)
@@ -661,8 +666,10 @@ class Agent:
         offer = job.offer
         t0 = time.perf_counter()
         ok = False
+        shared: int | None = None  # (said once its run ends: what it did after runs alone)
         try:
             out = await self._run_reported(job, t0)
+            shared = self.overlaps.end(job)
             # an ONNX run says its model runs' time alone, its load and session apart (what
             # the predictor predicts); other runs their wall time
             duration = out.run_s if out.run_s is not None else time.perf_counter() - t0
@@ -691,18 +698,25 @@ class Agent:
             self._spawn(self.data.send_kept(made))
             ok = True
             kept = await self._keep_output(job, out)
-            self._emit(job, "succeeded", duration=duration, output=out, kept=kept, digest=digest)
+            self._emit(
+                job, "succeeded", duration=duration, output=out, kept=kept, digest=digest,
+                shared=shared,
+            )  # fmt: skip
         except asyncio.CancelledError:
-            self._emit(job, "cancelled", duration=time.perf_counter() - t0)
+            shared = self.overlaps.end(job) if shared is None else shared
+            self._emit(job, "cancelled", duration=time.perf_counter() - t0, shared=shared)
         except Exception as exc:
             log.warning("task %s/%s failed: %s", offer.pipeline_id, offer.task.id, exc)
+            shared = self.overlaps.end(job) if shared is None else shared
             self._emit(
                 job,
                 "failed",
                 duration=time.perf_counter() - t0,
                 error=f"{type(exc).__name__}: {exc}",
+                shared=shared,
             )
         finally:
+            self.overlaps.end(job)
             self._running.pop(job.key, None)
             self.core.finish(job.key, ok)
             self._start_ready()
@@ -813,6 +827,7 @@ class Agent:
         error: str = "",
         kept: str | None = None,
         digest: str | None = None,
+        shared: int | None = None,
     ) -> None:
         offer = job.offer
         ended = state in TASK_ENDED_STATES
@@ -822,6 +837,7 @@ class Agent:
             input_tokens=dict(job.input_tokens) if ended else None,
             output_key=kept, output_type=offer.task.output_type, output_sha256=digest,
             load_s=output.load_s if output else None, cold=output.cold if output else None,
+            shared=shared if ended else None,
         )  # fmt: skip
         if state == "started":
             job.start_reported = True
@@ -845,6 +861,7 @@ class Agent:
         output_sha256: str | None = None,
         load_s: float | None = None,
         cold: bool | None = None,
+        shared: int | None = None,
     ) -> tuple[str, str, bytes]:
         """Send a task event (subject, event id and data returned); `output_sha256`: the
         output's digest, when the caller has it."""
@@ -868,6 +885,7 @@ class Agent:
             output_key=output_key,
             load_s=load_s,
             cold=cold,
+            shared=shared,
         )
         sent = (subjects.task_event(pipeline_id, task_id, self.agent_id), ev.event_id, encode(ev))
         # journaled first: sent now if connected, replayed in order after a reconnect or restart

@@ -686,7 +686,7 @@ class Orchestrator:
             return  # the agent left; its device's figures are gone with it
         changed = self.predictor.observe(
             run.spec_by_id[ev.task_id], key, spec, ev.duration_s, self.wall(),
-            base_s=tr.base_s, cold=ev.cold, load_s=ev.load_s,
+            base_s=tr.base_s, cold=ev.cold, load_s=ev.load_s, shared=ev.shared,
         )  # fmt: skip
         if changed is not None and self.history is not None:
             self.history.mark(*changed)  # written by the history loop, once per window

@@ -57,6 +57,9 @@ class TaskEvent(TaskOutcome):
     #: Whether the run's session was created for it (its first run on the agent, whose
     #: runs are slower than later ones); None: not said.
     cold: bool | None = None
+    #: On an end: the most other jobs its agent ran at the same time while it ran (0: it ran
+    #: alone). None: not said (an agent of an older release; taken as 0).
+    shared: Annotated[int, Field(ge=0, le=1 << 20)] | None = None
 
 
 class PipelineEvent(WireModel):

@@ -10,6 +10,7 @@ from schemas.base import WireModel
 from schemas.limits import Count, ShortText
 
 Ratio = Annotated[float, Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+PositiveRatio = Annotated[float, Field(gt=0.0, le=1e6, allow_inf_nan=False)]
 #: A run's or a load's seconds.
 Seconds = Annotated[float, Field(ge=0.0, le=1e9, allow_inf_nan=False)]
 RunSeconds = Annotated[float, Field(gt=0.0, le=1e9, allow_inf_nan=False)]
@@ -32,6 +33,10 @@ class CorrectionTrack(WireModel):
     cold_n: Count = 0
     cold_s: Seconds = 0.0
     load_s: Seconds = 0.0
+    #: Added with contention kept apart (a record without them still loads): the last
+    #: ratios of runs that shared their agent to the uncontended estimate, and their count.
+    contended: Annotated[list[PositiveRatio], Field(max_length=64)] = Field(default_factory=list)
+    contended_n: Count = 0
 
 
 class CorrectionRecord(WireModel):

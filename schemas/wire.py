@@ -71,6 +71,7 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
         "output_key": 3,
         "load_s": 7,  # level 7 (below)
         "cold": 7,
+        "shared": 7,
     },
     TaskOutcome: {"output_sha256": 3, "output_type": 3, "output_key": 3},
     TaskResult: {"output_sha256": 3, "output_type": 3, "output_key": 3},
@@ -113,7 +114,17 @@ ADDED: dict[type[WireModel], dict[str, int]] = {
     # history and cold runs apart (a replica of an older release skips such a record); an
     # agent's advert names the models it holds a session for (`AgentAdvert.warm_models`,
     # above): placement charges the load to agents without it
-    CorrectionTrack: {"warm": 7, "warm_s": 7, "cold_n": 7, "cold_s": 7, "load_s": 7},
+    # level 7 too: an end event says how many other jobs its agent ran at the same time
+    # (`TaskEvent.shared`), and the stored tracks keep such contended runs apart
+    CorrectionTrack: {
+        "warm": 7,
+        "warm_s": 7,
+        "cold_n": 7,
+        "cold_s": 7,
+        "load_s": 7,
+        "contended": 7,
+        "contended_n": 7,
+    },
 }
 #: Error codes added after level 1: the level that added each, and the code a requester of
 #: an older level is answered with instead (one it knows).

@@ -17,8 +17,12 @@ Pure and synchronous (the KV persistence is a thin shell in `history.py`). Histo
   outliers are not applied, but MAX_STREAK outliers in a row that agree with each other
   mean the task really changed speed, and restart the factor from them.
 
-Runs reported while the device ran other work are not told apart: a task event does not
-say what else ran.
+Runs that shared their agent (`shared`: the most other jobs it ran at the same time, > 0)
+say little of the task's own time: they enter neither the warm history nor the factor. Per
+track their ratio to the uncontended estimate then (the history's centre, else the model's
+prediction times the factor) is kept apart, the last CONTENDED_WINDOW of them and how many
+there were; `Track.contention` is their median. A run that does not say (`shared` None: an
+agent of an older release) counts as unshared.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ HISTORY_MIN = 3
 #: The least spread (log terms, ~5 %) the history's outlier bound assumes: runs within
 #: MAD_K times this (~19 %) of the median are never rejected.
 HISTORY_FLOOR = 0.05
+#: Contended runs' ratios kept per track.
+CONTENDED_WINDOW = 16
 #: Factors are kept within [1/100, 100]: beyond that the task is not the one we predicted.
 MAX_LOG = math.log(100.0)
 
@@ -67,10 +73,14 @@ class Track:
     cold_n: int = 0
     cold_s: float = 0.0
     load_s: float = 0.0
+    #: Runs that shared their agent, apart: the last ratios of their run time to the
+    #: uncontended estimate then, and how many there were in all.
+    contended: tuple[float, ...] = ()
+    contended_n: int = 0
 
     def __post_init__(self) -> None:
         self.recent, self.pending = tuple(self.recent), tuple(self.pending)
-        self.warm = tuple(self.warm)
+        self.warm, self.contended = tuple(self.warm), tuple(self.contended)
         if len(self.warm) >= HISTORY_MIN and self.warm_s <= 0.0:
             self.warm_s = robust_centre(self.warm)
 
@@ -84,6 +94,12 @@ class Track:
         else its factor (what a change of is worth writing down)."""
         return math.log(self.warm_s) if self.warm_s > 0.0 else self.log_factor
 
+    @property
+    def contention(self) -> float | None:
+        """How much slower than uncontended its runs that shared their agent were: the
+        median of their ratios (None before any)."""
+        return statistics.median(self.contended) if self.contended else None
+
     def seconds(self, base_s: float) -> float:
         """The estimate of a warm run: the history's centre, else `base_s` times the factor."""
         return self.warm_s if self.warm_s > 0.0 else base_s * self.factor
@@ -94,6 +110,7 @@ class Track:
             "recent": list(self.recent),
             "pending": list(self.pending),
             "warm": list(self.warm),
+            "contended": list(self.contended),
         }
 
 
@@ -209,10 +226,12 @@ class Corrections:
         *,
         cold: bool | None = None,
         load_s: float | None = None,
+        shared: int | None = None,
     ) -> bool:
         """One reported duration against the uncorrected prediction it replaces; `cold`: its
-        session was created for it (None: not said, taken as warm), `load_s`: that took.
-        True if the track took it in (a warm run the factor rejects still enters the
+        session was created for it (None: not said, taken as warm), `load_s`: that took;
+        `shared`: the most other jobs its agent ran alongside it (None: not said, taken as
+        0). True if the track took it in (a warm run the factor rejects still enters the
         history, whose own rule judges it)."""
         if base_s <= 0.0 or actual_s <= 0.0 or not math.isfinite(actual_s):
             return False
@@ -228,6 +247,12 @@ class Corrections:
             t.cold_s = _mean_into(t.cold_s, t.cold_n, actual_s)
             if load_s is not None and math.isfinite(load_s) and load_s >= 0.0:
                 t.load_s = _mean_into(t.load_s, t.cold_n, load_s)
+            return True
+        if shared:
+            t.updated = now
+            t.contended_n += 1
+            ratio = actual_s / t.seconds(base_s)
+            t.contended = (*t.contended, max(1e-6, min(1e6, ratio)))[-CONTENDED_WINDOW:]
             return True
         add_warm(t, actual_s)
         return update(t, math.log(actual_s / base_s), now)

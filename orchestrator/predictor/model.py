@@ -245,6 +245,13 @@ class Predictor:
         tr = self.corrections.get(task_signature(task), key)
         return tr.load_s if tr is not None and tr.cold_n else None
 
+    def contention(self, task: TaskSpec, key: str) -> float | None:
+        """How much slower than uncontended `task` ran on device `key` when its agent ran
+        other jobs at the same time: the median ratio of those runs' times to the
+        uncontended estimate then; None before any such run. Not used by planning yet."""
+        tr = self.corrections.get(task_signature(task), key)
+        return tr.contention if tr is not None else None
+
     def load_prior(self, task: TaskSpec, nbytes: float | None = None) -> float:
         """A cold start's load where none was reported: `LOAD_PRIOR_S` plus the model's
         bytes (`nbytes`, e.g. its artifact's size; else its weights as its graph features
@@ -416,15 +423,20 @@ class Predictor:
         *,
         cold: bool | None = None,
         load_s: float | None = None,
+        shared: int | None = None,
     ) -> tuple[str, str] | None:
         """A reported duration; returns the (signature, device key) whose track changed.
         `base_s`: the uncorrected estimate the plan used, when the caller kept it (saves an
         inference per finished task); otherwise it is estimated again. `cold`: the run's
-        session was made for it (kept apart from warm runs), `load_s`: what that took."""
+        session was made for it (kept apart from warm runs), `load_s`: what that took;
+        `shared`: the most other jobs its agent ran at the same time (> 0: kept apart from
+        the uncontended runs, in `contention`; None: not said, taken as 0)."""
         if base_s is None:
             base_s = float(self.estimate([task], [device], [key]).base[0, 0])
         sig = task_signature(task)
-        if self.corrections.observe(sig, key, base_s, actual_s, now, cold=cold, load_s=load_s):
+        if self.corrections.observe(
+            sig, key, base_s, actual_s, now, cold=cold, load_s=load_s, shared=shared
+        ):
             return sig, key
         track = self.corrections.get(sig, key)
         return (sig, key) if track is not None else None

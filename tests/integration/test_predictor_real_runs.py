@@ -12,7 +12,9 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from edge_agent.core import Job
 from orchestrator.placement.planning import plan_pipeline
+from orchestrator.predictor.correction import HISTORY_MIN
 from orchestrator.predictor.model import task_signature
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of
@@ -152,4 +154,86 @@ async def test_after_a_real_run_the_model_is_warm_there_and_its_load_charged_els
         track = orch.predictor.corrections.get(sig, "a1:cpu0")
         assert track is not None and (track.cold_n, len(track.warm)) == (1, 1)  # found warm
     finally:
+        await stop_cluster(orch, agents)
+
+
+async def test_runs_that_shared_the_agent_stay_out_of_the_warm_history(nats_url: str) -> None:
+    """One agent, one device with 2 slots. The task runs alone until its warm history is the
+    estimate; then two copies of it run at the same time (held at their start until both have
+    begun: no sleep): each end event says it shared the agent with one other job, and the
+    warm history and factor stay as they were, the runs kept apart as contention. A run alone
+    after them enters the history again."""
+    two_slots = {**EMULATED_CPU, "slots": 2}
+    configs = {"a1": agent_config("s1", "edge", probe_cpu=False, devices=[two_slots])}
+    orch, agents = await start_cluster(nats_url, configs)
+    (agent,) = agents
+    assert isinstance(agent, RecordingAgent)
+    nc = await nats.connect(nats_url)
+    ends: asyncio.Queue[TaskEvent] = asyncio.Queue()
+
+    async def heard(msg: Msg) -> None:
+        ev = decode(msg.data, TaskEvent, encoding_of(msg.headers))
+        if ev.state == "succeeded":
+            ends.put_nowait(ev)
+
+    sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=heard)
+    try:
+        alone = PipelineSpec.model_validate({"name": "alone", "tasks": [TASK]})
+        task, key = alone.tasks[0], "a1:cpu0"
+        sig = task_signature(task)
+
+        def seen() -> int:
+            tr = orch.predictor.corrections.get(sig, key)
+            return 0 if tr is None else tr.cold_n + len(tr.warm) + tr.contended_n
+
+        async def run(spec: PipelineSpec, pid: str, learned: int) -> list[TaskEvent]:
+            await orch.submit_spec(spec, pid)
+            done = await orch.wait_terminal(pid, 60.0)
+            assert done.state == "succeeded", (done.reason, done.placement_log)
+            got = [await asyncio.wait_for(ends.get(), 10.0) for _ in spec.tasks]
+            assert {e.pipeline_id for e in got} == {pid}
+            async with asyncio.timeout(10.0), orch.changed:  # the orchestrator learned them
+                await orch.changed.wait_for(lambda: seen() == learned)
+            return got
+
+        for i in range(HISTORY_MIN + 1):  # a cold first run, then enough warm ones
+            (ev,) = await run(alone, f"alone{i}", i + 1)
+            assert (ev.shared, ev.cold) == (0, i == 0)
+        track = orch.predictor.corrections.get(sig, key)
+        assert track is not None and len(track.warm) == HISTORY_MIN and track.warm_s > 0.0
+        before = (track.warm, track.warm_s, track.log_factor, track.n, track.recent)
+        assert (track.contended_n, orch.predictor.contention(task, key)) == (0, None)
+
+        both = asyncio.Event()
+        begun: list[str] = []
+
+        async def together(job: Job) -> None:
+            """Each of the pair waits at its start until the other has begun too."""
+            begun.append(job.offer.task.id)
+            if len(begun) == 2:
+                both.set()
+            await both.wait()
+
+        agent.before_run = together
+        twin = {**TASK, "id": "cnn2"}
+        pair = PipelineSpec.model_validate({"name": "pair", "tasks": [TASK, twin]})
+        assert task_signature(pair.tasks[1]) == sig  # the same work: one track
+        got = await run(pair, "pair", HISTORY_MIN + 3)
+        agent.before_run = None
+        assert sorted(begun) == ["cnn", "cnn2"]
+        assert [(e.shared, e.cold) for e in got] == [(1, False), (1, False)]
+        (s1, e1), (s2, e2) = [(s, e) for p, _, _, s, e in agent.log if p == "pair"]
+        assert s1 < e2 and s2 < e1  # they did run at the same time
+        assert (track.warm, track.warm_s, track.log_factor, track.n, track.recent) == before
+        assert track.contended_n == 2
+        ratios = [e.duration_s / before[1] for e in got if e.duration_s is not None]
+        assert len(ratios) == 2
+        assert orch.predictor.contention(task, key) == pytest.approx(statistics.median(ratios))
+
+        (ev,) = await run(alone, "alone-after", HISTORY_MIN + 4)  # alone again: it counts
+        assert ev.shared == 0 and ev.duration_s is not None
+        assert track.warm == (*before[0], ev.duration_s) and track.contended_n == 2
+    finally:
+        await sub.unsubscribe()
+        await nc.close()
         await stop_cluster(orch, agents)
