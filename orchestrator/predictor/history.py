@@ -2,9 +2,10 @@
 hot path, read back on start so a restarted orchestrator keeps what it learned.
 
 Not every change is written: a track is first written once it has MIN_SAVE_N observations,
-then again when its observation count has doubled, or what it says (its warm history's
-centre once it has one, else its factor: `Track.level`) has moved by MIN_SAVE_SHIFT (in log
-terms) since a write at least MIN_SHIFT_GAP_S old, and at stop whatever changed. On noisy
+then again when its observation count (its contended runs included: `seen`) has doubled, or
+what it says (its warm history's centre once it has one, else its factor: `Track.level`) has
+moved by MIN_SAVE_SHIFT (in log terms) since a write at least MIN_SHIFT_GAP_S old, and at stop
+whatever changed. On noisy
 work each observation moves the factor by more than MIN_SAVE_SHIFT (the EWMA takes 30% of
 every accepted sample), so without the gap a busy track would be written at nearly every
 flush, for a restart to remember a second's drift. On a fleet running ever new work (each
@@ -51,8 +52,16 @@ KEEP_S = 30 * 24 * 3600.0
 #: ... and one still in use is written again at least this often, so it never expires.
 REFRESH_S = KEEP_S / 3
 
-#: A track's (observation count, level, time of its last observation) when last written.
+#: A track's (observation count, `seen`; level; time of its last observation) when last written.
 Saved = tuple[int, float, float]
+
+
+def seen(track: Track) -> int:
+    """A track's observations as its writes count them: those its factor took, and its
+    contended runs (kept apart, they change the record too)."""
+    return track.n + track.contended_n
+
+
 #: Every key of a KV bucket, or None when it holds values but listing them kept failing.
 KeyLister = Callable[[Any], Awaitable[list[str] | None]]
 
@@ -65,10 +74,10 @@ def due(track: Track, last: Saved | None, final: bool = False) -> bool:
         return True
     n0, lf0, at0 = last
     if final:
-        return (track.n, track.level) != (n0, lf0)
+        return (seen(track), track.level) != (n0, lf0)
     age = track.updated - at0
     return (
-        track.n >= 2 * n0
+        seen(track) >= 2 * n0
         or (abs(track.level - lf0) >= MIN_SAVE_SHIFT and age >= MIN_SHIFT_GAP_S)
         or age >= REFRESH_S
     )
@@ -166,7 +175,7 @@ class History:
         # more in the bucket than the bound: the least recently updated are not held
         held = self.corrections.load(read)
         for sig, device, track in held:
-            self.saved[(sig, device)] = (track.n, track.level, track.updated)
+            self.saved[(sig, device)] = (seen(track), track.level, track.updated)
         return len(held)
 
     async def _keys(self) -> list[str]:
@@ -186,7 +195,7 @@ class History:
         )
         try:
             await self.kv.put(kv_key(sig, device), body)
-            self.saved[(sig, device)] = (track.n, track.level, track.updated)
+            self.saved[(sig, device)] = (seen(track), track.level, track.updated)
             self.writes += 1
         except Exception as exc:
             log.warning("saving correction %s@%s failed: %s", sig, device, exc)

@@ -12,6 +12,7 @@ import pytest
 
 from edge_agent.core import Overlaps
 from orchestrator.predictor.correction import CONTENDED_WINDOW, Corrections, Track
+from orchestrator.predictor.history import due, seen
 from orchestrator.predictor.model import Predictor
 from schemas import DeviceSpec, TaskSpec
 from schemas.codec import Encoding, decode, encode
@@ -107,6 +108,20 @@ def test_a_track_with_contention_round_trips_through_its_record() -> None:
     assert ADDED[CorrectionTrack]["contended"] == ADDED[CorrectionTrack]["contended_n"] == 7
     with pytest.raises(ValueError):
         CorrectionTrack(contended=[0.0])
+
+
+def test_contended_runs_make_a_track_due_for_a_write() -> None:
+    """At stop a track whose only change is contended runs is written; their count joins the
+    doubling rule."""
+    c = Corrections()
+    t = warmed(c)
+    last = (seen(t), t.level, t.updated)
+    assert not due(t, last, final=True)
+    c.observe("s", "d", 0.5, 1.6, 2.0, shared=1)
+    assert seen(t) == t.n + 1 and due(t, last, final=True)
+    for _ in range(2):
+        c.observe("s", "d", 0.5, 1.6, 3.0, shared=1)
+    assert seen(t) == 2 * last[0] and due(t, last)
 
 
 CPU = DeviceSpec(device_id="cpu", kind="cpu", gflops=80.0, mem_bandwidth_gbps=12.0,
