@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 
 from edge_agent.core import Job
 from orchestrator.placement.planning import plan_pipeline
-from orchestrator.predictor.correction import HISTORY_MIN
+from orchestrator.predictor.correction import HISTORY_MIN, robust_centre
 from orchestrator.predictor.model import task_signature
 from schemas import PipelineSpec, subjects
 from schemas.codec import decode, encoding_of
@@ -85,10 +85,14 @@ async def test_after_five_real_runs_the_prediction_is_the_warm_run_time(nats_url
         assert all(e.cold is False and e.load_s == 0.0 for e in later)
         warm = [e.duration_s for e in later if e.duration_s is not None]
         assert len(warm) == RUNS - 1
-        centre = statistics.median(warm)
         est = orch.predictor.estimate([task], [device], [key])
         assert est.source_name(0, 0) == "history"
-        assert abs(float(est.seconds[0, 0]) - centre) / centre <= 0.05, (est.seconds, warm)
+        # the warm runs' lower quartile: between the fastest and the median of what the agent
+        # reported (a cold run mixed in would lift it above their median), whatever the
+        # host's load did to their spread
+        got_s = float(est.seconds[0, 0])
+        assert min(warm) <= got_s <= statistics.median(warm), (got_s, warm)
+        assert got_s == pytest.approx(robust_centre(warm), rel=1e-9)
         assert orch.predictor.load_estimate(task, key) == pytest.approx(first.load_s)
     finally:
         await sub.unsubscribe()

@@ -21,7 +21,7 @@ from schemas.predictor import CorrectionRecord, CorrectionTrack
 from schemas.wire import ADDED
 
 
-def warmed(c: Corrections, runs: tuple[float, ...] = (1.0, 1.02, 0.98)) -> Track:
+def warmed(c: Corrections, runs: tuple[float, ...] = (1.0, 1.02, 1.0)) -> Track:
     for x in runs:
         assert c.observe("s", "d", 0.5, x, 1.0, cold=False, shared=0)
     t = c.get("s", "d")
@@ -41,7 +41,7 @@ def test_a_contended_run_leaves_the_warm_estimate_and_the_factor_as_they_were() 
     assert t.contention == pytest.approx(2.1)
     # a run alone still moves it
     assert c.observe("s", "d", 0.5, 1.01, 4.0, shared=0)
-    assert t.warm == (1.0, 1.02, 0.98, 1.01)
+    assert t.warm == (1.0, 1.02, 1.0, 1.01)
 
 
 def test_before_a_history_contention_is_against_the_model_times_its_factor() -> None:
@@ -71,7 +71,7 @@ def test_an_old_agent_saying_nothing_counts_as_unshared() -> None:
     c = Corrections()
     t = warmed(c)
     assert c.observe("s", "d", 0.5, 1.0, 2.0, shared=None)
-    assert (t.warm, t.contended, t.contended_n) == ((1.0, 1.02, 0.98, 1.0), (), 0)
+    assert (t.warm, t.contended, t.contended_n) == ((1.0, 1.02, 1.0, 1.0), (), 0)
 
 
 def test_a_cold_run_that_shared_its_agent_is_kept_with_the_cold_runs() -> None:
@@ -134,7 +134,7 @@ def test_the_predictor_says_contention_apart_from_its_estimate() -> None:
         {"id": "t", "run": {"kind": "onnx", "model": "some_model", "batch": 1}}
     )
     base = float(p.estimate([t], [CPU], ["a:cpu"]).base[0, 0])
-    for x in (2.0, 2.1, 1.9):
+    for x in (2.0, 2.1, 2.0):  # lower quartile 2.0
         p.observe(t, "a:cpu", CPU, x * base, 1.0, cold=False, shared=0)
     assert p.contention(t, "a:cpu") is None
     assert p.estimate([t], [CPU], ["a:cpu"]).seconds[0, 0] == pytest.approx(2.0 * base)
