@@ -226,14 +226,17 @@ def policy_table(
     runs: Sequence[SeedRun], variants: Sequence[Variant], *, recovery: bool = True
 ) -> str:
     """The standard table: a row per variant, rows of the same detection model together (the
-    first variant's model first), each cell mean ± 95% CI half-width over the seeds."""
+    first variant's model first), each cell mean ± 95% CI half-width over the seeds. Without
+    `recovery` (a scenario with no failures) neither recovery nor the detection model, which
+    then plays no part, has a column."""
     metrics = [m for m in METRICS if recovery or m[0] != "recov mean s"]
     rows: list[list[object]] = []
     for group in detection_groups(variants):
         for v in group:
             cells = [interval(runs, v.label, get).cell() for _, get in metrics]
-            rows.append([v.label, v.detection.label, *cells])
-    return table(rows, ["variant", "detection", *(h for h, _ in metrics)], left=2)
+            rows.append([v.label, *([v.detection.label] if recovery else []), *cells])
+    head = ["variant", *(["detection"] if recovery else []), *(h for h, _ in metrics)]
+    return table(rows, head, left=2 if recovery else 1)
 
 
 def ratio_line(

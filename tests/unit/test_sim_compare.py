@@ -232,6 +232,7 @@ def test_the_table_lists_seeds_and_intervals(
     for policy in ("portfolio", "heft", "kube-like", "least-loaded", "round-robin"):
         row = next(line for line in text.splitlines() if line.startswith(policy + " "))
         assert row.count(" ± ") == 7, row  # every metric but recovery (no failures here)
+        assert "heartbeat" not in row  # ... and no detection model: none plays a part
         resp = [doc["per_seed"][s][policy]["response_s"]["mean"] for s in ("4", "5")]
         got = doc["summary"][policy]["resp mean s"]
         assert got["n"] == 2 and got["mean"] == pytest.approx(sum(resp) / 2)
