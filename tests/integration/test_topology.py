@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import nats.errors
+import nats.js.errors
 import pytest
 import pytest_asyncio
 
@@ -111,6 +113,22 @@ async def test_pipeline_spans_sites_and_cloud(topo: Topology) -> None:
         await alice.close()
 
 
+async def results_watch(topo: Topology, nc: Any, key: str, within_s: float = 30.0) -> Any:
+    """A watch of `key` in MARS_RESULTS, opened as soon as the bucket's stream answers: after
+    a hub node dies its streams elect new leaders, and until then JetStream requests time out
+    (on a busy 2-core machine, for more than one request's 5 s). No event says a leader was
+    elected to a client that asks later, so each attempt's own timeout is the wait."""
+    async with asyncio.timeout(within_s):
+        while True:
+            try:
+                kv = await topo.js(nc).key_value("MARS_RESULTS")
+                return await kv.watch(key)
+            except nats.errors.TimeoutError:
+                continue  # the request waited its timeout: ask again
+            except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+                await asyncio.sleep(0.2)  # answered at once, no leader yet: ask again shortly
+
+
 async def test_hub_node_killed_mid_pipeline(topo: Topology) -> None:
     ops = await client_as(topo, "admin", "ops")
     try:
@@ -129,10 +147,10 @@ async def test_hub_node_killed_mid_pipeline(topo: Topology) -> None:
         # was committed is what the status reports (the replica answering may have adopted
         # the pipeline, so its own counters start after the loss)
         nc = await topo.connect("replica", "h3" if info.cluster.leader != "h3" else "h1")
-        kv = await topo.js(nc).key_value("MARS_RESULTS")
         # (the results' last write may reach this node's copy of the bucket after the status
-        # said so: watched, not read once)
-        watch = await kv.watch(f"{rep.pipeline_id}.0")
+        # said so: watched, not read once; and the bucket's stream may still be electing a
+        # leader on the two nodes left, so opening it is tried again until it answers)
+        watch = await results_watch(topo, nc, f"{rep.pipeline_id}.0")
         chunk = TaskResults(pipeline_id=rep.pipeline_id)
         async with asyncio.timeout(30):
             while len(chunk.results) < len(st.tasks):
