@@ -2,10 +2,10 @@
 refusal of a pipeline whose budget no plan fits.
 
 Devices are priced by their agents' adverts ($/hour), data crossing sites by the links they
-declare ($/GB); `scheduling.money` adds them up. The portfolio tries its cost-aware
-candidates only as far as its planning budget allows (none while other placements queue),
-so here they are tried in full whenever a pipeline states a budget or a money weight: what
-a user is charged must not depend on how busy the planner was."""
+declare ($/GB); `scheduling.money` adds them up. The portfolio runs its cost-aware
+candidates whenever a pipeline states a budget or a money weight, whatever its planning
+budget (what a user is charged must not depend on how busy the planner was); here a plan
+is priced, and one over its budget is replaced by the cheapest found or refused."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from orchestrator.scheduling import Cluster, CostModel, Placement, Plan, TaskGra
 from orchestrator.scheduling.constraints import Unschedulable
 from orchestrator.scheduling.engine import Prepared
 from orchestrator.scheduling.money import Objective, cost_aware_prepared, plan_cost
-from orchestrator.scheduling.portfolio import MONEY_ONLY_WEIGHT, money_candidates
+from orchestrator.scheduling.portfolio import MONEY_ONLY_WEIGHT
 from schemas.pipeline import PipelineSpec
 
 #: A plan's dollars above the budget by at most this share still fit it (rounding).
@@ -73,31 +73,22 @@ def held_to(
     now: float = 0.0,
     refuse: bool = False,
 ) -> Plan:
-    """The best plan by `objective` of `plan` (the portfolio's) and cost-aware HEFT at the
-    portfolio's exchange rates, its `cost` set. With a budget no plan fits: the cheapest
-    found, or with `refuse` OverBudget (its cheapest found: cost-aware HEFT at a money-only
-    rate among them)."""
+    """`plan` (the portfolio's, which always runs its cost-aware candidates when money is
+    asked, so it is already the best by `objective` it found), its `cost` set. With a budget
+    it does not fit: cost-aware HEFT at a money-only rate if that is cheaper, or with
+    `refuse` OverBudget with the cheapest cost found."""
     if plan.cost is not None and (objective is None or not objective.uses_money):
         return plan  # priced by the portfolio, which ranked it the only way asked
     dollars = plan.cost if plan.cost is not None else plan_cost(plan, graph, cluster, cost)
     best = replace(plan, cost=dollars)
     if objective is None or not objective.uses_money:
         return best
-    prep = Prepared(graph, cluster, cost, fixed, now)
-    best_key = objective.key(best.makespan, dollars)
-    tried = [*money_candidates(objective, best.makespan, dollars)]
-    for cand in tried:
-        got = cand.run(prep)
-        got_dollars = plan_cost(got, graph, cluster, cost)
-        key = objective.key(got.makespan, got_dollars)
-        if key < best_key:
-            best, best_key = replace(got, cost=got_dollars), key
-    assert best.cost is not None
-    if fits(objective, best.cost):
+    if fits(objective, dollars):
         return best
+    prep = Prepared(graph, cluster, cost, fixed, now)
     cheapest = cost_aware_prepared(prep, MONEY_ONLY_WEIGHT, "heft-money-only")
     cheapest_dollars = plan_cost(cheapest, graph, cluster, cost)
-    if cheapest_dollars < best.cost:
+    if cheapest_dollars < dollars:
         best = replace(cheapest, cost=cheapest_dollars)
     assert best.cost is not None and objective.budget is not None
     if refuse and not fits(objective, best.cost):

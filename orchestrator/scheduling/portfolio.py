@@ -7,16 +7,18 @@ cluster); the others follow in a fixed order and a later plan replaces the best 
 strictly better, so ties go to the earlier candidate.
 
 Determinism: which candidates run depends on the problem size, the budget and this process's
-loop speed, never on the clock during a call. One HEFT run is estimated as
-(a x tasks + b x edges + c x (tasks + edges) x devices) times the process's loop scale, which
+loop speed, never on the clock during a call. One HEFT run is estimated as (a x tasks + b x
+edges + c x (tasks + edges) x devices) times the process's loop scale, which
 `calibration.loop_scale` measures once, on first use, by timing HEFT on a fixed problem
-(rounded to a power of two, so one machine mostly gets one scale; `set_loop_scale` fixes
-it). Each candidate costs a constant factor times that, the factor measured offline for the
-loop in use (compiled or Python: their ratios differ, PEFT ~25x HEFT compiled but ~3x in
-Python). A candidate runs when the estimates of everything run so far plus its own fit in
-`budget_s`, otherwise it is skipped (a later, cheaper one may still fit). HEFT runs even when
-it alone is over budget. So within a process the same graph and budget give the same plan;
-time enters only through the budget and the one calibration.
+(rounded to a quarter power of two, so one machine mostly gets one scale; clusters past the
+dense loops get a scale of their own; `set_loop_scale` fixes them). Each candidate costs a
+constant factor times that, the factor measured offline for the loop in use (compiled or
+Python: their ratios differ, PEFT 15-37x HEFT compiled but ~3x in Python). A candidate runs when
+the estimates of everything run so far plus its own fit in `budget_s`, otherwise it is skipped
+(a later, cheaper one may still fit). HEFT runs even when it alone is over budget, and so do
+the cost-aware candidates when the objective weighs money (a few HEFT-priced runs: a plan asked
+to weigh money is ranked by it however busy the planner). So within a process the same graph
+and budget give the same plan; time enters only through the budget and the one calibration.
 
 Safety net: if the wall clock ever passes `GUARD_FACTOR` x budget_s + `GUARD_SLACK_S` (the
 estimates wildly wrong, a machine many times slower than the calibration), the remaining
@@ -219,15 +221,15 @@ def portfolio(
         extra_budget = 0.0  # HEFT reached the bound: no candidate can finish sooner
     else:
         extra_budget = budget_s if max_share is None else min(budget_s, max_share * best.makespan)
-    queue = [
-        *money_candidates(objective, best.makespan, best_cost),
-        *TIME_CANDIDATES,
-    ]
-    for cand in queue:
+    money = money_candidates(objective, best.makespan, best_cost)
+    for cand in [*money, *TIME_CANDIDATES]:
         est = unit * cand.factor(len(prep.todo))
-        if spent + est > extra_budget:
+        # the cost-aware candidates run whatever the budget, as HEFT does: without them a
+        # plan asked to weigh money would be ranked by it only when the planner had time
+        required = cand in money
+        if not required and spent + est > extra_budget:
             continue
-        if time.perf_counter() > deadline:
+        if not required and time.perf_counter() > deadline:
             break
         spent += est
         plan = cand.run(prep)
