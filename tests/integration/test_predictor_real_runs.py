@@ -29,18 +29,19 @@ TASK = {"id": "cnn", "run": {"kind": "onnx", "model": "tiny_cnn", "batch": 64,
                              "iterations": 5, "random_inputs": True}}  # fmt: skip
 
 
+async def succeeded(ends: asyncio.Queue[TaskEvent], msg: Msg) -> None:
+    """Every task event's success, in the order heard."""
+    ev = decode(msg.data, TaskEvent, encoding_of(msg.headers))
+    if ev.state == "succeeded":
+        ends.put_nowait(ev)
+
+
 async def test_after_five_real_runs_the_prediction_is_the_warm_run_time(nats_url: str) -> None:
     configs = {"a1": agent_config("s1", "edge", probe_cpu=False, devices=[EMULATED_CPU])}
     orch, agents = await start_cluster(nats_url, configs)
     nc = await nats.connect(nats_url)
     ends: asyncio.Queue[TaskEvent] = asyncio.Queue()
-
-    async def heard(msg: Msg) -> None:
-        ev = decode(msg.data, TaskEvent, encoding_of(msg.headers))
-        if ev.state == "succeeded":
-            ends.put_nowait(ev)
-
-    sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=heard)
+    sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=functools.partial(succeeded, ends))
     try:
         spec = PipelineSpec.model_validate({"name": "rep", "tasks": [TASK]})
         task, key = spec.tasks[0], "a1:cpu0"
@@ -174,13 +175,7 @@ async def test_runs_that_shared_the_agent_stay_out_of_the_warm_history(nats_url:
     assert isinstance(agent, RecordingAgent)
     nc = await nats.connect(nats_url)
     ends: asyncio.Queue[TaskEvent] = asyncio.Queue()
-
-    async def heard(msg: Msg) -> None:
-        ev = decode(msg.data, TaskEvent, encoding_of(msg.headers))
-        if ev.state == "succeeded":
-            ends.put_nowait(ev)
-
-    sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=heard)
+    sub = await nc.subscribe(subjects.ALL_TASK_EVENTS, cb=functools.partial(succeeded, ends))
     try:
         alone = PipelineSpec.model_validate({"name": "alone", "tasks": [TASK]})
         task, key = alone.tasks[0], "a1:cpu0"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import strategies as st
 
 from orchestrator.scheduling import (
@@ -19,6 +21,9 @@ from orchestrator.scheduling import (
     TaskGraph,
     ineligibility,
 )
+from orchestrator.scheduling.engine import Prepared
+from orchestrator.scheduling.plan import Plan
+from orchestrator.scheduling.portfolio import Candidate
 
 KINDS = ("cpu", "gpu", "npu")
 TIERS = ("edge", "fog", "cloud")
@@ -197,3 +202,20 @@ def closed_subset(pb: Problem, seed: int) -> list[str]:
                 picked.add(p)
                 stack.append(p)
     return sorted(picked)
+
+
+def spy_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the portfolio note, in order, the name of each candidate it runs beyond HEFT."""
+    portfolio_module = importlib.import_module("orchestrator.scheduling.portfolio")
+    ran: list[str] = []
+
+    def spy(c: Candidate) -> Candidate:
+        def run(p: Prepared) -> Plan:
+            ran.append(c.name)
+            return c.run(p)
+
+        return replace(c, run=run)
+
+    real: tuple[Candidate, ...] = portfolio_module.TIME_CANDIDATES
+    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in real))
+    return ran

@@ -7,7 +7,6 @@ import importlib
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 
@@ -15,7 +14,6 @@ from orchestrator.scheduling import (
     Cluster,
     Device,
     LinkCostModel,
-    Plan,
     Task,
     TaskGraph,
     calibration,
@@ -23,7 +21,9 @@ from orchestrator.scheduling import (
     portfolio,
 )
 from orchestrator.scheduling.engine import Prepared
-from orchestrator.scheduling.portfolio import TIME_CANDIDATES, Candidate, heft_estimate
+from orchestrator.scheduling.portfolio import TIME_CANDIDATES, heft_estimate
+
+from .sched_problems import spy_candidates
 
 portfolio_module = importlib.import_module("orchestrator.scheduling.portfolio")
 
@@ -44,20 +44,6 @@ def _layered(n: int, m: int) -> tuple[TaskGraph, Cluster, LinkCostModel]:
     return TaskGraph(tasks, edges), Cluster(devices), LinkCostModel()
 
 
-def _spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    ran: list[str] = []
-
-    def spy(c: Candidate) -> Candidate:
-        def run(p: Prepared) -> Plan:
-            ran.append(c.name)
-            return c.run(p)
-
-        return replace(c, run=run)
-
-    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
-    return ran
-
-
 def _admitted(unit: float, budget: float, tasks: int = 400) -> list[str]:
     spent, out = unit, []
     for c in TIME_CANDIDATES:
@@ -69,7 +55,7 @@ def _admitted(unit: float, budget: float, tasks: int = 400) -> list[str]:
 
 def test_admission_scales_with_the_measured_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     graph, cluster, cost = _layered(400, 16)
-    ran = _spy(monkeypatch)
+    ran = spy_candidates(monkeypatch)
     prep = Prepared(graph, cluster, cost, None, 0.0)
     # a loop as slow as the old fixed constants assumed: at 0.05 s little beyond HEFT fits
     calibration.set_loop_scale(1.0)

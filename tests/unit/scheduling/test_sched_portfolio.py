@@ -4,7 +4,6 @@ candidate choice, pre-filtering."""
 from __future__ import annotations
 
 import importlib
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from orchestrator.scheduling import (
     Device,
     LinkCostModel,
     Objective,
-    Plan,
     Task,
     TaskGraph,
     Unschedulable,
@@ -26,9 +24,9 @@ from orchestrator.scheduling import (
     portfolio,
 )
 from orchestrator.scheduling.engine import Prepared
-from orchestrator.scheduling.portfolio import TIME_CANDIDATES, Candidate, heft_estimate
+from orchestrator.scheduling.portfolio import TIME_CANDIDATES, heft_estimate
 
-from .sched_problems import Problem, problems
+from .sched_problems import Problem, problems, spy_candidates
 from .test_sched_money import priced
 
 # The package re-exports the function `portfolio`, which hides the module of the same name.
@@ -111,24 +109,10 @@ def _wide() -> tuple[TaskGraph, Cluster, LinkCostModel]:
     return TaskGraph(tasks, edges), Cluster(devices), LinkCostModel()
 
 
-def _spy_candidates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    ran: list[str] = []
-
-    def spy(c: Candidate) -> Candidate:
-        def run(p: Prepared) -> Plan:
-            ran.append(c.name)
-            return c.run(p)
-
-        return replace(c, run=run)
-
-    monkeypatch.setattr(portfolio_module, "TIME_CANDIDATES", tuple(spy(c) for c in TIME_CANDIDATES))
-    return ran
-
-
 def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     graph, cluster, cost = _wide()
     real = TIME_CANDIDATES
-    ran = _spy_candidates(monkeypatch)
+    ran = spy_candidates(monkeypatch)
     portfolio(graph, cluster, cost)
     assert ran == [c.name for c in real]  # a small problem: everything fits
     ran.clear()
@@ -145,7 +129,7 @@ def test_which_candidates_run_depends_on_size_not_clock(monkeypatch: pytest.Monk
 
 
 def test_time_goes_beyond_heft_only_where_it_can_pay(monkeypatch: pytest.MonkeyPatch) -> None:
-    ran = _spy_candidates(monkeypatch)
+    ran = spy_candidates(monkeypatch)
     # a chain, one device far faster than the rest: HEFT runs it all there, at the bound
     chain = TaskGraph([Task(f"c{i}", work=2.0) for i in range(5)],
                       {(f"c{i}", f"c{i + 1}"): 1e3 for i in range(4)})  # fmt: skip
